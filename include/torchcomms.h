@@ -1,0 +1,477 @@
+/*
+ * torchcomms.h -- the public C API of libtorchcomms.
+ *
+ * libtorchcomms is a communications library for distributed PyTorch: eagerly
+ * initialised communicators with collectives, point-to-point, batch P2P,
+ * split and asynchronous work objects, over pluggable backends (the native
+ * `cpu` backend, `nccl`, out-of-tree plugins).
+ *
+ * Conventions
+ *  - Every function returns a status code: TC_OK (0) or a negative TC_ERR_*.
+ *    tc_strerror() names a code; tc_last_error() gives the full text of the
+ *    calling thread's last failure, naming the operation, the communicator,
+ *    the rank and the peer; tc_comm_last_error() the last failure of one
+ *    communicator.
+ *  - Handles are opaque. A released, finalized or foreign handle is reported
+ *    as an error (TC_ERR_INVALID_USAGE), never a crash.
+ *  - Option structs begin with `size` and `version`; initialise them with
+ *    their TC_*_OPTIONS_INIT macro so that they can grow.
+ *  - Counts are element counts, not bytes. Buffers are host pointers for the
+ *    `cpu` backend.
+ *  - Operations: pass `work == NULL` for a synchronous call (returns when the
+ *    operation is complete, failed or timed out); pass a `tc_work_t **` for an
+ *    asynchronous call (returns once the operation is queued; wait on, test
+ *    and release the work object). Operations on one communicator run in the
+ *    order they were issued.
+ */
+#ifndef TORCHCOMMS_H
+#define TORCHCOMMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define TC_API __attribute__((visibility("default")))
+#else
+#define TC_API
+#endif
+
+#define TC_VERSION_MAJOR 0
+#define TC_VERSION_MINOR 1
+#define TC_VERSION_PATCH 0
+#define TC_VERSION_STRING "0.1.0"
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* X(NAME, value, message): the one list that generates the enum, the names
+ * and the messages. */
+#define TC_STATUS_MAP(X)                                                       \
+  X(OK, 0, "success")                                                          \
+  X(ERR_INVALID_ARGUMENT, -1, "invalid argument")                              \
+  X(ERR_INVALID_USAGE, -2, "invalid usage")                                    \
+  X(ERR_TIMEOUT, -3, "operation timed out")                                    \
+  X(ERR_REMOTE, -4, "a peer failed or closed its connection")                  \
+  X(ERR_SYSTEM, -5, "system call failed")                                      \
+  X(ERR_NOMEM, -6, "out of memory")                                            \
+  X(ERR_ABORTED, -7, "communicator was aborted")                               \
+  X(ERR_NOT_SUPPORTED, -8, "operation not supported by this backend")          \
+  X(ERR_BACKEND, -9, "backend error")                                          \
+  X(ERR_BACKEND_NOT_FOUND, -10, "backend not found")                           \
+  X(ERR_STORE, -11, "store error")                                             \
+  X(ERR_PROTOCOL, -12, "protocol error (mismatched operations between ranks?)") \
+  X(ERR_INTERNAL, -13, "internal error")
+
+typedef enum tc_status {
+#define TC__STATUS_ENUM(name, val, msg) TC_##name = val,
+  TC_STATUS_MAP(TC__STATUS_ENUM)
+#undef TC__STATUS_ENUM
+} tc_status_t;
+
+/* The message for a status code ("invalid argument"); never NULL. */
+TC_API const char *tc_strerror(int status);
+/* The symbolic name of a status code ("TC_ERR_INVALID_ARGUMENT"). */
+TC_API const char *tc_status_name(int status);
+/* Full text of the calling thread's last error ("" if none). The pointer
+ * stays valid until the thread's next failing call. */
+TC_API const char *tc_last_error(void);
+/* Library version string, e.g. "0.1.0". */
+TC_API const char *tc_version(void);
+/* Frees memory returned by the library (tc_store_get values). */
+TC_API void tc_free(void *ptr);
+
+/* ------------------------------------------------------------------------ */
+/* Data types and reductions                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* X(NAME, enum value, C type or storage type, size in bytes, is_float) */
+#define TC_DTYPE_MAP(X)                                                        \
+  X(FLOAT32, 0, float, 4, 1)                                                   \
+  X(FLOAT64, 1, double, 8, 1)                                                  \
+  X(FLOAT16, 2, uint16_t, 2, 1)                                                \
+  X(BFLOAT16, 3, uint16_t, 2, 1)                                               \
+  X(INT8, 4, int8_t, 1, 0)                                                     \
+  X(UINT8, 5, uint8_t, 1, 0)                                                   \
+  X(INT16, 6, int16_t, 2, 0)                                                   \
+  X(INT32, 7, int32_t, 4, 0)                                                   \
+  X(INT64, 8, int64_t, 8, 0)                                                   \
+  X(BOOL, 9, uint8_t, 1, 0)
+
+typedef enum tc_dtype {
+#define TC__DTYPE_ENUM(name, val, ctype, size, isf) TC_##name = val,
+  TC_DTYPE_MAP(TC__DTYPE_ENUM)
+#undef TC__DTYPE_ENUM
+  TC_DTYPE_COUNT
+} tc_dtype_t;
+
+/* Size in bytes of one element (0 for an invalid dtype). */
+TC_API size_t tc_dtype_size(tc_dtype_t dtype);
+/* Lower-case name ("float32"), or "invalid". */
+TC_API const char *tc_dtype_name(tc_dtype_t dtype);
+
+typedef enum tc_redop_type {
+  TC_SUM = 0,
+  TC_PRODUCT = 1,
+  TC_MIN = 2,
+  TC_MAX = 3,
+  TC_BAND = 4, /* integers and bool only */
+  TC_BOR = 5,  /* integers and bool only */
+  TC_BXOR = 6, /* integers and bool only */
+  TC_AVG = 7,  /* sum divided by the communicator size (integer: truncated) */
+  TC_PREMUL_SUM = 8, /* every input multiplied by `factor`, then summed */
+  TC_REDOP_COUNT
+} tc_redop_type_t;
+
+/* A reduction: its type and, for TC_PREMUL_SUM, the scalar factor. */
+typedef struct tc_redop {
+  tc_redop_type_t type;
+  double factor;
+} tc_redop_t;
+
+/* Convenience constructors. */
+#define TC_OP(t) ((tc_redop_t){.type = (t), .factor = 1.0})
+#define TC_OP_PREMUL_SUM(f) ((tc_redop_t){.type = TC_PREMUL_SUM, .factor = (f)})
+
+/* Upper-case name ("SUM"), or "invalid". */
+TC_API const char *tc_redop_name(tc_redop_type_t op);
+
+/* ------------------------------------------------------------------------ */
+/* Hints, stores                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* A key/value hint passed to the backend (unknown keys are ignored). */
+typedef struct tc_hint {
+  const char *key;
+  const char *value;
+} tc_hint_t;
+
+/* A key/value store used to bootstrap communicators. Refcounted. */
+typedef struct tc_store tc_store_t;
+
+/* Functions of a custom store (for example an adapter around a Python
+ * torch.distributed.Store). All return TC_OK or a TC_ERR_* code. */
+typedef struct tc_store_vtable {
+  uint32_t size;    /* sizeof(tc_store_vtable_t) */
+  uint32_t version; /* 1 */
+  /* Sets key to value. */
+  int (*set)(void *ctx, const char *key, const void *value, size_t len);
+  /* Waits up to timeout_s for key, then returns a malloc()ed copy of its
+   * value (released by the library with free()). TC_ERR_TIMEOUT if absent. */
+  int (*get)(void *ctx, const char *key, void **value, size_t *len,
+             double timeout_s);
+  /* Atomically adds delta to the integer stored at key (created as 0) and
+   * returns the new value. */
+  int (*add)(void *ctx, const char *key, int64_t delta, int64_t *result);
+  /* *ready = 1 when all keys exist, else 0; does not wait. */
+  int (*check)(void *ctx, const char *const *keys, size_t nkeys, int *ready);
+  /* Deletes key; *deleted = 1 if it existed. */
+  int (*delete_key)(void *ctx, const char *key, int *deleted);
+  /* Called when the last reference to the store is released. May be NULL. */
+  void (*destroy)(void *ctx);
+} tc_store_vtable_t;
+
+/* Wraps a custom store. The store takes ownership of ctx (destroy). */
+TC_API int tc_store_create(const tc_store_vtable_t *vtable, void *ctx,
+                           tc_store_t **out);
+/* Connects to a TCPStore server (ours or torch's) at host:port, retrying
+ * until timeout_s. */
+TC_API int tc_store_tcp_connect(const char *host, int port, double timeout_s,
+                                tc_store_t **out);
+/* A store whose keys are all prefixed with "<prefix>/" in `base`. Takes a
+ * reference on base. */
+TC_API int tc_store_prefix(tc_store_t *base, const char *prefix,
+                           tc_store_t **out);
+/* An in-process store (for world size 1 and tests). */
+TC_API int tc_store_memory(tc_store_t **out);
+/* Takes / drops a reference. */
+TC_API void tc_store_retain(tc_store_t *store);
+TC_API void tc_store_release(tc_store_t *store);
+
+TC_API int tc_store_set(tc_store_t *store, const char *key, const void *value,
+                        size_t len);
+/* Waits up to timeout_s for key; *value is malloc()ed: free with tc_free. */
+TC_API int tc_store_get(tc_store_t *store, const char *key, void **value,
+                        size_t *len, double timeout_s);
+TC_API int tc_store_add(tc_store_t *store, const char *key, int64_t delta,
+                        int64_t *result);
+TC_API int tc_store_check(tc_store_t *store, const char *const *keys,
+                          size_t nkeys, int *ready);
+/* Waits up to timeout_s until all keys exist. */
+TC_API int tc_store_wait(tc_store_t *store, const char *const *keys,
+                         size_t nkeys, double timeout_s);
+TC_API int tc_store_delete(tc_store_t *store, const char *key, int *deleted);
+/* The local IP address (text) this store's connection uses, or NULL. Used
+ * to choose the address peers connect to. */
+TC_API const char *tc_store_local_addr(tc_store_t *store);
+
+/* A TCPStore server speaking torch's TCPStore wire protocol, served by a
+ * background thread. port 0 picks a free port (see tc_store_server_port). */
+typedef struct tc_store_server tc_store_server_t;
+TC_API int tc_store_server_start(const char *bind_host, int port,
+                                 tc_store_server_t **out);
+TC_API int tc_store_server_port(const tc_store_server_t *server);
+/* Stops the server thread and closes every connection. */
+TC_API void tc_store_server_stop(tc_store_server_t *server);
+
+/* ------------------------------------------------------------------------ */
+/* Communicators                                                             */
+/* ------------------------------------------------------------------------ */
+
+typedef struct tc_comm tc_comm_t;
+typedef struct tc_work tc_work_t;
+
+#define TC_COMM_OPTIONS_VERSION 1
+typedef struct tc_comm_options {
+  uint32_t size;    /* sizeof(tc_comm_options_t) */
+  uint32_t version; /* TC_COMM_OPTIONS_VERSION */
+  /* Communicator name ("main" if NULL); store keys are prefixed with it. */
+  const char *name;
+  /* Default deadline of every operation, seconds; <= 0: from
+   * TORCHCOMM_TIMEOUT_SECONDS, else 600. */
+  double timeout_s;
+  /* 1: exit the process with the error message on any timeout or error;
+   * 0: report it; -1: from TORCHCOMM_ABORT_ON_ERROR, else 0. */
+  int abort_process_on_timeout_or_error;
+  /* Backend hints. Copied. */
+  const tc_hint_t *hints;
+  size_t num_hints;
+  /* Store to bootstrap through (NULL: from the environment, see README). */
+  tc_store_t *store;
+  /* Rank and size; -1: discovered from the environment (TORCHCOMM_RANK /
+   * TORCHCOMM_SIZE, Open MPI, PMI, Slurm, torchrun's RANK / WORLD_SIZE). */
+  int rank;
+  int world_size;
+  /* Device index for device backends (-1: none / the default). */
+  int device_index;
+} tc_comm_options_t;
+
+#define TC_COMM_OPTIONS_INIT                                                   \
+  {                                                                            \
+    .size = sizeof(tc_comm_options_t), .version = TC_COMM_OPTIONS_VERSION,     \
+    .name = NULL, .timeout_s = 0.0, .abort_process_on_timeout_or_error = -1,   \
+    .hints = NULL, .num_hints = 0, .store = NULL, .rank = -1,                  \
+    .world_size = -1, .device_index = -1                                       \
+  }
+
+/* Creates a communicator (collective over all ranks): loads `backend`
+ * ("cpu", "nccl", or a plugin name), on `device` ("cpu", "cuda", ...),
+ * connects the ranks and returns when it is ready to use. opts may be NULL. */
+TC_API int tc_comm_create(const char *backend, const char *device,
+                          const tc_comm_options_t *opts, tc_comm_t **out);
+/* Completes every pending operation, then closes the connections (collective).
+ * The handle stays valid (getters work, operations fail) until destroy. A
+ * second finalize is harmless. */
+TC_API int tc_comm_finalize(tc_comm_t *comm);
+/* Aborts: every pending and future operation fails with TC_ERR_ABORTED and
+ * waits on them return at once. Local, not collective. */
+TC_API int tc_comm_abort(tc_comm_t *comm);
+/* 1 if the communicator was aborted. */
+TC_API int tc_comm_is_aborted(const tc_comm_t *comm);
+/* Releases the handle (aborting first if neither finalized nor aborted). */
+TC_API int tc_comm_destroy(tc_comm_t *comm);
+
+TC_API int tc_comm_rank(const tc_comm_t *comm);       /* -1 on a bad handle */
+TC_API int tc_comm_size(const tc_comm_t *comm);       /* -1 on a bad handle */
+TC_API const char *tc_comm_name(const tc_comm_t *comm);     /* NULL if bad */
+TC_API const char *tc_comm_backend(const tc_comm_t *comm);  /* NULL if bad */
+TC_API const char *tc_comm_backend_version(const tc_comm_t *comm);
+TC_API const char *tc_comm_device(const tc_comm_t *comm);   /* NULL if bad */
+/* The options the communicator runs with (timeout, abort flag, hints...).
+ * Pointers inside stay valid while the handle lives. */
+TC_API int tc_comm_get_options(const tc_comm_t *comm, tc_comm_options_t *out);
+/* Changes the default timeout of later operations. */
+TC_API int tc_comm_set_timeout(tc_comm_t *comm, double timeout_s);
+/* Full text of this communicator's last error ("" if none). */
+TC_API const char *tc_comm_last_error(const tc_comm_t *comm);
+
+/* Splits (collective over every rank of `comm`): each rank passes the ranks
+ * (in `comm`) of its own new group; the new communicator's ranks follow that
+ * list's order. A rank passing nranks == 0 joins none: *out = NULL. Members
+ * of one group must pass identical lists; duplicates or a non-empty list
+ * without the caller are errors. opts may be NULL (timeout, hints). */
+typedef struct tc_op_options tc_op_options_t;
+TC_API int tc_comm_split(tc_comm_t *comm, const int *ranks, size_t nranks,
+                         const char *name, const tc_op_options_t *opts,
+                         tc_comm_t **out);
+
+/* ------------------------------------------------------------------------ */
+/* Per-operation options and work objects                                    */
+/* ------------------------------------------------------------------------ */
+
+#define TC_OP_OPTIONS_VERSION 1
+struct tc_op_options {
+  uint32_t size;    /* sizeof(tc_op_options_t) */
+  uint32_t version; /* TC_OP_OPTIONS_VERSION */
+  double timeout_s; /* <= 0: the communicator's timeout */
+  const tc_hint_t *hints;
+  size_t num_hints;
+  /* Device stream for device backends (cudaStream_t), NULL: default. */
+  void *stream;
+};
+#define TC_OP_OPTIONS_INIT                                                     \
+  {                                                                            \
+    .size = sizeof(tc_op_options_t), .version = TC_OP_OPTIONS_VERSION,         \
+    .timeout_s = 0.0, .hints = NULL, .num_hints = 0, .stream = NULL            \
+  }
+
+typedef enum tc_work_status {
+  TC_WORK_NOT_STARTED = 0,
+  TC_WORK_INPROGRESS = 1,
+  TC_WORK_COMPLETED = 2,
+  TC_WORK_TIMEDOUT = 3,
+  TC_WORK_ERROR = 4
+} tc_work_status_t;
+
+/* Waits until the operation completes, fails, or passes its deadline
+ * (operation start + timeout). Returns TC_OK, TC_ERR_TIMEOUT or the error. */
+TC_API int tc_work_wait(tc_work_t *work);
+/* Like tc_work_wait but gives up after timeout_s (TC_ERR_TIMEOUT) without
+ * failing the operation. */
+TC_API int tc_work_wait_for(tc_work_t *work, double timeout_s);
+/* *done = 1 once the operation finished (completed, failed or timed out).
+ * Never blocks. Returns the operation's status code when done. */
+TC_API int tc_work_test(tc_work_t *work, int *done);
+/* The current status (TC_WORK_*), or -1 for a bad handle. */
+TC_API int tc_work_status(const tc_work_t *work);
+/* The error text of a failed operation ("" when none). Valid until release. */
+TC_API const char *tc_work_error(const tc_work_t *work);
+/* Releases the handle; an operation still running completes on its own. */
+TC_API int tc_work_release(tc_work_t *work);
+/* Lower-case name of a work status ("completed"). */
+TC_API const char *tc_work_status_name(int status);
+
+/* ------------------------------------------------------------------------ */
+/* Operations. opts may be NULL; work == NULL makes the call synchronous.    */
+/* ------------------------------------------------------------------------ */
+
+/* Point to point. peer is a rank of comm other than the caller. */
+TC_API int tc_send(tc_comm_t *comm, const void *buf, size_t count,
+                   tc_dtype_t dtype, int peer, const tc_op_options_t *opts,
+                   tc_work_t **work);
+TC_API int tc_recv(tc_comm_t *comm, void *buf, size_t count, tc_dtype_t dtype,
+                   int peer, const tc_op_options_t *opts, tc_work_t **work);
+
+/* In place: root's buf is copied to every rank's buf. */
+TC_API int tc_broadcast(tc_comm_t *comm, void *buf, size_t count,
+                        tc_dtype_t dtype, int root, const tc_op_options_t *opts,
+                        tc_work_t **work);
+/* In place: every rank's buf becomes the reduction over all ranks. */
+TC_API int tc_all_reduce(tc_comm_t *comm, void *buf, size_t count,
+                         tc_dtype_t dtype, tc_redop_t op,
+                         const tc_op_options_t *opts, tc_work_t **work);
+/* In place at root; other ranks' buf is left unchanged. */
+TC_API int tc_reduce(tc_comm_t *comm, void *buf, size_t count,
+                     tc_dtype_t dtype, tc_redop_t op, int root,
+                     const tc_op_options_t *opts, tc_work_t **work);
+
+/* recvbufs[i] (size entries, count elements each) receives rank i's sendbuf. */
+TC_API int tc_all_gather(tc_comm_t *comm, void *const *recvbufs,
+                         const void *sendbuf, size_t count, tc_dtype_t dtype,
+                         const tc_op_options_t *opts, tc_work_t **work);
+/* recvbufs[i] has recvcounts[i] elements; the caller's sendcount must equal
+ * recvcounts[rank]. */
+TC_API int tc_all_gather_v(tc_comm_t *comm, void *const *recvbufs,
+                           const size_t *recvcounts, const void *sendbuf,
+                           size_t sendcount, tc_dtype_t dtype,
+                           const tc_op_options_t *opts, tc_work_t **work);
+/* recvbuf holds size * count elements; rank i's block at i * count.
+ * In place when sendbuf == recvbuf + rank * count elements. */
+TC_API int tc_all_gather_single(tc_comm_t *comm, void *recvbuf,
+                                const void *sendbuf, size_t count,
+                                tc_dtype_t dtype, const tc_op_options_t *opts,
+                                tc_work_t **work);
+
+/* recvbuf (count elements) = reduction over ranks of their sendbufs[rank]. */
+TC_API int tc_reduce_scatter(tc_comm_t *comm, void *recvbuf,
+                             const void *const *sendbufs, size_t count,
+                             tc_dtype_t dtype, tc_redop_t op,
+                             const tc_op_options_t *opts, tc_work_t **work);
+/* sendbufs[i] has sendcounts[i] elements; recvcount == sendcounts[rank]. */
+TC_API int tc_reduce_scatter_v(tc_comm_t *comm, void *recvbuf,
+                               size_t recvcount, const void *const *sendbufs,
+                               const size_t *sendcounts, tc_dtype_t dtype,
+                               tc_redop_t op, const tc_op_options_t *opts,
+                               tc_work_t **work);
+/* sendbuf holds size * count elements. In place when
+ * recvbuf == sendbuf + rank * count elements. */
+TC_API int tc_reduce_scatter_single(tc_comm_t *comm, void *recvbuf,
+                                    const void *sendbuf, size_t count,
+                                    tc_dtype_t dtype, tc_redop_t op,
+                                    const tc_op_options_t *opts,
+                                    tc_work_t **work);
+
+/* Block i (count elements) of sendbuf goes to rank i; block j of recvbuf
+ * comes from rank j. */
+TC_API int tc_all_to_all_single(tc_comm_t *comm, void *recvbuf,
+                                const void *sendbuf, size_t count,
+                                tc_dtype_t dtype, const tc_op_options_t *opts,
+                                tc_work_t **work);
+/* Split sizes: sendcounts[i] elements go to rank i (blocks contiguous in
+ * order), recvcounts[j] elements come from rank j. */
+TC_API int tc_all_to_all_v_single(tc_comm_t *comm, void *recvbuf,
+                                  const size_t *recvcounts, const void *sendbuf,
+                                  const size_t *sendcounts, tc_dtype_t dtype,
+                                  const tc_op_options_t *opts,
+                                  tc_work_t **work);
+/* Lists: sendbufs[i] (sendcounts[i]) to rank i, recvbufs[j] (recvcounts[j])
+ * from rank j. */
+TC_API int tc_all_to_all(tc_comm_t *comm, void *const *recvbufs,
+                         const size_t *recvcounts, const void *const *sendbufs,
+                         const size_t *sendcounts, tc_dtype_t dtype,
+                         const tc_op_options_t *opts, tc_work_t **work);
+
+TC_API int tc_barrier(tc_comm_t *comm, const tc_op_options_t *opts,
+                      tc_work_t **work);
+
+/* root's sendbufs[i] (count each; ignored elsewhere) goes to rank i's recvbuf. */
+TC_API int tc_scatter(tc_comm_t *comm, void *recvbuf,
+                      const void *const *sendbufs, size_t count,
+                      tc_dtype_t dtype, int root, const tc_op_options_t *opts,
+                      tc_work_t **work);
+/* rank i's sendbuf goes to root's recvbufs[i] (ignored elsewhere). */
+TC_API int tc_gather(tc_comm_t *comm, void *const *recvbufs,
+                     const void *sendbuf, size_t count, tc_dtype_t dtype,
+                     int root, const tc_op_options_t *opts, tc_work_t **work);
+/* Like tc_gather into one buffer of size * count elements at root. */
+TC_API int tc_gather_single(tc_comm_t *comm, void *recvbuf,
+                            const void *sendbuf, size_t count, tc_dtype_t dtype,
+                            int root, const tc_op_options_t *opts,
+                            tc_work_t **work);
+
+/* ------------------------------------------------------------------------ */
+/* Batch send/recv: sends and receives issued together, completing in any   */
+/* order without deadlock. Messages between one pair match in posted order. */
+/* ------------------------------------------------------------------------ */
+
+typedef struct tc_batch tc_batch_t;
+
+TC_API int tc_batch_create(tc_comm_t *comm, tc_batch_t **out);
+/* peer may be the caller's own rank (matched with its own recv). */
+TC_API int tc_batch_send(tc_batch_t *batch, const void *buf, size_t count,
+                         tc_dtype_t dtype, int peer);
+TC_API int tc_batch_recv(tc_batch_t *batch, void *buf, size_t count,
+                         tc_dtype_t dtype, int peer);
+/* Issues every posted op as one operation. The batch may be issued again. */
+TC_API int tc_batch_issue(tc_batch_t *batch, const tc_op_options_t *opts,
+                          tc_work_t **work);
+TC_API int tc_batch_free(tc_batch_t *batch);
+
+/* ------------------------------------------------------------------------ */
+/* Environment (for launchers and tests)                                     */
+/* ------------------------------------------------------------------------ */
+
+/* Rank and world size from the environment, in the order TORCHCOMM_RANK /
+ * TORCHCOMM_SIZE, OMPI_COMM_WORLD_RANK / _SIZE, PMI_RANK / PMI_SIZE,
+ * SLURM_PROCID / SLURM_NTASKS, RANK / WORLD_SIZE. *source names the pair
+ * used ("none" -> rank 0 of 1). */
+TC_API int tc_env_rank_size(int *rank, int *size, const char **source);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TORCHCOMMS_H */

@@ -1,0 +1,75 @@
+/* internal.h -- helpers shared by every part of libtorchcomms (not public). */
+#ifndef TC_INTERNAL_H
+#define TC_INTERNAL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "torchcomms.h"
+#include "torchcomms_backend.h"
+
+#define TC_INTERNAL __attribute__((visibility("hidden")))
+
+/* Sets the calling thread's last error text and returns rc. */
+TC_INTERNAL int tc__set_error(int rc, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+TC_INTERNAL int tc__set_error_v(int rc, const char *fmt, va_list ap);
+/* Copies text into the thread's last error verbatim and returns rc. */
+TC_INTERNAL int tc__set_error_text(int rc, const char *text);
+
+/* Monotonic clock, seconds. */
+TC_INTERNAL double tc__now(void);
+
+/* Logging, gated by TORCHCOMMS_LOG=error|warn|info|debug (default warn).
+ * Level 0 error .. 3 debug. */
+TC_INTERNAL void tc__log(int level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Environment settings, read once and cached. */
+TC_INTERNAL double tc__env_double(const char *name, double dflt);
+TC_INTERNAL int tc__env_bool(const char *name, int dflt);
+TC_INTERNAL const char *tc__env_str(const char *name); /* NULL if unset/empty */
+
+#define TC_CHECK(call)                                                         \
+  do {                                                                         \
+    int tc__rc = (call);                                                       \
+    if (tc__rc != TC_OK) return tc__rc;                                        \
+  } while (0)
+
+#define TC_CHECK_GOTO(call, rc, label)                                         \
+  do {                                                                         \
+    (rc) = (call);                                                             \
+    if ((rc) != TC_OK) goto label;                                             \
+  } while (0)
+
+/* ---- reduction kernels (src/reduce/) ---- */
+
+/* 1 if `op` is allowed on `dtype` (bitwise ops: integers and bool only). */
+TC_INTERNAL int tc__redop_allowed(tc_dtype_t dtype, tc_redop_type_t op);
+/* dst[i] = dst[i] (op) src[i] for i < n. op is SUM, PRODUCT, MIN, MAX, BAND,
+ * BOR or BXOR (AVG and PREMUL_SUM reduce as SUM). dst and src may be equal.
+ * float16/bfloat16 compute in float32 and round to nearest even. */
+TC_INTERNAL void tc__reduce(void *dst, const void *src, size_t n,
+                            tc_dtype_t dtype, tc_redop_type_t op);
+/* out[i] = a[i] (op) b[i]; out may alias a or b. */
+TC_INTERNAL void tc__reduce3(void *out, const void *a, const void *b, size_t n,
+                             tc_dtype_t dtype, tc_redop_type_t op);
+/* dst[i] = src[i] * factor (dst may equal src); integers: rounded toward
+ * zero after the multiply in double; bool: nonzero -> 1. */
+TC_INTERNAL void tc__scale(void *dst, const void *src, size_t n,
+                           tc_dtype_t dtype, double factor);
+/* buf[i] /= divisor (integers: truncated toward zero, like torch's
+ * integer AVG in NCCL). */
+TC_INTERNAL void tc__divide(void *buf, size_t n, tc_dtype_t dtype,
+                            uint64_t divisor);
+/* float16 / bfloat16 <-> float32, round to nearest even. */
+TC_INTERNAL float tc__half_to_float(uint16_t h);
+TC_INTERNAL uint16_t tc__float_to_half(float f);
+TC_INTERNAL float tc__bf16_to_float(uint16_t h);
+TC_INTERNAL uint16_t tc__float_to_bf16(float f);
+
+#endif /* TC_INTERNAL_H */

@@ -1,0 +1,233 @@
+/* runner.c -- test registration, forked execution with deadlines, and the
+ * multi-rank spawner. Usage: tc_test [--list] [substring ...] */
+#include "runner.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+
+typedef struct {
+  const char *name;
+  tc_test_fn fn;
+  const char *file;
+} tc_test_entry_t;
+
+static tc_test_entry_t tc_tests[1024];
+static int tc_ntests;
+
+void tc_test_register(const char *name, tc_test_fn fn, const char *file) {
+  if (tc_ntests < (int)(sizeof tc_tests / sizeof tc_tests[0]))
+    tc_tests[tc_ntests++] = (tc_test_entry_t){name, fn, file};
+}
+
+void tc_test_fail(const char *file, int line, const char *fmt, ...) {
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "  FAIL %s:%d [pid %d]: %s\n", file, line, (int)getpid(),
+          msg);
+  fflush(stderr);
+  _exit(1);
+}
+
+/* Waits for pid until deadline; kills it (SIGKILL) past the deadline.
+ * Returns the wait status, or -1 when it had to be killed. */
+static int tc_wait_deadline(pid_t pid, double deadline) {
+  int status = 0;
+  for (;;) {
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return status;
+    if (r < 0 && errno != EINTR) return -1;
+    if (tc__now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    struct timespec ts = {0, 2 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static int tc_cmp_tests(const void *a, const void *b) {
+  const tc_test_entry_t *x = a, *y = b;
+  int c = strcmp(x->file, y->file);
+  return c ? c : strcmp(x->name, y->name);
+}
+
+int main(int argc, char **argv) {
+  int list = 0;
+  const char *filters[64];
+  int nfilters = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--list")) list = 1;
+    else if (nfilters < 64) filters[nfilters++] = argv[i];
+  }
+  qsort(tc_tests, (size_t)tc_ntests, sizeof tc_tests[0], tc_cmp_tests);
+  double timeout = tc__env_double("TC_TEST_TIMEOUT", 120.0);
+  int passed = 0, failed = 0;
+  char failures[8192] = "";
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  signal(SIGPIPE, SIG_IGN);
+  for (int t = 0; t < tc_ntests; t++) {
+    int match = nfilters == 0;
+    for (int f = 0; f < nfilters; f++)
+      if (strstr(tc_tests[t].name, filters[f])) match = 1;
+    if (!match) continue;
+    if (list) {
+      printf("%s\n", tc_tests[t].name);
+      continue;
+    }
+    double t0 = tc__now();
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+      setpgid(0, 0);
+      tc_tests[t].fn();
+      fflush(stdout);
+      _exit(0);
+    }
+    int st = tc_wait_deadline(pid, t0 + timeout);
+    kill(-pid, SIGKILL); /* leftovers of the test's process group */
+    double dt = tc__now() - t0;
+    if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+      passed++;
+      printf("ok %d - %s (%.2fs)\n", passed + failed, tc_tests[t].name, dt);
+    } else {
+      failed++;
+      const char *why = st == -1 ? "timed out" : "failed";
+      printf("not ok %d - %s %s (%.2fs)", passed + failed, tc_tests[t].name,
+             why, dt);
+      if (st != -1 && WIFSIGNALED(st)) printf(" [signal %d]", WTERMSIG(st));
+      printf("\n");
+      size_t l = strlen(failures);
+      snprintf(failures + l, sizeof failures - l, "  %s\n", tc_tests[t].name);
+    }
+  }
+  if (list) return 0;
+  if (failed) printf("failed tests:\n%s", failures);
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : (passed ? 0 : 1);
+}
+
+/* ---- multi-rank ---- */
+
+void tc_spawn_status(int n, tc_rank_fn fn, void *arg, double timeout_s,
+                     int *statuses) {
+  tc_store_server_t *server = NULL;
+  if (tc_store_server_start("127.0.0.1", 0, &server) != TC_OK)
+    tc_test_fail(__FILE__, __LINE__, "store server: %s", tc_last_error());
+  int port = tc_store_server_port(server);
+  pid_t pids[64];
+  TC_ASSERT(n > 0 && n <= 64);
+  fflush(stdout);
+  fflush(stderr);
+  for (int r = 0; r < n; r++) {
+    pids[r] = fork();
+    if (pids[r] < 0) tc_test_fail(__FILE__, __LINE__, "fork failed");
+    if (pids[r] == 0) {
+      tc_ctx_t ctx = {.rank = r, .size = n, .store_host = "127.0.0.1",
+                      .store_port = port, .arg = arg};
+      fn(&ctx);
+      fflush(stdout);
+      fflush(stderr);
+      _exit(0);
+    }
+  }
+  double deadline = tc__now() + timeout_s;
+  int timed_out = -1;
+  for (int r = 0; r < n; r++) {
+    statuses[r] = tc_wait_deadline(pids[r], deadline);
+    if (statuses[r] == -1 && timed_out < 0) timed_out = r;
+  }
+  tc_store_server_stop(server);
+  if (timed_out >= 0)
+    tc_test_fail(__FILE__, __LINE__,
+                 "rank %d of %d did not finish within %.0f s (hang?)",
+                 timed_out, n, timeout_s);
+}
+
+void tc_spawn(int n, tc_rank_fn fn, void *arg, double timeout_s) {
+  int st[64];
+  tc_spawn_status(n, fn, arg, timeout_s, st);
+  for (int r = 0; r < n; r++) {
+    if (!WIFEXITED(st[r]) || WEXITSTATUS(st[r]) != 0)
+      tc_test_fail(__FILE__, __LINE__, "rank %d of %d %s %d", r, n,
+                   WIFSIGNALED(st[r]) ? "killed by signal" : "exited with",
+                   WIFSIGNALED(st[r]) ? WTERMSIG(st[r]) : WEXITSTATUS(st[r]));
+  }
+}
+
+tc_store_t *tc_ctx_store(tc_ctx_t *ctx) {
+  tc_store_t *s = NULL;
+  TC_ASSERT_OK(tc_store_tcp_connect(ctx->store_host, ctx->store_port, 30.0, &s));
+  return s;
+}
+
+tc_comm_t *tc_ctx_comm(tc_ctx_t *ctx, const char *name,
+                       tc_comm_options_t *opts) {
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  if (opts) o = *opts;
+  o.rank = ctx->rank;
+  o.world_size = ctx->size;
+  o.name = name;
+  tc_store_t *s = o.store ? NULL : tc_ctx_store(ctx);
+  if (s) o.store = s;
+  if (o.timeout_s <= 0) o.timeout_s = 60.0;
+  tc_comm_t *c = NULL;
+  TC_ASSERT_OK(tc_comm_create("cpu", "cpu", &o, &c));
+  if (s) tc_store_release(s); /* the communicator holds its own reference */
+  return c;
+}
+
+/* ---- data ---- */
+
+void tc_set(void *buf, size_t i, tc_dtype_t dt, double v) {
+  switch (dt) {
+  case TC_FLOAT32: ((float *)buf)[i] = (float)v; break;
+  case TC_FLOAT64: ((double *)buf)[i] = v; break;
+  case TC_FLOAT16: ((uint16_t *)buf)[i] = tc__float_to_half((float)v); break;
+  case TC_BFLOAT16: ((uint16_t *)buf)[i] = tc__float_to_bf16((float)v); break;
+  case TC_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+  case TC_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+  case TC_INT16: ((int16_t *)buf)[i] = (int16_t)v; break;
+  case TC_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+  case TC_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+  case TC_BOOL: ((uint8_t *)buf)[i] = v != 0; break;
+  default: break;
+  }
+}
+
+double tc_get(const void *buf, size_t i, tc_dtype_t dt) {
+  switch (dt) {
+  case TC_FLOAT32: return ((const float *)buf)[i];
+  case TC_FLOAT64: return ((const double *)buf)[i];
+  case TC_FLOAT16: return tc__half_to_float(((const uint16_t *)buf)[i]);
+  case TC_BFLOAT16: return tc__bf16_to_float(((const uint16_t *)buf)[i]);
+  case TC_INT8: return ((const int8_t *)buf)[i];
+  case TC_UINT8: return ((const uint8_t *)buf)[i];
+  case TC_INT16: return ((const int16_t *)buf)[i];
+  case TC_INT32: return ((const int32_t *)buf)[i];
+  case TC_INT64: return (double)((const int64_t *)buf)[i];
+  case TC_BOOL: return ((const uint8_t *)buf)[i];
+  default: return 0;
+  }
+}
+
+void tc_fill(void *buf, size_t count, tc_dtype_t dt, int rank, int seed) {
+  for (size_t i = 0; i < count; i++) {
+    /* small values: 1..4 for products, mixed signs for signed types */
+    unsigned h = (unsigned)(i * 2654435761u) ^ (unsigned)(rank * 40503 + seed * 977);
+    int v = (int)(h % 4) + 1;
+    if (dt == TC_BOOL) v = (int)((h >> 3) & 1);
+    else if (dt != TC_UINT8 && ((h >> 5) & 1)) v = -v;
+    tc_set(buf, i, dt, v);
+  }
+}
