@@ -1,0 +1,62 @@
+# torchcomms-in-C: top-level entry points.
+#   make demo        build, then run the C quick start on 4 ranks with tcrun
+#   make test        set up, build, run every C and Python test
+#   make check-asan  the C tests under ASan+UBSan
+#   make build       configure and build (build/)
+#   make venv        the project-local Python environment (.venv)
+
+SHELL      := /bin/bash
+PYTHON     ?= python3
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+VENV       ?= .venv
+VPY        := $(VENV)/bin/python
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+TORCH_VERSION := 2.13.0
+
+.PHONY: all build demo test test-c test-py check-asan venv deps clean install
+
+all: build
+
+# cmake (and a C compiler) are the only system requirements; install cmake
+# from PyPI when the machine has none.
+deps:
+	@command -v cc >/dev/null || { echo "make: a C compiler is required (apt-get install build-essential)"; exit 1; }
+	@command -v cmake >/dev/null || $(PYTHON) -m pip install --quiet cmake
+
+$(BUILD)/Makefile $(BUILD)/build.ninja: CMakeLists.txt | deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+
+build: $(BUILD)/Makefile
+	cmake --build $(BUILD) -j $(JOBS)
+
+$(VENV)/.stamp:
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	$(VPY) -m pip install --quiet "torch==$(TORCH_VERSION)" numpy pytest
+	touch $@
+
+venv: $(VENV)/.stamp
+
+demo: build
+	./$(BUILD)/tcrun -n 4 ./$(BUILD)/examples/all_reduce_sync
+
+test-c: build
+	./$(BUILD)/tc_test
+
+test-py: build venv
+	TC_BUILD_DIR=$(abspath $(BUILD)) $(VPY) -m pytest -q tests/py
+
+test: test-c test-py
+
+check-asan: deps
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTC_SANITIZE=ON >/dev/null
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  TC_TEST_TIMEOUT=300 ./$(ASAN_BUILD)/tc_test
+
+install: build
+	cmake --install $(BUILD)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,437 @@
+/* backend.c -- the native `cpu` backend: its table, init / finalize / abort /
+ * destroy, and the progress thread that runs queued operations in order.
+ *
+ * Threads: op entries (any thread) only append to the queue. One progress
+ * thread per communicator pops operations in post order, runs the algorithm
+ * (algos.c, algos2.c) over the transport, and reports through the host.
+ * Abort sets a flag and writes an eventfd that is in every poll set of the
+ * transport, so a running operation fails at once. */
+#include "backends/cpu/cpu.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#define CPU_BACKEND_VERSION "0.1.0"
+
+/* ------------------------------------------------------------------------ */
+/* Helpers used by the algorithms                                            */
+/* ------------------------------------------------------------------------ */
+
+const char *tc__cpu_opname(tc_op_type_t type) {
+  static const char *const names[TC_OP_TYPE_COUNT] = {
+      [TC_OP_SEND] = "send",
+      [TC_OP_RECV] = "recv",
+      [TC_OP_BROADCAST] = "broadcast",
+      [TC_OP_ALL_REDUCE] = "all_reduce",
+      [TC_OP_REDUCE] = "reduce",
+      [TC_OP_ALL_GATHER] = "all_gather",
+      [TC_OP_ALL_GATHER_V] = "all_gather_v",
+      [TC_OP_ALL_GATHER_SINGLE] = "all_gather_single",
+      [TC_OP_REDUCE_SCATTER] = "reduce_scatter",
+      [TC_OP_REDUCE_SCATTER_V] = "reduce_scatter_v",
+      [TC_OP_REDUCE_SCATTER_SINGLE] = "reduce_scatter_single",
+      [TC_OP_ALL_TO_ALL_SINGLE] = "all_to_all_single",
+      [TC_OP_ALL_TO_ALL_V_SINGLE] = "all_to_all_v_single",
+      [TC_OP_ALL_TO_ALL] = "all_to_all",
+      [TC_OP_BARRIER] = "barrier",
+      [TC_OP_SCATTER] = "scatter",
+      [TC_OP_GATHER] = "gather",
+      [TC_OP_GATHER_SINGLE] = "gather_single",
+      [TC_OP_BATCH] = "batch_op_issue",
+  };
+  if ((int)type < 0 || type >= TC_OP_TYPE_COUNT) return "unknown operation";
+  return names[type];
+}
+
+static int cpu_vfail(const cpu_comm_t *c, const char *opname, char *buf,
+                     size_t len, int rc, const char *fmt, va_list ap) {
+  int n = snprintf(buf, len, "torchcomms: %s on '%s' (rank %d of %d): ", opname,
+                   c->name, c->rank, c->size);
+  if (n >= 0 && (size_t)n < len) vsnprintf(buf + n, len - (size_t)n, fmt, ap);
+  return rc;
+}
+
+int tc__cpu_fail(cpu_ctx_t *ctx, int rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  cpu_vfail(ctx->c, ctx->opname, ctx->msg, sizeof ctx->msg, rc, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+/* Sets the calling thread's error text for lifecycle calls. */
+static int cpu_set_error(const cpu_comm_t *c, const char *opname, int rc,
+                         const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int cpu_set_error(const cpu_comm_t *c, const char *opname, int rc,
+                         const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  cpu_vfail(c, opname, buf, sizeof buf, rc, fmt, ap);
+  va_end(ap);
+  return tc__set_error_text(rc, buf);
+}
+
+int tc__cpu_scratch(cpu_ctx_t *ctx, size_t bytes, void **out) {
+  cpu_comm_t *c = ctx->c;
+  if (bytes > c->scratch_cap) {
+    size_t cap = c->scratch_cap ? c->scratch_cap : 64 * 1024;
+    while (cap < bytes) cap = cap > SIZE_MAX / 2 ? bytes : cap * 2;
+    void *p = aligned_alloc(64, (cap + 63) & ~(size_t)63);
+    if (!p)
+      return tc__cpu_fail(ctx, TC_ERR_NOMEM,
+                          "out of memory allocating %zu bytes of scratch", cap);
+    free(c->scratch);
+    c->scratch = p;
+    c->scratch_cap = cap;
+  }
+  *out = c->scratch;
+  return TC_OK;
+}
+
+int tc__cpu_xfers(cpu_ctx_t *ctx, size_t n, tc_xfer_t **out) {
+  cpu_comm_t *c = ctx->c;
+  if (n > c->xf_cap) {
+    size_t cap = c->xf_cap ? c->xf_cap : 16;
+    while (cap < n) cap *= 2;
+    tc_xfer_t *p = realloc(c->xf, cap * sizeof *p);
+    if (!p) return tc__cpu_fail(ctx, TC_ERR_NOMEM, "out of memory (%zu transfers)", n);
+    c->xf = p;
+    c->xf_cap = cap;
+  }
+  *out = c->xf;
+  return TC_OK;
+}
+
+int tc__cpu_xchg(cpu_ctx_t *ctx, tc_xfer_t *x, size_t n) {
+  if (n == 0) return TC_OK;
+  cpu_comm_t *c = ctx->c;
+  if (!c->tp)
+    return tc__cpu_fail(ctx, TC_ERR_INTERNAL, "internal error: no transport");
+  tc_tp_op_t t = {.opname = ctx->opname, .deadline = ctx->deadline,
+                  .timeout_s = ctx->timeout_s, .msg = ctx->msg,
+                  .msglen = sizeof ctx->msg};
+  return c->tp_ops->exchange(c->tp, x, n, &t);
+}
+
+int tc__cpu_run(cpu_ctx_t *ctx) {
+  switch (ctx->op->type) {
+  case TC_OP_SEND:
+  case TC_OP_RECV: return tc__cpu_p2p(ctx);
+  case TC_OP_BATCH: return tc__cpu_batch(ctx);
+  case TC_OP_BROADCAST: return tc__cpu_broadcast(ctx);
+  case TC_OP_ALL_REDUCE: return tc__cpu_all_reduce(ctx);
+  case TC_OP_REDUCE: return tc__cpu_reduce(ctx);
+  case TC_OP_ALL_GATHER:
+  case TC_OP_ALL_GATHER_V:
+  case TC_OP_ALL_GATHER_SINGLE: return tc__cpu_all_gather(ctx);
+  case TC_OP_REDUCE_SCATTER:
+  case TC_OP_REDUCE_SCATTER_V:
+  case TC_OP_REDUCE_SCATTER_SINGLE: return tc__cpu_reduce_scatter(ctx);
+  case TC_OP_ALL_TO_ALL_SINGLE:
+  case TC_OP_ALL_TO_ALL_V_SINGLE:
+  case TC_OP_ALL_TO_ALL: return tc__cpu_all_to_all(ctx);
+  case TC_OP_BARRIER: return tc__cpu_barrier(ctx);
+  case TC_OP_SCATTER: return tc__cpu_scatter(ctx);
+  case TC_OP_GATHER:
+  case TC_OP_GATHER_SINGLE: return tc__cpu_gather(ctx);
+  default: break;
+  }
+  return tc__cpu_fail(ctx, TC_ERR_NOT_SUPPORTED, "operation type %d is not supported",
+                      (int)ctx->op->type);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Progress thread                                                           */
+/* ------------------------------------------------------------------------ */
+
+static void cpu_exec(cpu_comm_t *c, const cpu_qent_t *e) {
+  cpu_ctx_t ctx = {.c = c, .op = e->op, .opname = tc__cpu_opname(e->op->type),
+                   .rank = c->rank, .size = c->size,
+                   .es = tc_dtype_size(e->op->dtype)};
+  int rc;
+  if (atomic_load(&c->aborted)) {
+    rc = tc__cpu_fail(&ctx, TC_ERR_ABORTED, "communicator was aborted");
+  } else if (c->broken_rc != TC_OK) {
+    rc = tc__cpu_fail(&ctx, c->broken_rc,
+                      "an earlier operation failed (%s); the communicator must be "
+                      "aborted and recreated", c->broken_msg);
+  } else {
+    c->host->work_started(e->work);
+    ctx.timeout_s = e->op->timeout_s > 0 ? e->op->timeout_s : c->timeout_s;
+    ctx.deadline = tc__now() + ctx.timeout_s;
+    rc = tc__cpu_run(&ctx);
+    if (rc != TC_OK && !atomic_load(&c->aborted)) {
+      c->broken_rc = rc;
+      size_t l = strnlen(ctx.msg, sizeof c->broken_msg - 1);
+      memcpy(c->broken_msg, ctx.msg, l);
+      c->broken_msg[l] = 0;
+    }
+  }
+  c->host->work_complete(e->work, rc, rc == TC_OK ? NULL : ctx.msg);
+}
+
+static void *cpu_thread(void *arg) {
+  cpu_comm_t *c = arg;
+  for (;;) {
+    pthread_mutex_lock(&c->mu);
+    while (c->qlen == 0 && !c->draining && !atomic_load(&c->aborted))
+      pthread_cond_wait(&c->cv, &c->mu);
+    if (c->qlen == 0) { /* draining or aborted, and nothing left */
+      pthread_mutex_unlock(&c->mu);
+      break;
+    }
+    cpu_qent_t e = c->q[c->qhead];
+    c->qhead = (c->qhead + 1) % c->qcap;
+    c->qlen--;
+    pthread_mutex_unlock(&c->mu);
+    cpu_exec(c, &e);
+  }
+  return NULL;
+}
+
+static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work) {
+  cpu_comm_t *c = bc;
+  pthread_mutex_lock(&c->mu);
+  if (!c->accepting) {
+    int aborted = atomic_load(&c->aborted);
+    pthread_mutex_unlock(&c->mu);
+    if (aborted)
+      return cpu_set_error(c, tc__cpu_opname(op->type), TC_ERR_ABORTED,
+                           "communicator was aborted");
+    return cpu_set_error(c, tc__cpu_opname(op->type), TC_ERR_INVALID_USAGE,
+                         "communicator was finalized");
+  }
+  if (c->qlen == c->qcap) {
+    size_t cap = c->qcap * 2;
+    cpu_qent_t *q = malloc(cap * sizeof *q);
+    if (!q) {
+      pthread_mutex_unlock(&c->mu);
+      return cpu_set_error(c, tc__cpu_opname(op->type), TC_ERR_NOMEM,
+                           "out of memory growing the operation queue");
+    }
+    for (size_t i = 0; i < c->qlen; i++) q[i] = c->q[(c->qhead + i) % c->qcap];
+    free(c->q);
+    c->q = q;
+    c->qcap = cap;
+    c->qhead = 0;
+  }
+  c->q[(c->qhead + c->qlen) % c->qcap] = (cpu_qent_t){.op = op, .work = work};
+  c->qlen++;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  return TC_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Lifecycle                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static int cpu_on_thread(const cpu_comm_t *c) {
+  return c->thread_started && pthread_equal(pthread_self(), c->thread);
+}
+
+/* With life_mu held. */
+static void cpu_join(cpu_comm_t *c) {
+  if (c->thread_started && !c->thread_joined && !cpu_on_thread(c)) {
+    pthread_join(c->thread, NULL);
+    c->thread_joined = 1;
+  }
+}
+
+/* With life_mu held, after the join. */
+static void cpu_close_transport(cpu_comm_t *c) {
+  if (c->closed) return;
+  if (c->tp) c->tp_ops->close(c->tp);
+  c->tp = NULL;
+  c->closed = 1;
+}
+
+static void cpu_free(cpu_comm_t *c) {
+  if (c->wake_fd >= 0) close(c->wake_fd);
+  pthread_mutex_destroy(&c->mu);
+  pthread_mutex_destroy(&c->life_mu);
+  pthread_cond_destroy(&c->cv);
+  free(c->q);
+  free(c->scratch);
+  free(c->xf);
+  free(c);
+}
+
+static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
+                    size_t errlen) {
+  *out = NULL;
+  const char *cname = a->comm_name ? a->comm_name : "";
+  const char *tpname = tc__env_str("TORCHCOMMS_CPU_TRANSPORT");
+  if (tpname && strcmp(tpname, "tcp") != 0) {
+    snprintf(err, errlen,
+             "cpu backend of communicator '%s' (rank %d of %d): "
+             "TORCHCOMMS_CPU_TRANSPORT='%s' is not supported (valid: tcp)",
+             cname, a->rank, a->world_size, tpname);
+    return TC_ERR_INVALID_ARGUMENT;
+  }
+  cpu_comm_t *c = calloc(1, sizeof *c);
+  if (!c) {
+    snprintf(err, errlen, "cpu backend: out of memory");
+    return TC_ERR_NOMEM;
+  }
+  c->host = a->host;
+  snprintf(c->name, sizeof c->name, "%s", cname);
+  c->rank = a->rank;
+  c->size = a->world_size;
+  c->timeout_s = a->timeout_s > 0 ? a->timeout_s : 600.0;
+  c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  atomic_init(&c->aborted, 0);
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_mutex_init(&c->life_mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  c->qcap = 64;
+  c->q = malloc(c->qcap * sizeof *c->q);
+  c->accepting = 1;
+  int rc = TC_OK;
+  if (c->wake_fd < 0 || !c->q) {
+    snprintf(err, errlen, "cpu backend of communicator '%s' (rank %d of %d): %s",
+             cname, c->rank, c->size,
+             c->wake_fd < 0 ? "eventfd failed (file descriptor limit?)" : "out of memory");
+    rc = c->wake_fd < 0 ? TC_ERR_SYSTEM : TC_ERR_NOMEM;
+    goto fail;
+  }
+  if (c->size > 1) {
+    c->tp_ops = &tc__tcp_transport;
+    tc_tp_args_t ta = {.host = a->host, .store = a->store, .comm_name = cname,
+                       .rank = c->rank, .size = c->size,
+                       .advertise_addr = a->advertise_addr,
+                       .timeout_s = c->timeout_s, .wake_fd = c->wake_fd,
+                       .aborted = &c->aborted};
+    rc = c->tp_ops->create(&ta, &c->tp, err, errlen);
+    if (rc != TC_OK) goto fail;
+  }
+  /* the progress thread takes no asynchronous signals: they belong to the
+   * application's threads */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int e = pthread_create(&c->thread, NULL, cpu_thread, c);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (e != 0) {
+    snprintf(err, errlen, "cpu backend of communicator '%s' (rank %d of %d): could "
+             "not start the progress thread: %s", cname, c->rank, c->size, strerror(e));
+    rc = TC_ERR_SYSTEM;
+    goto fail;
+  }
+  c->thread_started = 1;
+  *out = c;
+  return TC_OK;
+fail:
+  if (c->tp) c->tp_ops->close(c->tp);
+  cpu_free(c);
+  return rc;
+}
+
+static int cpu_finalize(void *bc) {
+  cpu_comm_t *c = bc;
+  if (cpu_on_thread(c))
+    return cpu_set_error(c, "finalize", TC_ERR_INVALID_USAGE,
+                         "finalize was called from a completion callback");
+  pthread_mutex_lock(&c->life_mu);
+  if (c->closed) {
+    pthread_mutex_unlock(&c->life_mu);
+    return TC_OK; /* second finalize, or after abort */
+  }
+  pthread_mutex_lock(&c->mu);
+  c->accepting = 0;
+  c->draining = 1;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  cpu_join(c); /* runs every queued operation first */
+  int rc = TC_OK;
+  if (atomic_load(&c->aborted)) {
+    rc = cpu_set_error(c, "finalize", TC_ERR_ABORTED, "communicator was aborted");
+  } else if (c->broken_rc != TC_OK) {
+    rc = cpu_set_error(c, "finalize", c->broken_rc,
+                       "an earlier operation failed (%s); connections were closed "
+                       "without the orderly goodbye", c->broken_msg);
+  } else if (c->tp) {
+    char msg[1024] = "";
+    tc_tp_op_t t = {.opname = "finalize", .deadline = tc__now() + c->timeout_s,
+                    .timeout_s = c->timeout_s, .msg = msg, .msglen = sizeof msg};
+    rc = c->tp_ops->goodbye(c->tp, &t);
+    if (rc != TC_OK) {
+      tc__set_error_text(rc, msg);
+      c->host->log(1, "%s", msg);
+    }
+  }
+  cpu_close_transport(c);
+  pthread_mutex_unlock(&c->life_mu);
+  return rc;
+}
+
+static int cpu_abort(void *bc) {
+  cpu_comm_t *c = bc;
+  atomic_store(&c->aborted, 1);
+  uint64_t one = 1;
+  ssize_t w = write(c->wake_fd, &one, sizeof one); /* wakes every poll */
+  (void)w;
+  pthread_mutex_lock(&c->mu);
+  c->accepting = 0;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  if (cpu_on_thread(c)) return TC_OK; /* from a callback: destroy joins */
+  pthread_mutex_lock(&c->life_mu);
+  cpu_join(c); /* the thread fails the running and queued operations */
+  cpu_close_transport(c);
+  pthread_mutex_unlock(&c->life_mu);
+  return TC_OK;
+}
+
+static void cpu_destroy(void *bc) {
+  cpu_comm_t *c = bc;
+  if (!c) return;
+  pthread_mutex_lock(&c->life_mu);
+  int live = !c->closed;
+  pthread_mutex_unlock(&c->life_mu);
+  if (live) cpu_abort(c); /* neither finalized nor aborted */
+  pthread_mutex_lock(&c->life_mu);
+  cpu_join(c);
+  cpu_close_transport(c);
+  pthread_mutex_unlock(&c->life_mu);
+  cpu_free(c);
+}
+
+const tc_backend_ops_t tc__cpu_backend = {
+    .abi_version = TC_BACKEND_ABI_VERSION,
+    .size = sizeof(tc_backend_ops_t),
+    .name = "cpu",
+    .version = CPU_BACKEND_VERSION,
+    .init = cpu_init,
+    .finalize = cpu_finalize,
+    .abort = cpu_abort,
+    .destroy = cpu_destroy,
+    .send = cpu_post,
+    .recv = cpu_post,
+    .broadcast = cpu_post,
+    .all_reduce = cpu_post,
+    .reduce = cpu_post,
+    .all_gather = cpu_post,
+    .all_gather_v = cpu_post,
+    .all_gather_single = cpu_post,
+    .reduce_scatter = cpu_post,
+    .reduce_scatter_v = cpu_post,
+    .reduce_scatter_single = cpu_post,
+    .all_to_all_single = cpu_post,
+    .all_to_all_v_single = cpu_post,
+    .all_to_all = cpu_post,
+    .barrier = cpu_post,
+    .scatter = cpu_post,
+    .gather = cpu_post,
+    .gather_single = cpu_post,
+    .batch = cpu_post,
+    .split = NULL,
+    .supports_dtype = NULL,
+};

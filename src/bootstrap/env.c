@@ -1,0 +1,88 @@
+/* env.c -- rank and world size from the launcher's environment. */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+
+#include "core/internal.h"
+
+/* The (rank, size) variable pairs, in the order they are tried; `source`
+ * is what tc_env_rank_size reports for the pair. */
+#define TC__ENV_PAIRS(X)                                                       \
+  X("TORCHCOMM_RANK", "TORCHCOMM_SIZE")                                        \
+  X("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")                            \
+  X("PMI_RANK", "PMI_SIZE")                                                    \
+  X("SLURM_PROCID", "SLURM_NTASKS")                                            \
+  X("RANK", "WORLD_SIZE")
+
+typedef struct tc__env_pair {
+  const char *rank_var;
+  const char *size_var;
+  const char *source; /* "RANK_VAR/SIZE_VAR" */
+} tc__env_pair_t;
+
+static const tc__env_pair_t tc__env_pairs[] = {
+#define TC__ENV_PAIR(r, s) {r, s, r "/" s},
+    TC__ENV_PAIRS(TC__ENV_PAIR)
+#undef TC__ENV_PAIR
+};
+
+/* Parses a whole decimal integer in [min, INT_MAX] (surrounding blanks
+ * allowed). Returns 0 and sets *out, or -1. */
+static int tc__env_parse_int(const char *text, long min, int *out) {
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (end == text || errno == ERANGE) return -1;
+  while (*end == ' ' || *end == '\t' || *end == '\n') end++;
+  if (*end != '\0' || v < min || v > INT_MAX) return -1;
+  *out = (int)v;
+  return 0;
+}
+
+/* Rank and size from the first pair of variables that is set (see
+ * torchcomms.h for the order). A pair with only one variable set, a value
+ * that is not a number, a negative rank, a size below 1, or a rank not
+ * below the size is TC_ERR_INVALID_ARGUMENT, with a message naming both
+ * variables and their values. No pair set: rank 0 of 1, source "none".
+ * `source` may be NULL; on error *rank and *size are left unchanged. */
+int tc_env_rank_size(int *rank, int *size, const char **source) {
+  if (!rank || !size)
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: tc_env_rank_size: 'rank' and 'size' "
+                         "must not be NULL");
+  for (size_t i = 0; i < sizeof tc__env_pairs / sizeof tc__env_pairs[0]; i++) {
+    const tc__env_pair_t *p = &tc__env_pairs[i];
+    const char *rv = tc__env_str(p->rank_var);
+    const char *sv = tc__env_str(p->size_var);
+    if (!rv && !sv) continue;
+    if (source) *source = p->source;
+    if (!rv || !sv)
+      return tc__set_error(
+          TC_ERR_INVALID_ARGUMENT,
+          "torchcomms: tc_env_rank_size: %s=%s%s%s but %s=%s%s%s: set both "
+          "or neither",
+          p->rank_var, rv ? "\"" : "", rv ? rv : "(unset)", rv ? "\"" : "",
+          p->size_var, sv ? "\"" : "", sv ? sv : "(unset)", sv ? "\"" : "");
+    int r, s;
+    if (tc__env_parse_int(rv, 0, &r) != 0 ||
+        tc__env_parse_int(sv, 1, &s) != 0)
+      return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                           "torchcomms: tc_env_rank_size: %s=\"%s\" and "
+                           "%s=\"%s\" must be integers, the rank >= 0 and the "
+                           "size >= 1",
+                           p->rank_var, rv, p->size_var, sv);
+    if (r >= s)
+      return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                           "torchcomms: tc_env_rank_size: %s=\"%s\" is out of "
+                           "range for %s=\"%s\" (the rank must be below the "
+                           "size)",
+                           p->rank_var, rv, p->size_var, sv);
+    *rank = r;
+    *size = s;
+    return TC_OK;
+  }
+  *rank = 0;
+  *size = 1;
+  if (source) *source = "none";
+  return TC_OK;
+}

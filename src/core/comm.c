@@ -1,0 +1,454 @@
+/* comm.c -- communicator lifecycle: create, finalize, abort, destroy,
+ * getters, split, and error recording. */
+#include "core.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Destroyed handles are kept (their big resources freed) so that a stale
+ * handle is reported as an error instead of touching freed memory. */
+static pthread_mutex_t tc__grave_mu = PTHREAD_MUTEX_INITIALIZER;
+static tc_comm_t *tc__graveyard;
+
+/* Per-process count of communicators created with each name: the store
+ * prefix "tc/<name>/<n>" is unique even when a name is reused. Every rank
+ * creates communicators in the same order (creation is collective). */
+#define TC_MAX_NAMES 256
+static struct {
+  char name[128];
+  uint64_t count;
+} tc__names[TC_MAX_NAMES];
+static pthread_mutex_t tc__names_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t tc__name_generation(const char *name) {
+  pthread_mutex_lock(&tc__names_mu);
+  uint64_t g = 0;
+  int i;
+  for (i = 0; i < TC_MAX_NAMES && tc__names[i].name[0]; i++)
+    if (!strcmp(tc__names[i].name, name)) break;
+  if (i < TC_MAX_NAMES) {
+    if (!tc__names[i].name[0])
+      snprintf(tc__names[i].name, sizeof tc__names[i].name, "%s", name);
+    g = tc__names[i].count++;
+  }
+  pthread_mutex_unlock(&tc__names_mu);
+  return g;
+}
+
+int tc__comm_check(const tc_comm_t *c, const char *fn) {
+  if (!c)
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: %s: argument 'comm' is NULL", fn);
+  if (c->magic == TC_COMM_DEAD)
+    return tc__set_error(TC_ERR_INVALID_USAGE,
+                         "torchcomms: %s: the communicator handle was "
+                         "destroyed", fn);
+  if (c->magic != TC_COMM_MAGIC)
+    return tc__set_error(TC_ERR_INVALID_USAGE,
+                         "torchcomms: %s: argument 'comm' is not a "
+                         "communicator handle", fn);
+  return TC_OK;
+}
+
+void tc__comm_record_error(tc_comm_t *c, const char *text) {
+  pthread_mutex_lock(&c->mu);
+  snprintf(c->last_error, sizeof c->last_error, "%s", text);
+  pthread_mutex_unlock(&c->mu);
+}
+
+int tc__comm_error(tc_comm_t *c, int rc, const char *fn, const char *fmt, ...) {
+  char detail[768], full[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(detail, sizeof detail, fmt, ap);
+  va_end(ap);
+  snprintf(full, sizeof full, "torchcomms: %s on '%s' (rank %d of %d): %s", fn,
+           c->name, c->rank, c->size, detail);
+  tc__comm_record_error(c, full);
+  return tc__set_error_text(rc, full);
+}
+
+static int tc__copy_hints(const tc_hint_t *hints, size_t n, tc_hint_t **out,
+                          const char *fn) {
+  *out = NULL;
+  if (n == 0) return TC_OK;
+  if (!hints)
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: %s: 'hints' is NULL but num_hints is %zu",
+                         fn, n);
+  tc_hint_t *h = calloc(n, sizeof *h);
+  if (!h) return tc__set_error(TC_ERR_NOMEM, "torchcomms: %s: out of memory", fn);
+  for (size_t i = 0; i < n; i++) {
+    if (!hints[i].key || !hints[i].value) {
+      for (size_t j = 0; j < i; j++) {
+        free((void *)h[j].key);
+        free((void *)h[j].value);
+      }
+      free(h);
+      return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                           "torchcomms: %s: hint %zu has a NULL key or value",
+                           fn, i);
+    }
+    h[i].key = strdup(hints[i].key);
+    h[i].value = strdup(hints[i].value);
+  }
+  *out = h;
+  return TC_OK;
+}
+
+static void tc__free_hints(tc_hint_t *h, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    free((void *)h[i].key);
+    free((void *)h[i].value);
+  }
+  free(h);
+}
+
+/* Common tail of create and split: backend init on a prefixed store. */
+static int tc__comm_start(tc_comm_t *c, const tc_comm_t *parent,
+                          const int *ranks, size_t nranks) {
+  int rc = tc_store_prefix(c->root_store, c->prefix, &c->store);
+  if (rc != TC_OK) return rc;
+  const char *addr = tc__env_str("TORCHCOMMS_SOCKET_ADDR");
+  if (!addr) addr = tc_store_local_addr(c->root_store);
+  if (!addr) addr = "127.0.0.1";
+  tc_backend_init_args_t args = {
+      .size = sizeof args, .host = &tc__host, .comm_name = c->name,
+      .device = c->device, .device_index = c->device_index, .rank = c->rank,
+      .world_size = c->size, .timeout_s = c->timeout_s, .store = c->store,
+      .advertise_addr = addr, .hints = c->hints, .num_hints = c->num_hints};
+  char err[512] = "";
+  if (parent && c->ops->split)
+    rc = c->ops->split(parent->bcomm, ranks, nranks, &args, &c->bcomm, err,
+                       sizeof err);
+  else
+    rc = c->ops->init(&args, &c->bcomm, err, sizeof err);
+  if (rc != TC_OK)
+    return tc__comm_error(c, rc, parent ? "tc_comm_split" : "tc_comm_create",
+                          "backend '%s' failed to start: %s", c->backend_name,
+                          err[0] ? err : tc_strerror(rc));
+  return TC_OK;
+}
+
+static tc_comm_t *tc__comm_new(void) {
+  tc_comm_t *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  pthread_mutex_init(&c->mu, NULL);
+  atomic_store(&c->last_progress_ns, (int64_t)(tc__now() * 1e9));
+  c->magic = TC_COMM_MAGIC;
+  return c;
+}
+
+/* Releases everything but the handle itself, which goes to the graveyard. */
+static void tc__comm_bury(tc_comm_t *c) {
+  if (c->bcomm) c->ops->destroy(c->bcomm);
+  c->bcomm = NULL;
+  if (c->store) tc_store_release(c->store);
+  if (c->root_store) tc_store_release(c->root_store);
+  c->store = c->root_store = NULL;
+  tc__free_hints(c->hints, c->num_hints);
+  c->hints = NULL;
+  c->num_hints = 0;
+  c->magic = TC_COMM_DEAD;
+  pthread_mutex_lock(&tc__grave_mu);
+  c->grave_next = tc__graveyard;
+  tc__graveyard = c;
+  pthread_mutex_unlock(&tc__grave_mu);
+}
+
+static double tc__default_timeout(void) {
+  double t = tc__env_double("TORCHCOMM_TIMEOUT_SECONDS", 600.0);
+  return t > 0 ? t : 600.0;
+}
+
+int tc_comm_create(const char *backend, const char *device,
+                   const tc_comm_options_t *opts, tc_comm_t **out) {
+  static const char *fn = "tc_comm_create";
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  if (!out)
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: %s: argument 'out' is NULL", fn);
+  *out = NULL;
+  if (opts) {
+    if (opts->size < offsetof(tc_comm_options_t, device_index) ||
+        opts->version < 1 || opts->version > TC_COMM_OPTIONS_VERSION)
+      return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                           "torchcomms: %s: options have size %u version %u; "
+                           "initialise them with TC_COMM_OPTIONS_INIT",
+                           fn, opts->size, opts->version);
+    memcpy(&o, opts, opts->size < sizeof o ? opts->size : sizeof o);
+  }
+  if (!device) device = "cpu";
+  if (isnan(o.timeout_s) || o.timeout_s < 0)
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: %s: option 'timeout_s' must be >= 0 "
+                         "(0 = default)", fn);
+  const char *name = o.name ? o.name : "main";
+  if (!*name || strlen(name) >= sizeof(((tc_comm_t *)0)->name) ||
+      strchr(name, '/'))
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: %s: option 'name' must be 1..127 "
+                         "characters without '/'", fn);
+  int rank = o.rank, size = o.world_size;
+  if (rank < 0 || size <= 0) {
+    const char *src;
+    TC_CHECK(tc_env_rank_size(&rank, &size, &src));
+  } else if (rank >= size) {
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: %s: option 'rank' %d is out of range for "
+                         "world_size %d", fn, rank, size);
+  }
+  const tc_backend_ops_t *ops;
+  TC_CHECK(tc__backend_find(backend, &ops));
+  tc_comm_t *c = tc__comm_new();
+  if (!c) return tc__set_error(TC_ERR_NOMEM, "torchcomms: %s: out of memory", fn);
+  snprintf(c->name, sizeof c->name, "%s", name);
+  snprintf(c->backend_name, sizeof c->backend_name, "%s", backend);
+  snprintf(c->device, sizeof c->device, "%s", device);
+  c->device_index = o.device_index;
+  c->rank = rank;
+  c->size = size;
+  c->ops = ops;
+  c->timeout_s = o.timeout_s > 0 ? o.timeout_s : tc__default_timeout();
+  c->abort_process = o.abort_process_on_timeout_or_error >= 0
+                         ? o.abort_process_on_timeout_or_error != 0
+                         : tc__env_bool("TORCHCOMM_ABORT_ON_ERROR", 0);
+  int rc = tc__copy_hints(o.hints, o.num_hints, &c->hints, fn);
+  if (rc != TC_OK) goto fail;
+  c->num_hints = o.num_hints;
+  if (o.store) {
+    tc_store_retain(o.store);
+    c->root_store = o.store;
+  } else {
+    rc = tc__default_store(rank, size, c->timeout_s, &c->root_store);
+    if (rc != TC_OK) goto fail;
+  }
+  snprintf(c->prefix, sizeof c->prefix, "tc/%s/%llu", c->name,
+           (unsigned long long)tc__name_generation(c->name));
+  rc = tc__comm_start(c, NULL, NULL, 0);
+  if (rc != TC_OK) goto fail;
+  *out = c;
+  return TC_OK;
+fail:;
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", tc_last_error());
+  tc__comm_bury(c);
+  return tc__set_error_text(rc, saved);
+}
+
+int tc_comm_finalize(tc_comm_t *c) {
+  TC_CHECK(tc__comm_check(c, "tc_comm_finalize"));
+  pthread_mutex_lock(&c->mu);
+  int state = c->state;
+  if (state == TC_STATE_ACTIVE) c->state = TC_STATE_FINALIZED;
+  pthread_mutex_unlock(&c->mu);
+  if (state != TC_STATE_ACTIVE) return TC_OK; /* twice is harmless */
+  int rc = c->ops->finalize(c->bcomm);
+  c->ops->destroy(c->bcomm);
+  c->bcomm = NULL;
+  if (rc != TC_OK) {
+    const char *why = tc_last_error();
+    return tc__comm_error(c, rc, "finalize", "%s",
+                          why[0] ? why : tc_strerror(rc));
+  }
+  return TC_OK;
+}
+
+int tc_comm_abort(tc_comm_t *c) {
+  TC_CHECK(tc__comm_check(c, "tc_comm_abort"));
+  pthread_mutex_lock(&c->mu);
+  int state = c->state;
+  if (state == TC_STATE_ACTIVE) c->state = TC_STATE_ABORTED;
+  pthread_mutex_unlock(&c->mu);
+  if (state != TC_STATE_ACTIVE) return TC_OK;
+  c->ops->abort(c->bcomm);
+  c->ops->destroy(c->bcomm);
+  c->bcomm = NULL;
+  return TC_OK;
+}
+
+int tc_comm_is_aborted(const tc_comm_t *c) {
+  if (tc__comm_check(c, "tc_comm_is_aborted") != TC_OK) return 0;
+  return c->state == TC_STATE_ABORTED;
+}
+
+int tc_comm_destroy(tc_comm_t *c) {
+  TC_CHECK(tc__comm_check(c, "tc_comm_destroy"));
+  if (c->state == TC_STATE_ACTIVE) tc_comm_abort(c);
+  tc__comm_bury(c);
+  return TC_OK;
+}
+
+int tc_comm_rank(const tc_comm_t *c) {
+  return tc__comm_check(c, "tc_comm_rank") == TC_OK ? c->rank : -1;
+}
+int tc_comm_size(const tc_comm_t *c) {
+  return tc__comm_check(c, "tc_comm_size") == TC_OK ? c->size : -1;
+}
+const char *tc_comm_name(const tc_comm_t *c) {
+  return tc__comm_check(c, "tc_comm_name") == TC_OK ? c->name : NULL;
+}
+const char *tc_comm_backend(const tc_comm_t *c) {
+  return tc__comm_check(c, "tc_comm_backend") == TC_OK ? c->backend_name : NULL;
+}
+const char *tc_comm_backend_version(const tc_comm_t *c) {
+  if (tc__comm_check(c, "tc_comm_backend_version") != TC_OK) return NULL;
+  return c->ops->version ? c->ops->version : "unknown";
+}
+const char *tc_comm_device(const tc_comm_t *c) {
+  return tc__comm_check(c, "tc_comm_device") == TC_OK ? c->device : NULL;
+}
+const char *tc_comm_last_error(const tc_comm_t *c) {
+  return tc__comm_check(c, "tc_comm_last_error") == TC_OK ? c->last_error : "";
+}
+
+int tc_comm_get_options(const tc_comm_t *c, tc_comm_options_t *out) {
+  TC_CHECK(tc__comm_check(c, "tc_comm_get_options"));
+  if (!out)
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: tc_comm_get_options: argument 'out' is "
+                         "NULL");
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  o.name = c->name;
+  o.timeout_s = c->timeout_s;
+  o.abort_process_on_timeout_or_error = c->abort_process;
+  o.hints = c->hints;
+  o.num_hints = c->num_hints;
+  o.store = c->root_store;
+  o.rank = c->rank;
+  o.world_size = c->size;
+  o.device_index = c->device_index;
+  *out = o;
+  return TC_OK;
+}
+
+int tc_comm_set_timeout(tc_comm_t *c, double timeout_s) {
+  TC_CHECK(tc__comm_check(c, "tc_comm_set_timeout"));
+  if (!(timeout_s > 0) || isinf(timeout_s))
+    return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, "tc_comm_set_timeout",
+                          "argument 'timeout_s' must be a positive number of "
+                          "seconds");
+  c->timeout_s = timeout_s;
+  return TC_OK;
+}
+
+/* ---- split ---- */
+
+static uint64_t tc__hash_ranks(const int *ranks, size_t n) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (size_t i = 0; i < n; i++) {
+    uint32_t v = (uint32_t)ranks[i];
+    for (int b = 0; b < 4; b++) {
+      h ^= (v >> (8 * b)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
+                  const char *name, const tc_op_options_t *opts,
+                  tc_comm_t **out) {
+  static const char *fn = "tc_comm_split";
+  TC_CHECK(tc__comm_check(c, fn));
+  if (!out)
+    return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
+                          "argument 'out' is NULL");
+  *out = NULL;
+  if (nranks > 0 && !ranks)
+    return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
+                          "argument 'ranks' is NULL but nranks is %zu", nranks);
+  if (nranks > (size_t)c->size)
+    return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
+                          "argument 'ranks' has %zu entries but the "
+                          "communicator has %d ranks", nranks, c->size);
+  if (nranks > 0 && (!name || !*name || strlen(name) >= sizeof c->name ||
+                     strchr(name, '/')))
+    return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
+                          "argument 'name' must be 1..127 characters without "
+                          "'/'");
+  int me = -1;
+  for (size_t i = 0; i < nranks; i++) {
+    if (ranks[i] < 0 || ranks[i] >= c->size)
+      return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
+                            "ranks[%zu] = %d is out of range [0, %d)", i,
+                            ranks[i], c->size);
+    for (size_t j = 0; j < i; j++)
+      if (ranks[j] == ranks[i])
+        return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
+                              "rank %d appears twice in 'ranks'", ranks[i]);
+    if (ranks[i] == c->rank) me = (int)i;
+  }
+  if (nranks > 0 && me < 0)
+    return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
+                          "'ranks' does not contain the caller's rank %d "
+                          "(pass an empty list to join no group)", c->rank);
+  /* Agree on the groups: every rank publishes (nranks, hash of its list). */
+  int64_t mine[2] = {(int64_t)nranks, (int64_t)tc__hash_ranks(ranks, nranks)};
+  int64_t *all = calloc((size_t)c->size * 2, sizeof *all);
+  if (!all) return tc__comm_error(c, TC_ERR_NOMEM, fn, "out of memory");
+  int rc = tc_all_gather_single(c, all, mine, 2, TC_INT64, opts, NULL);
+  if (rc != TC_OK) {
+    free(all);
+    return rc;
+  }
+  uint64_t seq = c->split_seq++;
+  for (size_t i = 0; i < nranks; i++) {
+    int r = ranks[i];
+    if (all[2 * r] != mine[0] || all[2 * r + 1] != mine[1]) {
+      long long theirs = (long long)all[2 * r];
+      free(all);
+      return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
+                            "rank %d passed a different rank list (%lld "
+                            "ranks) for this group; every member must pass "
+                            "the same list in the same order",
+                            r, theirs);
+    }
+  }
+  free(all);
+  if (nranks == 0) return TC_OK;
+
+  tc_comm_t *child = tc__comm_new();
+  if (!child) return tc__comm_error(c, TC_ERR_NOMEM, fn, "out of memory");
+  snprintf(child->name, sizeof child->name, "%s", name);
+  memcpy(child->backend_name, c->backend_name, sizeof c->backend_name);
+  memcpy(child->device, c->device, sizeof c->device);
+  child->device_index = c->device_index;
+  child->rank = me;
+  child->size = (int)nranks;
+  child->ops = c->ops;
+  child->timeout_s = c->timeout_s;
+  child->abort_process = c->abort_process;
+  rc = tc__copy_hints(c->hints, c->num_hints, &child->hints, fn);
+  if (rc == TC_OK && opts && opts->num_hints) {
+    /* per-split hints replace the parent's */
+    tc__free_hints(child->hints, c->num_hints);
+    rc = tc__copy_hints(opts->hints, opts->num_hints, &child->hints, fn);
+    child->num_hints = opts->num_hints;
+  } else {
+    child->num_hints = c->num_hints;
+  }
+  if (rc != TC_OK) {
+    tc__comm_bury(child);
+    return rc;
+  }
+  tc_store_retain(c->root_store);
+  child->root_store = c->root_store;
+  /* Flat, bounded key prefix whatever the nesting depth of splits. */
+  uint64_t ph = 1469598103934665603ull;
+  for (const char *p = c->prefix; *p; p++) ph = (ph ^ (uint8_t)*p) * 1099511628211ull;
+  snprintf(child->prefix, sizeof child->prefix, "tc/split/%016llx/%llu/%016llx",
+           (unsigned long long)ph, (unsigned long long)seq,
+           (unsigned long long)mine[1]);
+  rc = tc__comm_start(child, c, ranks, nranks);
+  if (rc != TC_OK) {
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", tc_last_error());
+    tc__comm_bury(child);
+    return tc__set_error_text(rc, saved);
+  }
+  *out = child;
+  return TC_OK;
+}

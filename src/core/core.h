@@ -1,0 +1,106 @@
+/* core.h -- the core's internal types: communicators, work objects, batches,
+ * the backend loader and the op path shared by every operation. */
+#ifndef TC_CORE_H
+#define TC_CORE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "internal.h"
+
+#define TC_COMM_MAGIC 0x74636f6du  /* 'tcom' */
+#define TC_COMM_DEAD 0x64656164u   /* destroyed */
+#define TC_WORK_MAGIC 0x7477726bu  /* 'twrk' */
+#define TC_WORK_FREED 0x66726565u  /* released to the pool */
+#define TC_BATCH_MAGIC 0x74626174u /* 'tbat' */
+
+enum { TC_STATE_ACTIVE = 0, TC_STATE_FINALIZED, TC_STATE_ABORTED };
+
+struct tc_comm {
+  uint32_t magic;
+  char name[128];
+  char backend_name[64];
+  char device[32];
+  int device_index;
+  int rank;
+  int size;
+  double timeout_s;
+  int abort_process;
+  tc_hint_t *hints; /* owned copies */
+  size_t num_hints;
+  tc_store_t *root_store; /* the job's store (a reference) */
+  tc_store_t *store;      /* prefixed for this communicator */
+  char prefix[256];
+  const tc_backend_ops_t *ops;
+  void *bcomm;
+  pthread_mutex_t mu; /* state, seq, last_error; held while posting */
+  int state;
+  uint64_t seq;
+  uint64_t split_seq;
+  _Atomic int64_t last_progress_ns; /* last start/completion, monotonic */
+  char last_error[1024];
+  struct tc_comm *grave_next;
+};
+
+struct tc_work {
+  uint32_t magic;
+  _Atomic int refs;
+  tc_comm_t *comm;
+  const char *opname;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  _Atomic int status; /* tc_work_status_t */
+  int rc;
+  double issue_time;
+  double start_time;
+  double timeout_s;
+  tc_backend_op_t op;
+  void *arrays; /* owned copies of the op's lists, reused across uses */
+  size_t arrays_cap;
+  char msg[1024];
+  struct tc_work *pool_next;
+};
+
+struct tc_batch {
+  uint32_t magic;
+  tc_comm_t *comm;
+  tc_p2p_t *ops;
+  size_t n, cap;
+};
+
+/* Name of an operation type ("all_reduce"). */
+TC_INTERNAL const char *tc__op_name(tc_op_type_t type);
+
+/* Work objects (work.c). */
+TC_INTERNAL tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
+                                      double timeout_s);
+/* Reserves `bytes` of owned array space in the work (aligned 16). */
+TC_INTERNAL void *tc__work_arrays(tc_work_t *w, size_t bytes);
+TC_INTERNAL void tc__work_unref(tc_work_t *w);
+TC_INTERNAL int tc__work_check(const tc_work_t *w, const char *fn);
+/* Completes a work that never reached the backend (validation failure). */
+TC_INTERNAL void tc__work_fail_local(tc_work_t *w, int rc, const char *msg);
+TC_INTERNAL extern const tc_backend_host_t tc__host;
+
+/* Communicator helpers (comm.c). */
+TC_INTERNAL int tc__comm_check(const tc_comm_t *c, const char *fn);
+/* Formats "torchcomms: <fn> on '<name>' (rank r of n): " + message into the
+ * thread's error and the communicator's last error; returns rc. */
+TC_INTERNAL int tc__comm_error(tc_comm_t *c, int rc, const char *fn,
+                               const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+TC_INTERNAL void tc__comm_record_error(tc_comm_t *c, const char *text);
+
+/* Issues a validated op: copies the op into a work, posts it to the backend
+ * in issue order, and either returns the work (async) or waits for it. */
+TC_INTERNAL int tc__op_issue(tc_comm_t *c, const char *fn, tc_backend_op_t *op,
+                             const tc_op_options_t *opts, tc_work_t **work);
+
+/* Backend loader (loader.c). */
+TC_INTERNAL int tc__backend_find(const char *name, const tc_backend_ops_t **out);
+
+/* Default store from the environment (bootstrap/default_store.c). */
+TC_INTERNAL int tc__default_store(int rank, int size, double timeout_s,
+                                  tc_store_t **out);
+
+#endif

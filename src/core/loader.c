@@ -1,0 +1,174 @@
+/* loader.c -- finds a backend by name: $TORCHCOMMS_BACKEND_LIB_PATH_<NAME>
+ * (a file or a directory), then libtorchcomms-<name>.so beside libtorchcomms,
+ * then the built-ins; checks the ABI version and size of the table. */
+#include "core.h"
+
+#include <ctype.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "backends/cpu/cpu.h"
+
+static const tc_backend_ops_t *const tc__builtins[] = {&tc__cpu_backend};
+
+/* Loaded plugins are cached (never unloaded: backends may own threads). */
+#define TC_MAX_PLUGINS 16
+static struct {
+  char name[64];
+  const tc_backend_ops_t *ops;
+} tc__plugins[TC_MAX_PLUGINS];
+static int tc__nplugins;
+static pthread_mutex_t tc__loader_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Minimum table size a v1 plugin must have: everything up to `batch`. */
+#define TC_BACKEND_MIN_SIZE                                                    \
+  (offsetof(tc_backend_ops_t, batch) + sizeof(tc_backend_op_fn))
+
+static int tc__check_table(const char *name, const char *where,
+                           const tc_backend_ops_t *ops) {
+  if (ops->abi_version != TC_BACKEND_ABI_VERSION)
+    return tc__set_error(TC_ERR_BACKEND,
+                         "torchcomms: backend '%s' from %s has ABI version %u "
+                         "but this libtorchcomms speaks version %u (rebuild "
+                         "the backend against this torchcomms_backend.h)",
+                         name, where, ops->abi_version, TC_BACKEND_ABI_VERSION);
+  if (ops->size < TC_BACKEND_MIN_SIZE)
+    return tc__set_error(TC_ERR_BACKEND,
+                         "torchcomms: backend '%s' from %s has a table of %u "
+                         "bytes, smaller than the %zu that ABI version %u "
+                         "requires (corrupt or mismatched build)",
+                         name, where, ops->size, (size_t)TC_BACKEND_MIN_SIZE,
+                         TC_BACKEND_ABI_VERSION);
+  if (!ops->init || !ops->finalize || !ops->abort || !ops->destroy)
+    return tc__set_error(TC_ERR_BACKEND,
+                         "torchcomms: backend '%s' from %s lacks init, "
+                         "finalize, abort or destroy", name, where);
+  return TC_OK;
+}
+
+/* Tries to dlopen path. Returns TC_OK with *out, TC_ERR_BACKEND_NOT_FOUND if
+ * there is no file (note says why), or another error for a bad plugin. */
+static int tc__try_path(const char *name, const char *path,
+                        const tc_backend_ops_t **out, char *note,
+                        size_t notelen) {
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    snprintf(note, notelen, "%s (%s)", path, strerror(errno));
+    return TC_ERR_BACKEND_NOT_FOUND;
+  }
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h)
+    return tc__set_error(TC_ERR_BACKEND,
+                         "torchcomms: backend '%s': cannot load %s: %s", name,
+                         path, dlerror());
+  const tc_backend_ops_t *ops = dlsym(h, TC_BACKEND_SYMBOL);
+  if (!ops) {
+    dlclose(h);
+    return tc__set_error(TC_ERR_BACKEND,
+                         "torchcomms: backend '%s': %s does not export the "
+                         "symbol '%s' (is it a torchcomms backend?)",
+                         name, path, TC_BACKEND_SYMBOL);
+  }
+  int rc = tc__check_table(name, path, ops);
+  if (rc != TC_OK) {
+    dlclose(h);
+    return rc;
+  }
+  *out = ops;
+  return TC_OK;
+}
+
+static int tc__valid_name(const char *name) {
+  size_t n = strlen(name);
+  if (n == 0 || n >= 48) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (!(islower((unsigned char)name[i]) || isdigit((unsigned char)name[i]) ||
+          name[i] == '_' || name[i] == '-'))
+      return 0;
+  return 1;
+}
+
+int tc__backend_find(const char *name, const tc_backend_ops_t **out) {
+  if (!name)
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: tc_comm_create: argument 'backend' is "
+                         "NULL (use \"cpu\", \"nccl\" or a plugin name)");
+  if (!tc__valid_name(name))
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: tc_comm_create: backend name '%s' is "
+                         "invalid (lower-case letters, digits, '_' and '-')",
+                         name);
+  pthread_mutex_lock(&tc__loader_mu);
+  for (int i = 0; i < tc__nplugins; i++)
+    if (!strcmp(tc__plugins[i].name, name)) {
+      *out = tc__plugins[i].ops;
+      pthread_mutex_unlock(&tc__loader_mu);
+      return TC_OK;
+    }
+  char envname[96], upper[64], tried1[600], tried2[600], path[4096];
+  size_t n = strlen(name);
+  for (size_t i = 0; i <= n; i++)
+    upper[i] = name[i] == '-' ? '_' : (char)toupper((unsigned char)name[i]);
+  snprintf(envname, sizeof envname, "TORCHCOMMS_BACKEND_LIB_PATH_%s", upper);
+  const tc_backend_ops_t *ops = NULL;
+  int rc = TC_ERR_BACKEND_NOT_FOUND;
+
+  /* 1. the environment: a file, or a directory holding the plugin */
+  const char *env = tc__env_str(envname);
+  if (env) {
+    struct stat st;
+    if (stat(env, &st) == 0 && S_ISDIR(st.st_mode))
+      snprintf(path, sizeof path, "%s/libtorchcomms-%s.so", env, name);
+    else
+      snprintf(path, sizeof path, "%s", env);
+    rc = tc__try_path(name, path, &ops, tried1, sizeof tried1);
+  } else {
+    snprintf(tried1, sizeof tried1, "$%s (unset)", envname);
+  }
+  /* 2. beside libtorchcomms */
+  if (rc == TC_ERR_BACKEND_NOT_FOUND) {
+    Dl_info info;
+    if (dladdr((void *)&tc_comm_create, &info) && info.dli_fname) {
+      snprintf(path, sizeof path, "%s", info.dli_fname);
+      char *slash = strrchr(path, '/');
+      if (slash) *slash = 0; else snprintf(path, sizeof path, ".");
+      size_t l = strlen(path);
+      snprintf(path + l, sizeof path - l, "/libtorchcomms-%s.so", name);
+      rc = tc__try_path(name, path, &ops, tried2, sizeof tried2);
+    } else {
+      snprintf(tried2, sizeof tried2, "the library's directory (unknown)");
+    }
+  }
+  /* 3. built-ins */
+  if (rc == TC_ERR_BACKEND_NOT_FOUND) {
+    for (size_t i = 0; i < sizeof tc__builtins / sizeof tc__builtins[0]; i++)
+      if (!strcmp(tc__builtins[i]->name, name)) {
+        ops = tc__builtins[i];
+        rc = TC_OK;
+      }
+  }
+  if (rc == TC_OK && tc__nplugins < TC_MAX_PLUGINS) {
+    snprintf(tc__plugins[tc__nplugins].name, sizeof tc__plugins[0].name, "%s",
+             name);
+    tc__plugins[tc__nplugins++].ops = ops;
+  }
+  pthread_mutex_unlock(&tc__loader_mu);
+  if (rc == TC_ERR_BACKEND_NOT_FOUND) {
+    char builtins[256] = "";
+    for (size_t i = 0; i < sizeof tc__builtins / sizeof tc__builtins[0]; i++) {
+      size_t l = strlen(builtins);
+      snprintf(builtins + l, sizeof builtins - l, "%s%s", i ? ", " : "",
+               tc__builtins[i]->name);
+    }
+    return tc__set_error(TC_ERR_BACKEND_NOT_FOUND,
+                         "torchcomms: backend '%s' not found: tried %s, %s, and "
+                         "the built-in backends (%s); set %s to the path of "
+                         "libtorchcomms-%s.so",
+                         name, tried1, tried2, builtins, envname, name);
+  }
+  if (rc == TC_OK) *out = ops;
+  return rc;
+}

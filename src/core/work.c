@@ -1,0 +1,283 @@
+/* work.c -- work objects: a pool (no allocation per operation once warm),
+ * status transitions, deadlines, and the host services backends call. */
+#include "core.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* A work whose backend never reports is given up on this long after its own
+ * deadline (the backend normally reports the timeout itself). */
+#define TC_WORK_GRACE_S 5.0
+
+static pthread_mutex_t tc__pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static tc_work_t *tc__pool;
+
+static int64_t tc__now_ns(void) { return (int64_t)(tc__now() * 1e9); }
+
+tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
+                          double timeout_s) {
+  pthread_mutex_lock(&tc__pool_mu);
+  tc_work_t *w = tc__pool;
+  if (w) tc__pool = w->pool_next;
+  pthread_mutex_unlock(&tc__pool_mu);
+  if (!w) {
+    w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&w->mu, NULL);
+  }
+  w->magic = TC_WORK_MAGIC;
+  atomic_store(&w->refs, 1);
+  w->comm = comm;
+  w->opname = opname;
+  atomic_store(&w->status, TC_WORK_NOT_STARTED);
+  w->rc = TC_OK;
+  w->issue_time = tc__now();
+  w->start_time = 0;
+  w->timeout_s = timeout_s;
+  memset(&w->op, 0, sizeof w->op);
+  w->msg[0] = 0;
+  w->pool_next = NULL;
+  return w;
+}
+
+void *tc__work_arrays(tc_work_t *w, size_t bytes) {
+  if (bytes > w->arrays_cap) {
+    void *p = realloc(w->arrays, bytes);
+    if (!p) return NULL;
+    w->arrays = p;
+    w->arrays_cap = bytes;
+  }
+  return w->arrays;
+}
+
+void tc__work_unref(tc_work_t *w) {
+  if (atomic_fetch_sub(&w->refs, 1) != 1) return;
+  w->magic = TC_WORK_FREED;
+  w->comm = NULL;
+  pthread_mutex_lock(&tc__pool_mu);
+  w->pool_next = tc__pool;
+  tc__pool = w;
+  pthread_mutex_unlock(&tc__pool_mu);
+}
+
+int tc__work_check(const tc_work_t *w, const char *fn) {
+  if (!w)
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: %s: argument 'work' is NULL", fn);
+  if (w->magic == TC_WORK_FREED)
+    return tc__set_error(TC_ERR_INVALID_USAGE,
+                         "torchcomms: %s: the work handle was already released",
+                         fn);
+  if (w->magic != TC_WORK_MAGIC)
+    return tc__set_error(TC_ERR_INVALID_USAGE,
+                         "torchcomms: %s: argument 'work' is not a work handle",
+                         fn);
+  return TC_OK;
+}
+
+static int tc__status_terminal(int s) {
+  return s == TC_WORK_COMPLETED || s == TC_WORK_TIMEDOUT || s == TC_WORK_ERROR;
+}
+
+/* Moves w to a terminal state (first caller wins). Returns 1 if it did. */
+static int tc__work_finish(tc_work_t *w, int rc, const char *msg) {
+  pthread_mutex_lock(&w->mu);
+  int st = atomic_load(&w->status);
+  if (tc__status_terminal(st)) {
+    pthread_mutex_unlock(&w->mu);
+    return 0;
+  }
+  w->rc = rc;
+  snprintf(w->msg, sizeof w->msg, "%s", rc == TC_OK ? "" : (msg ? msg : tc_strerror(rc)));
+  atomic_store(&w->status, rc == TC_OK            ? TC_WORK_COMPLETED
+                           : rc == TC_ERR_TIMEOUT ? TC_WORK_TIMEDOUT
+                                                  : TC_WORK_ERROR);
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  tc_comm_t *c = w->comm;
+  if (c) atomic_store(&c->last_progress_ns, tc__now_ns());
+  if (rc != TC_OK && c) {
+    tc__comm_record_error(c, w->msg);
+    if (c->abort_process) {
+      fprintf(stderr, "%s\ntorchcomms: aborting the process "
+                      "(abort_process_on_timeout_or_error is set)\n", w->msg);
+      fflush(stderr);
+      abort();
+    }
+  }
+  return 1;
+}
+
+void tc__work_fail_local(tc_work_t *w, int rc, const char *msg) {
+  tc__work_finish(w, rc, msg);
+}
+
+/* ---- host services given to backends ---- */
+
+static void tc__host_work_started(tc_work_t *w) {
+  pthread_mutex_lock(&w->mu);
+  w->start_time = tc__now();
+  if (atomic_load(&w->status) == TC_WORK_NOT_STARTED)
+    atomic_store(&w->status, TC_WORK_INPROGRESS);
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  if (w->comm) atomic_store(&w->comm->last_progress_ns, tc__now_ns());
+}
+
+static void tc__host_work_complete(tc_work_t *w, int status, const char *msg) {
+  tc__work_finish(w, status, msg);
+  tc__work_unref(w); /* the backend's reference */
+}
+
+static void tc__host_log(int level, const char *fmt, ...) {
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  tc__log(level, "%s", line);
+}
+
+static void tc__host_free(void *p) { free(p); }
+
+const tc_backend_host_t tc__host = {
+    .size = sizeof(tc_backend_host_t),
+    .work_started = tc__host_work_started,
+    .work_complete = tc__host_work_complete,
+    .store_set = tc_store_set,
+    .store_get = tc_store_get,
+    .store_add = tc_store_add,
+    .free = tc__host_free,
+    .log = tc__host_log,
+};
+
+/* ---- public work API ---- */
+
+static void tc__deadline_ts(double deadline, struct timespec *ts) {
+  double d = deadline > 0 ? deadline : 0;
+  ts->tv_sec = (time_t)d;
+  ts->tv_nsec = (long)((d - (double)ts->tv_sec) * 1e9);
+  if (ts->tv_nsec >= 1000000000L) { ts->tv_sec++; ts->tv_nsec -= 1000000000L; }
+}
+
+/* The moment past which waiting on w is given up: start + timeout once
+ * started; before that, the comm must keep making progress. */
+static double tc__work_deadline(tc_work_t *w) {
+  double base;
+  if (w->start_time > 0) {
+    base = w->start_time;
+  } else {
+    double last = w->comm ? (double)atomic_load(&w->comm->last_progress_ns) * 1e-9 : 0;
+    base = last > w->issue_time ? last : w->issue_time;
+  }
+  return base + w->timeout_s + TC_WORK_GRACE_S;
+}
+
+/* Waits for w until `limit` (absolute, 0 = the work's own deadline). */
+static int tc__work_wait_until(tc_work_t *w, double limit, const char *fn) {
+  pthread_mutex_lock(&w->mu);
+  for (;;) {
+    int st = atomic_load(&w->status);
+    if (tc__status_terminal(st)) break;
+    double dl = tc__work_deadline(w);
+    double now = tc__now();
+    if (limit > 0 && now >= limit) {
+      pthread_mutex_unlock(&w->mu);
+      return tc__set_error(TC_ERR_TIMEOUT,
+                           "torchcomms: %s: %s did not finish within the "
+                           "given wait time (it is still %s)",
+                           fn, w->opname, tc_work_status_name(st));
+    }
+    if (limit <= 0 && now >= dl) {
+      /* The backend missed its own deadline: fail the work ourselves. */
+      pthread_mutex_unlock(&w->mu);
+      char msg[512];
+      tc_comm_t *c = w->comm;
+      snprintf(msg, sizeof msg,
+               "torchcomms: %s on '%s' (rank %d of %d): timed out after "
+               "%.1f s (%s); the communicator must be aborted",
+               w->opname, c ? c->name : "?", c ? c->rank : -1,
+               c ? c->size : -1, w->timeout_s,
+               st == TC_WORK_NOT_STARTED ? "never started: an earlier "
+                                           "operation is stuck"
+                                         : "the backend did not report");
+      tc__work_finish(w, TC_ERR_TIMEOUT, msg);
+      pthread_mutex_lock(&w->mu);
+      break;
+    }
+    double until = limit > 0 && limit < dl ? limit : dl;
+    if (until > now + 0.25) until = now + 0.25; /* re-read the deadline */
+    struct timespec ts;
+    tc__deadline_ts(until, &ts);
+    pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+  }
+  int rc = w->rc;
+  if (rc != TC_OK) tc__set_error_text(rc, w->msg);
+  pthread_mutex_unlock(&w->mu);
+  return rc;
+}
+
+int tc_work_wait(tc_work_t *w) {
+  TC_CHECK(tc__work_check(w, "tc_work_wait"));
+  return tc__work_wait_until(w, 0, "tc_work_wait");
+}
+
+int tc_work_wait_for(tc_work_t *w, double timeout_s) {
+  TC_CHECK(tc__work_check(w, "tc_work_wait_for"));
+  if (!(timeout_s >= 0))
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: tc_work_wait_for: argument 'timeout_s' "
+                         "must be >= 0");
+  return tc__work_wait_until(w, tc__now() + (timeout_s > 0 ? timeout_s : 1e-9),
+                             "tc_work_wait_for");
+}
+
+int tc_work_test(tc_work_t *w, int *done) {
+  TC_CHECK(tc__work_check(w, "tc_work_test"));
+  if (!done)
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: tc_work_test: argument 'done' is NULL");
+  int st = atomic_load(&w->status);
+  *done = tc__status_terminal(st);
+  if (!*done) return TC_OK;
+  pthread_mutex_lock(&w->mu);
+  int rc = w->rc;
+  if (rc != TC_OK) tc__set_error_text(rc, w->msg);
+  pthread_mutex_unlock(&w->mu);
+  return rc;
+}
+
+int tc_work_status(const tc_work_t *w) {
+  if (tc__work_check(w, "tc_work_status") != TC_OK) return -1;
+  return atomic_load(&((tc_work_t *)w)->status);
+}
+
+const char *tc_work_error(const tc_work_t *w) {
+  if (tc__work_check(w, "tc_work_error") != TC_OK) return "";
+  return w->msg;
+}
+
+int tc_work_release(tc_work_t *w) {
+  TC_CHECK(tc__work_check(w, "tc_work_release"));
+  tc__work_unref(w);
+  return TC_OK;
+}
+
+const char *tc_work_status_name(int s) {
+  switch (s) {
+  case TC_WORK_NOT_STARTED: return "not_started";
+  case TC_WORK_INPROGRESS: return "inprogress";
+  case TC_WORK_COMPLETED: return "completed";
+  case TC_WORK_TIMEDOUT: return "timedout";
+  case TC_WORK_ERROR: return "error";
+  }
+  return "invalid";
+}

@@ -1,0 +1,498 @@
+/* reduce.c -- elementwise reduction kernels for every dtype x op.
+ *
+ * One X-macro (TC__REDUCE_KERNELS) lists every allowed (dtype, op) pair; it
+ * generates, per pair, a two-operand kernel (dst op= src) and a
+ * three-operand kernel (out = a op b), both over `restrict` pointers, and the
+ * table the dispatchers pick one kernel from, once per call.
+ *
+ * Vectorisation. GCC at -O2 only vectorises loops whose trip count is known
+ * to be a multiple of the vector width (the "very cheap" cost model), so the
+ * kernels run fixed-size inner blocks (TC__BLK elements) and a short scalar
+ * tail. The hot loops are compiled for AVX-512, AVX2 and the baseline with
+ * target_clones (an ifunc picks one at load time); they are not used
+ * outside GCC on x86-64 with glibc, under -fsanitize=thread (the ifunc resolvers run
+ * before TSan is initialised and crash the program at load) and with
+ * -DTC_NO_TARGET_CLONES. GCC 12 handles it under -fsanitize=address,undefined
+ * in executables and shared libraries, so ASan builds run the same clones.
+ *
+ * float16 / bfloat16 convert blocks of TC__HBLK elements to float32 on the
+ * stack, compute there and round back to nearest even, with branch-free
+ * conversions (the same bits as torch's c10::Half / c10::BFloat16) so that the
+ * blocks vectorise too.
+ *
+ * Semantics:
+ *  - floats: SUM, PRODUCT in the type's precision; MIN/MAX propagate NaN
+ *    (like torch.minimum/maximum); between -0 and +0 either may be returned.
+ *  - integers: SUM/PRODUCT wrap (computed in unsigned arithmetic), MIN, MAX,
+ *    BAND, BOR, BXOR.
+ *  - bool: SUM/MAX/BOR are logical or, PRODUCT/MIN/BAND logical and, BXOR
+ *    xor; any nonzero input byte counts as true and outputs are 0 or 1.
+ *  - AVG and PREMUL_SUM reduce as SUM (the caller scales / divides).
+ *
+ * Aliasing: the restrict kernels never see aliased pointers. The dispatchers
+ * route exact aliasing (dst == src, out == a, out == b) to an equivalent
+ * restrict-clean call, staging the aliased operand through a stack buffer
+ * where needed. Partially overlapping buffers are not supported.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "core/internal.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) &&        \
+    defined(__GLIBC__) && !defined(__SANITIZE_THREAD__) &&                    \
+    !defined(TC_NO_TARGET_CLONES)
+#ifndef TC_TARGET_CLONES /* overridable, e.g. to test the AVX2 clones */
+#define TC_TARGET_CLONES "avx512f", "avx2", "default"
+#endif
+#define TC__HOT __attribute__((target_clones(TC_TARGET_CLONES)))
+#else
+#define TC__HOT
+#endif
+
+#define TC__INLINE static inline __attribute__((always_inline))
+
+enum {
+  TC__BLK = 64,    /* inner block of the native kernels, elements */
+  TC__HBLK = 256,  /* float32 staging block of the 16-bit float kernels */
+  TC__STAGE = 4096 /* bytes staged per step for aliased operands */
+};
+
+/* ------------------------------------------------------------------------ */
+/* 16-bit float conversions                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* The bits of a float, and the float of some bits. */
+TC__INLINE uint32_t tc__fbits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+TC__INLINE float tc__bitsf(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* c ? a : b for c in {0, 1}, with masks: a ?: on values computed with
+ * floating-point operations would be turned into branches (the operations
+ * may trap), which stops the block loops from vectorising. */
+TC__INLINE uint32_t tc__select(uint32_t c, uint32_t a, uint32_t b) {
+  const uint32_t m = 0u - c;
+  return (a & m) | (b & ~m);
+}
+
+/* IEEE binary16 -> float32, exact (Maratyszcza's FP16 method, as in torch):
+ * normals and Inf/NaN by rebiasing the exponent with one multiply,
+ * subnormals through a magic-number subtraction. */
+TC__INLINE float tc__h2f(uint16_t h) {
+  const uint32_t w = (uint32_t)h << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  const float normalized = tc__bitsf((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  const float denormalized = tc__bitsf((two_w >> 17) | (126u << 23)) - 0.5f;
+  const uint32_t r = tc__select(two_w < (1u << 27), tc__fbits(denormalized),
+                                tc__fbits(normalized));
+  return tc__bitsf(sign | r);
+}
+
+/* float32 -> IEEE binary16, round to nearest even; overflow gives Inf, NaN
+ * gives the quiet NaN 0x7E00 with the input's sign. The float additions do
+ * the rounding: `base` (|f| scaled so that too-large values become Inf) is
+ * added to a power of two whose ulp is the binary16 ulp of f. */
+TC__INLINE uint16_t tc__f2h(float f) {
+  float base = (fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
+  const uint32_t w = tc__fbits(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  bias = bias < 0x71000000u ? 0x71000000u : bias;
+  base = tc__bitsf((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = tc__fbits(base);
+  const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
+  const uint32_t mantissa_bits = bits & 0x00000FFFu;
+  const uint32_t nonsign = exp_bits + mantissa_bits;
+  return (uint16_t)((sign >> 16) |
+                    tc__select(shl1_w > 0xFF000000u, 0x7E00u, nonsign));
+}
+
+/* bfloat16 -> float32: the upper half of the float's bits. */
+TC__INLINE float tc__bf2f(uint16_t h) { return tc__bitsf((uint32_t)h << 16); }
+
+/* float32 -> bfloat16, round to nearest even (subnormals and overflow to Inf
+ * fall out of the integer rounding); NaN gives 0x7FC0 as in torch. */
+TC__INLINE uint16_t tc__f2bf(float f) {
+  const uint32_t u = tc__fbits(f);
+  const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return (uint16_t)(f != f ? 0x7FC0u : r);
+}
+
+/* Exported (internal) versions of the four conversions. */
+float tc__half_to_float(uint16_t h) { return tc__h2f(h); }
+uint16_t tc__float_to_half(float f) { return tc__f2h(f); }
+float tc__bf16_to_float(uint16_t h) { return tc__bf2f(h); }
+uint16_t tc__float_to_bf16(float f) { return tc__f2bf(f); }
+
+/* ------------------------------------------------------------------------ */
+/* Element operations, per kind: OP(T, U, a, b) with T the storage type and  */
+/* U the type the arithmetic is done in.                                     */
+/* ------------------------------------------------------------------------ */
+
+#define TC__OP_FLT_SUM(T, U, a, b) ((a) + (b))
+#define TC__OP_FLT_PRODUCT(T, U, a, b) ((a) * (b))
+#define TC__OP_FLT_MIN(T, U, a, b) (((a) < (b) || (a) != (a)) ? (a) : (b))
+#define TC__OP_FLT_MAX(T, U, a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
+
+#define TC__OP_INT_SUM(T, U, a, b) ((T)((U)(a) + (U)(b)))
+#define TC__OP_INT_PRODUCT(T, U, a, b) ((T)((U)(a) * (U)(b)))
+#define TC__OP_INT_MIN(T, U, a, b) ((T)((a) < (b) ? (a) : (b)))
+#define TC__OP_INT_MAX(T, U, a, b) ((T)((a) > (b) ? (a) : (b)))
+#define TC__OP_INT_BAND(T, U, a, b) ((T)((a) & (b)))
+#define TC__OP_INT_BOR(T, U, a, b) ((T)((a) | (b)))
+#define TC__OP_INT_BXOR(T, U, a, b) ((T)((a) ^ (b)))
+
+#define TC__OP_BOOL_OR(a, b) ((uint8_t)(((a) | (b)) != 0))
+#define TC__OP_BOOL_AND(a, b) ((uint8_t)(((a) != 0) & ((b) != 0)))
+#define TC__OP_BOOL_SUM(T, U, a, b) TC__OP_BOOL_OR(a, b)
+#define TC__OP_BOOL_PRODUCT(T, U, a, b) TC__OP_BOOL_AND(a, b)
+#define TC__OP_BOOL_MIN(T, U, a, b) TC__OP_BOOL_AND(a, b)
+#define TC__OP_BOOL_MAX(T, U, a, b) TC__OP_BOOL_OR(a, b)
+#define TC__OP_BOOL_BAND(T, U, a, b) TC__OP_BOOL_AND(a, b)
+#define TC__OP_BOOL_BOR(T, U, a, b) TC__OP_BOOL_OR(a, b)
+#define TC__OP_BOOL_BXOR(T, U, a, b) ((uint8_t)(((a) != 0) ^ ((b) != 0)))
+
+/* The 16-bit floats compute with the float32 operations. */
+#define TC__OP_F16_SUM TC__OP_FLT_SUM
+#define TC__OP_F16_PRODUCT TC__OP_FLT_PRODUCT
+#define TC__OP_F16_MIN TC__OP_FLT_MIN
+#define TC__OP_F16_MAX TC__OP_FLT_MAX
+#define TC__OP_BF16_SUM TC__OP_FLT_SUM
+#define TC__OP_BF16_PRODUCT TC__OP_FLT_PRODUCT
+#define TC__OP_BF16_MIN TC__OP_FLT_MIN
+#define TC__OP_BF16_MAX TC__OP_FLT_MAX
+
+/* Operations per kind, each as Y(OP, DTYPE, T, U, KIND). */
+#define TC__OPS_ARITH(Y, D, T, U, K)                                           \
+  Y(SUM, D, T, U, K) Y(PRODUCT, D, T, U, K) Y(MIN, D, T, U, K)                 \
+  Y(MAX, D, T, U, K)
+#define TC__OPS_BITWISE(Y, D, T, U, K)                                         \
+  TC__OPS_ARITH(Y, D, T, U, K)                                                 \
+  Y(BAND, D, T, U, K) Y(BOR, D, T, U, K) Y(BXOR, D, T, U, K)
+
+/* THE list: every allowed dtype x op, as X(OP, DTYPE, T, U, KIND). */
+#define TC__REDUCE_KERNELS(X)                                                  \
+  TC__OPS_ARITH(X, FLOAT32, float, float, FLT)                                 \
+  TC__OPS_ARITH(X, FLOAT64, double, double, FLT)                               \
+  TC__OPS_ARITH(X, FLOAT16, uint16_t, float, F16)                              \
+  TC__OPS_ARITH(X, BFLOAT16, uint16_t, float, BF16)                            \
+  TC__OPS_BITWISE(X, INT8, int8_t, unsigned, INT)                              \
+  TC__OPS_BITWISE(X, UINT8, uint8_t, unsigned, INT)                            \
+  TC__OPS_BITWISE(X, INT16, int16_t, unsigned, INT)                            \
+  TC__OPS_BITWISE(X, INT32, int32_t, uint32_t, INT)                            \
+  TC__OPS_BITWISE(X, INT64, int64_t, uint64_t, INT)                            \
+  TC__OPS_BITWISE(X, BOOL, uint8_t, unsigned, BOOL)
+
+/* ------------------------------------------------------------------------ */
+/* Kernel generators                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* One element of a native kernel: dst[i] = x[i] op y[i]. */
+#define TC__ELEM(OP, T, U, K, dst, x, y, i)                                    \
+  do {                                                                         \
+    const T a = (x)[i], b = (y)[i];                                            \
+    (dst)[i] = TC__OP_##K##_##OP(T, U, a, b);                                  \
+  } while (0)
+
+/* Native types (float, double, integers, bool): k2 is d[i] = d[i] op s[i],
+ * k3 is o[i] = a[i] op b[i]. No pointer may alias another that is written.
+ * Fixed-size inner blocks (vectorised even at -O2), then a scalar tail. The
+ * typed kernels (k2t, k3t) take restrict parameters (GCC ignores restrict on
+ * local pointers); k2 and k3 adapt them to the table's void signatures. */
+#define TC__GEN_NATIVE(OP, D, T, U, K)                                         \
+  static TC__HOT void tc__k2t_##D##_##OP(T *restrict d, const T *restrict s,   \
+                                         size_t n) {                           \
+    size_t i = 0;                                                              \
+    for (; i + TC__BLK <= n; i += TC__BLK)                                     \
+      for (size_t j = 0; j < TC__BLK; j++)                                     \
+        TC__ELEM(OP, T, U, K, d, d, s, i + j);                                 \
+    for (; i < n; i++) TC__ELEM(OP, T, U, K, d, d, s, i);                      \
+  }                                                                            \
+  static TC__HOT void tc__k3t_##D##_##OP(T *restrict o, const T *restrict pa,  \
+                                         const T *restrict pb, size_t n) {     \
+    size_t i = 0;                                                              \
+    for (; i + TC__BLK <= n; i += TC__BLK)                                     \
+      for (size_t j = 0; j < TC__BLK; j++)                                     \
+        TC__ELEM(OP, T, U, K, o, pa, pb, i + j);                               \
+    for (; i < n; i++) TC__ELEM(OP, T, U, K, o, pa, pb, i);                    \
+  }                                                                            \
+  static void tc__k2_##D##_##OP(void *d, const void *s, size_t n) {            \
+    tc__k2t_##D##_##OP((T *)d, (const T *)s, n);                               \
+  }                                                                            \
+  static void tc__k3_##D##_##OP(void *o, const void *a, const void *b,         \
+                                size_t n) {                                    \
+    tc__k3t_##D##_##OP((T *)o, (const T *)a, (const T *)b, n);                 \
+  }
+
+/* 16-bit floats: a block of TC__HBLK elements is converted and combined
+ * into a float32 buffer, then rounded back; every input of the block is read
+ * before any output is written, so o may even alias pa or pb. The tail goes
+ * through zero-padded copies so that it takes the same vector code. */
+#define TC__GEN_HALF(OP, D, T, U, K, TOF, FROMF)                               \
+  TC__INLINE void tc__hb_##D##_##OP(uint16_t *o, const uint16_t *pa,           \
+                                    const uint16_t *pb) {                      \
+    float f[TC__HBLK];                                                         \
+    for (size_t j = 0; j < TC__HBLK; j++) {                                    \
+      const float a = TOF(pa[j]), b = TOF(pb[j]);                              \
+      f[j] = TC__OP_##K##_##OP(float, float, a, b);                            \
+    }                                                                          \
+    for (size_t j = 0; j < TC__HBLK; j++) o[j] = FROMF(f[j]);                  \
+  }                                                                            \
+  static TC__HOT void tc__k3_##D##_##OP(void *ov, const void *av,              \
+                                        const void *bv, size_t n) {            \
+    uint16_t *o = (uint16_t *)ov;                                              \
+    const uint16_t *pa = (const uint16_t *)av, *pb = (const uint16_t *)bv;     \
+    size_t i = 0;                                                              \
+    for (; i + TC__HBLK <= n; i += TC__HBLK)                                   \
+      tc__hb_##D##_##OP(o + i, pa + i, pb + i);                                \
+    if (i < n) {                                                               \
+      uint16_t ta[TC__HBLK], tb[TC__HBLK];                                     \
+      memset(ta, 0, sizeof ta);                                                \
+      memset(tb, 0, sizeof tb);                                                \
+      memcpy(ta, pa + i, (n - i) * 2);                                         \
+      memcpy(tb, pb + i, (n - i) * 2);                                         \
+      tc__hb_##D##_##OP(ta, ta, tb);                                           \
+      memcpy(o + i, ta, (n - i) * 2);                                          \
+    }                                                                          \
+  }                                                                            \
+  static void tc__k2_##D##_##OP(void *dv, const void *sv, size_t n) {          \
+    tc__k3_##D##_##OP(dv, dv, sv, n);                                          \
+  }
+
+#define TC__GEN_FLT(OP, D, T, U, K) TC__GEN_NATIVE(OP, D, T, U, K)
+#define TC__GEN_INT(OP, D, T, U, K) TC__GEN_NATIVE(OP, D, T, U, K)
+#define TC__GEN_BOOL(OP, D, T, U, K) TC__GEN_NATIVE(OP, D, T, U, K)
+#define TC__GEN_F16(OP, D, T, U, K)                                            \
+  TC__GEN_HALF(OP, D, T, U, K, tc__h2f, tc__f2h)
+#define TC__GEN_BF16(OP, D, T, U, K)                                           \
+  TC__GEN_HALF(OP, D, T, U, K, tc__bf2f, tc__f2bf)
+#define TC__GEN(OP, D, T, U, K) TC__GEN_##K(OP, D, T, U, K)
+
+TC__REDUCE_KERNELS(TC__GEN)
+
+/* ------------------------------------------------------------------------ */
+/* Kernel table and dispatch                                                 */
+/* ------------------------------------------------------------------------ */
+
+typedef void (*tc__k2_fn)(void *dst, const void *src, size_t n);
+typedef void (*tc__k3_fn)(void *out, const void *a, const void *b, size_t n);
+typedef struct tc__kernel {
+  tc__k2_fn k2; /* dst op= src, no aliasing */
+  tc__k3_fn k3; /* out = a op b, out aliases neither */
+} tc__kernel_t;
+
+/* [dtype][op] for op < TC_AVG; an empty entry is a disallowed pair. */
+static const tc__kernel_t tc__kernels[TC_DTYPE_COUNT][TC_AVG] = {
+#define TC__ENTRY(OP, D, T, U, K)                                              \
+  [TC_##D][TC_##OP] = {.k2 = tc__k2_##D##_##OP, .k3 = tc__k3_##D##_##OP},
+    TC__REDUCE_KERNELS(TC__ENTRY)
+#undef TC__ENTRY
+};
+
+/* The kernel of dtype x op (AVG and PREMUL_SUM as SUM), or NULL when the
+ * pair is invalid or not allowed. */
+static const tc__kernel_t *tc__kernel(tc_dtype_t dtype, tc_redop_type_t op) {
+  if ((unsigned)dtype >= TC_DTYPE_COUNT || (unsigned)op >= TC_REDOP_COUNT)
+    return NULL;
+  if (op == TC_AVG || op == TC_PREMUL_SUM) op = TC_SUM;
+  const tc__kernel_t *k = &tc__kernels[dtype][op];
+  return k->k2 ? k : NULL;
+}
+
+/* 1 for the float dtypes. */
+static int tc__is_float(tc_dtype_t dtype) {
+  switch (dtype) {
+#define TC__ISF(name, val, ctype, size, isf)                                   \
+  case TC_##name:                                                              \
+    return isf;
+    TC_DTYPE_MAP(TC__ISF)
+#undef TC__ISF
+  default:
+    return 0;
+  }
+}
+
+/* 1 if op may be applied to dtype: the kernel table for SUM..BXOR (bitwise
+ * ops on integers and bool only), AVG on all but bool, PREMUL_SUM on the
+ * float types only (as torch allows); 0 for an invalid dtype or op. */
+int tc__redop_allowed(tc_dtype_t dtype, tc_redop_type_t op) {
+  if ((unsigned)dtype >= TC_DTYPE_COUNT || (unsigned)op >= TC_REDOP_COUNT)
+    return 0;
+  if (op == TC_AVG) return dtype != TC_BOOL;
+  if (op == TC_PREMUL_SUM) return tc__is_float(dtype);
+  return tc__kernels[dtype][op].k2 != NULL;
+}
+
+/* Aliased operand staged through the stack, TC__STAGE bytes per step:
+ * a != NULL: out = a op copy(out) (the call had b == out, a != out);
+ * a == NULL: out = out op copy(out) (every operand was out). */
+static void tc__reduce_staged(const tc__kernel_t *k, char *out, const char *a,
+                              size_t n, size_t esize) {
+  uint64_t tmp[TC__STAGE / sizeof(uint64_t)];
+  const size_t step = TC__STAGE / esize;
+  for (size_t i = 0; i < n; i += step) {
+    const size_t m = n - i < step ? n - i : step;
+    memcpy(tmp, out + i * esize, m * esize);
+    if (a) k->k3(out + i * esize, a + i * esize, tmp, m);
+    else k->k2(out + i * esize, tmp, m);
+  }
+}
+
+/* dst[i] = dst[i] op src[i] (see internal.h); dst == src is staged. An
+ * invalid or disallowed dtype x op leaves dst unchanged. */
+void tc__reduce(void *dst, const void *src, size_t n, tc_dtype_t dtype,
+                tc_redop_type_t op) {
+  const tc__kernel_t *k = tc__kernel(dtype, op);
+  if (!k || n == 0) return;
+  if (dst != src) k->k2(dst, src, n);
+  else tc__reduce_staged(k, dst, NULL, n, tc_dtype_size(dtype));
+}
+
+/* out[i] = a[i] op b[i] (see internal.h). out == a becomes out op= b;
+ * out == b stages b; out == a == b is tc__reduce(out, out). */
+void tc__reduce3(void *out, const void *a, const void *b, size_t n,
+                 tc_dtype_t dtype, tc_redop_type_t op) {
+  const tc__kernel_t *k = tc__kernel(dtype, op);
+  if (!k || n == 0) return;
+  if (out != a && out != b) k->k3(out, a, b, n);
+  else if (out != b) k->k2(out, b, n); /* out == a: out op= b */
+  else if (out != a) tc__reduce_staged(k, out, a, n, tc_dtype_size(dtype));
+  else tc__reduce_staged(k, out, NULL, n, tc_dtype_size(dtype));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Scale and divide                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* double -> int64, truncated toward zero; NaN gives 0 and out-of-range
+ * values saturate (a plain cast would be undefined). */
+static inline int64_t tc__d2i64(double r) {
+  if (!(r == r)) return 0;
+  if (r >= 9223372036854775808.0) return INT64_MAX;
+  if (r < -9223372036854775808.0) return INT64_MIN;
+  return (int64_t)r;
+}
+
+/* Signed integer x / d truncated toward zero, for any unsigned 64-bit d > 0
+ * (|x| < d gives 0, except INT64_MIN / 2^63 = -1). */
+static inline int64_t tc__sdiv(int64_t x, uint64_t d) {
+  if (d <= (uint64_t)INT64_MAX) return x / (int64_t)d;
+  return (x == INT64_MIN && d == (uint64_t)INT64_MAX + 1) ? -1 : 0;
+}
+
+/* Scale of one value x, per dtype, from the locals ff = (float)factor,
+ * fd = factor, nz = (factor != 0). */
+#define TC__SCALE_FLOAT32(x) ((x) * ff)
+#define TC__SCALE_FLOAT64(x) ((x) * fd)
+#define TC__SCALE_FLOAT16(x) tc__f2h(tc__h2f(x) * ff)
+#define TC__SCALE_BFLOAT16(x) tc__f2bf(tc__bf2f(x) * ff)
+#define TC__SCALE_INT8(x) ((int8_t)tc__d2i64((double)(x) * fd))
+#define TC__SCALE_UINT8(x) ((uint8_t)tc__d2i64((double)(x) * fd))
+#define TC__SCALE_INT16(x) ((int16_t)tc__d2i64((double)(x) * fd))
+#define TC__SCALE_INT32(x) ((int32_t)tc__d2i64((double)(x) * fd))
+#define TC__SCALE_INT64(x) ((int64_t)tc__d2i64((double)(x) * fd))
+#define TC__SCALE_BOOL(x) ((uint8_t)(((x) != 0) & nz))
+
+/* Division of one value x by the locals fdiv = (float)divisor,
+ * ddiv = (double)divisor, udiv = divisor. */
+#define TC__DIV_FLOAT32(x) ((x) / fdiv)
+#define TC__DIV_FLOAT64(x) ((x) / ddiv)
+#define TC__DIV_FLOAT16(x) tc__f2h(tc__h2f(x) / fdiv)
+#define TC__DIV_BFLOAT16(x) tc__f2bf(tc__bf2f(x) / fdiv)
+#define TC__DIV_INT8(x) ((int8_t)tc__sdiv(x, udiv))
+#define TC__DIV_UINT8(x) ((uint8_t)((x) / udiv))
+#define TC__DIV_INT16(x) ((int16_t)tc__sdiv(x, udiv))
+#define TC__DIV_INT32(x) ((int32_t)tc__sdiv(x, udiv))
+#define TC__DIV_INT64(x) ((int64_t)tc__sdiv(x, udiv))
+#define TC__DIV_BOOL(x) ((uint8_t)(((x) != 0) / udiv))
+
+/* d[i] = F(s[i]) for i < n, in fixed-size blocks plus a tail. */
+#define TC__MAP(T, d, s, n, F)                                                 \
+  do {                                                                         \
+    size_t i = 0;                                                              \
+    for (; i + TC__BLK <= (n); i += TC__BLK)                                   \
+      for (size_t j = 0; j < TC__BLK; j++) {                                   \
+        const T x = (s)[i + j];                                                \
+        (d)[i + j] = F(x);                                                     \
+      }                                                                        \
+    for (; i < (n); i++) {                                                     \
+      const T x = (s)[i];                                                      \
+      (d)[i] = F(x);                                                           \
+    }                                                                          \
+  } while (0)
+
+/* Per dtype (from TC_DTYPE_MAP): tc__scale_<D> (src -> dst, no aliasing),
+ * tc__scalei_<D> (in place) and tc__divide_<D> (in place). */
+#define TC__GEN_SCALE_DIVIDE(D, val, T, size, isf)                             \
+  static TC__HOT void tc__scale_##D(T *restrict d, const T *restrict s,        \
+                                    size_t n, double fd) {                     \
+    const float ff = (float)fd;                                                \
+    const uint8_t nz = fd != 0;                                                \
+    (void)ff;                                                                  \
+    (void)nz;                                                                  \
+    TC__MAP(T, d, s, n, TC__SCALE_##D);                                        \
+  }                                                                            \
+  static TC__HOT void tc__scalei_##D(T *d, size_t n, double fd) {              \
+    const float ff = (float)fd;                                                \
+    const uint8_t nz = fd != 0;                                                \
+    (void)ff;                                                                  \
+    (void)nz;                                                                  \
+    TC__MAP(T, d, d, n, TC__SCALE_##D);                                        \
+  }                                                                            \
+  static TC__HOT void tc__divide_##D(T *d, size_t n, uint64_t udiv) {          \
+    const float fdiv = (float)udiv;                                            \
+    const double ddiv = (double)udiv;                                          \
+    (void)fdiv;                                                                \
+    (void)ddiv;                                                                \
+    TC__MAP(T, d, d, n, TC__DIV_##D);                                          \
+  }
+
+TC_DTYPE_MAP(TC__GEN_SCALE_DIVIDE)
+
+/* dst[i] = src[i] * factor: float32 in float32 (factor rounded to float),
+ * float64 in double, float16/bfloat16 through float32 rounded once;
+ * integers: the double product truncated toward zero, saturated to int64,
+ * then wrapped to the type; bool: (src[i] != 0 && factor != 0). dst may
+ * equal src (the in-place kernel runs then). */
+void tc__scale(void *dst, const void *src, size_t n, tc_dtype_t dtype,
+               double factor) {
+  if (n == 0) return;
+  switch (dtype) {
+#define TC__SCALE_CASE(D, val, T, size, isf)                                   \
+  case TC_##D:                                                                 \
+    if (dst == src) tc__scalei_##D((T *)dst, n, factor);                       \
+    else tc__scale_##D((T *)dst, (const T *)src, n, factor);                   \
+    break;
+    TC_DTYPE_MAP(TC__SCALE_CASE)
+#undef TC__SCALE_CASE
+  default:
+    break;
+  }
+}
+
+/* buf[i] /= divisor: floats divide by the divisor converted to the type's
+ * precision (float32 for the 16-bit floats, rounded once); signed integers
+ * truncate toward zero, unsigned integers and bool divide as unsigned. A
+ * divisor of 0 leaves buf unchanged. */
+void tc__divide(void *buf, size_t n, tc_dtype_t dtype, uint64_t divisor) {
+  if (n == 0 || divisor == 0) return; /* divisor 0: left unchanged */
+  switch (dtype) {
+#define TC__DIVIDE_CASE(D, val, T, size, isf)                                  \
+  case TC_##D:                                                                 \
+    tc__divide_##D((T *)buf, n, divisor);                                      \
+    break;
+    TC_DTYPE_MAP(TC__DIVIDE_CASE)
+#undef TC__DIVIDE_CASE
+  default:
+    break;
+  }
+}

@@ -1,0 +1,136 @@
+/* plugin_test.c -- a tiny out-of-tree backend plugin, "testplugin", proving
+ * the loader path. Built by CMake as build/plugins/libtorchcomms-testplugin.so
+ * with only include/ on the include path (the public headers are all a
+ * plugin needs) and hidden visibility: the only exported symbol is the table
+ * tc_backend_v1.
+ *
+ * It supports world size 1 only (init fails with a clear message for more),
+ * the dtypes float32, float64, int32 and int64, and two operations:
+ * all_reduce (the identity for one rank, except PREMUL_SUM which scales by
+ * its factor) and barrier. Every other op entry is NULL, so the core reports
+ * TC_ERR_NOT_SUPPORTED for them. Being trivial, it completes each operation
+ * synchronously inside the entry (work_started then work_complete), which the
+ * ABI allows for a backend whose operations cannot block.
+ * The op hint "testplugin.fail" = "1" makes all_reduce and barrier fail with
+ * TC_ERR_BACKEND (completed inside the entry, like a success), to test how
+ * the core handles a backend reporting an error synchronously.
+ * Used by tests/c/test_loader.c.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "torchcomms_backend.h"
+
+typedef struct testplugin_comm {
+  const tc_backend_host_t *host;
+  char name[128];
+  int finalized;
+} testplugin_comm_t;
+
+/* 1 if the op carries the hint testplugin.fail=1. */
+static int tp_should_fail(const tc_backend_op_t *op) {
+  for (size_t i = 0; i < op->num_hints; i++)
+    if (!strcmp(op->hints[i].key, "testplugin.fail") &&
+        !strcmp(op->hints[i].value, "1"))
+      return 1;
+  return 0;
+}
+
+/* Completes work with the injected failure; the message names the
+ * operation, the communicator and the rank, as the ABI asks. */
+static int tp_fail(testplugin_comm_t *c, const char *opname, tc_work_t *work) {
+  char msg[256];
+  snprintf(msg, sizeof msg,
+           "torchcomms: %s on '%s' (rank 0 of 1): testplugin: injected failure",
+           opname, c->name);
+  c->host->work_complete(work, TC_ERR_BACKEND, msg);
+  return TC_OK;
+}
+
+static int tp_init(const tc_backend_init_args_t *args, void **bcomm, char *err,
+                   size_t errlen) {
+  if (args->world_size != 1) {
+    snprintf(err, errlen,
+             "the testplugin backend supports world size 1 only (got world "
+             "size %d)", args->world_size);
+    return TC_ERR_NOT_SUPPORTED;
+  }
+  testplugin_comm_t *c = calloc(1, sizeof *c);
+  if (!c) {
+    snprintf(err, errlen, "out of memory");
+    return TC_ERR_NOMEM;
+  }
+  c->host = args->host;
+  snprintf(c->name, sizeof c->name, "%s", args->comm_name);
+  *bcomm = c;
+  return TC_OK;
+}
+
+static int tp_finalize(void *bcomm) {
+  ((testplugin_comm_t *)bcomm)->finalized = 1;
+  return TC_OK;
+}
+
+static int tp_abort(void *bcomm) {
+  (void)bcomm;
+  return TC_OK;
+}
+
+static void tp_destroy(void *bcomm) { free(bcomm); }
+
+static int tp_supports_dtype(tc_dtype_t dt) {
+  return dt == TC_FLOAT32 || dt == TC_FLOAT64 || dt == TC_INT32 ||
+         dt == TC_INT64;
+}
+
+/* One rank: the reduction of one input is the input itself, except that
+ * PREMUL_SUM multiplies it by the factor. */
+static int tp_all_reduce(void *bcomm, const tc_backend_op_t *op,
+                         tc_work_t *work) {
+  testplugin_comm_t *c = bcomm;
+  c->host->work_started(work);
+  if (tp_should_fail(op)) return tp_fail(c, "all_reduce", work);
+  if (op->redop.type == TC_PREMUL_SUM) {
+    double f = op->redop.factor;
+    for (size_t i = 0; i < op->count; i++) {
+      switch (op->dtype) {
+      case TC_FLOAT32: ((float *)op->recvbuf)[i] *= (float)f; break;
+      case TC_FLOAT64: ((double *)op->recvbuf)[i] *= f; break;
+      case TC_INT32:
+        ((int32_t *)op->recvbuf)[i] =
+            (int32_t)((double)((int32_t *)op->recvbuf)[i] * f);
+        break;
+      case TC_INT64:
+        ((int64_t *)op->recvbuf)[i] =
+            (int64_t)((double)((int64_t *)op->recvbuf)[i] * f);
+        break;
+      default: break;
+      }
+    }
+  }
+  c->host->work_complete(work, TC_OK, NULL);
+  return TC_OK;
+}
+
+static int tp_barrier(void *bcomm, const tc_backend_op_t *op, tc_work_t *work) {
+  testplugin_comm_t *c = bcomm;
+  c->host->work_started(work);
+  if (tp_should_fail(op)) return tp_fail(c, "barrier", work);
+  c->host->work_complete(work, TC_OK, NULL);
+  return TC_OK;
+}
+
+TC_API const tc_backend_ops_t tc_backend_v1 = {
+    .abi_version = TC_BACKEND_ABI_VERSION,
+    .size = sizeof(tc_backend_ops_t),
+    .name = "testplugin",
+    .version = "1.0-test",
+    .init = tp_init,
+    .finalize = tp_finalize,
+    .abort = tp_abort,
+    .destroy = tp_destroy,
+    .all_reduce = tp_all_reduce,
+    .barrier = tp_barrier,
+    .supports_dtype = tp_supports_dtype,
+};

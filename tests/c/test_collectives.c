@@ -1,0 +1,475 @@
+/* test_collectives.c -- every operation x world sizes 1, 2, 3, 4, 8 x counts
+ * 0, 1, 7, 1 Mi + 3 x dtypes x reductions, over real processes and real
+ * sockets, each result compared with a reference computed locally.
+ *
+ * At counts 0, 1 and 7 the cross product is complete. At 1 Mi + 3 elements:
+ * reducing operations run every dtype with SUM and every allowed reduction
+ * on float32, bfloat16 and int32; data-movement operations run one dtype of
+ * each element size (uint8, float16, float32, int64). TC_TEST_FULL=1 runs the
+ * complete cross product at every count. Every other case is asynchronous
+ * (work object + wait), the rest synchronous. */
+#include "coll_util.h"
+
+typedef void (*tc_case_fn)(tc_comm_t *c, int rank, int n, tc_dtype_t dt,
+                           tc_redop_t op, size_t count, int async);
+
+typedef struct {
+  const char *name;
+  tc_case_fn fn;
+  int reducing;
+} tc_op_desc_t;
+
+/* Issues `call` (which uses `wp`) synchronously or asynchronously. */
+#define ISSUE(async, call)                                                     \
+  do {                                                                         \
+    tc_work_t *w_ = NULL;                                                      \
+    tc_work_t **wp = (async) ? &w_ : NULL;                                     \
+    int rc_ = (call);                                                          \
+    if (rc_ != TC_OK)                                                          \
+      tc_test_fail(__FILE__, __LINE__, "%s: %s: %s", tc_case,                  \
+                   tc_status_name(rc_), tc_last_error());                      \
+    if (w_) {                                                                  \
+      rc_ = tc_work_wait(w_);                                                  \
+      if (rc_ != TC_OK)                                                        \
+        tc_test_fail(__FILE__, __LINE__, "%s: wait: %s", tc_case,              \
+                     tc_last_error());                                         \
+      TC_ASSERT_EQ(tc_work_status(w_), TC_WORK_COMPLETED);                     \
+      TC_ASSERT_OK(tc_work_release(w_));                                       \
+    }                                                                          \
+  } while (0)
+
+#define ES(dt) tc_dtype_size(dt)
+#define AT(buf, i, dt) ((char *)(buf) + (size_t)(i) * ES(dt))
+
+static void *tc_filled(size_t count, tc_dtype_t dt, int rank, int seed) {
+  void *p = tc_xmalloc(count * ES(dt));
+  tc_fill(p, count, dt, rank, seed);
+  return p;
+}
+
+static void tc_check_fill(const void *got, size_t count, tc_dtype_t dt,
+                          int rank, int seed, const char *what) {
+  void *ref = tc_filled(count, dt, rank, seed);
+  tc_check_equal(got, ref, count, dt, TC_SUM, what);
+  free(ref);
+}
+
+/* ---- one function per operation ---- */
+
+static void case_all_reduce(tc_comm_t *c, int rank, int n, tc_dtype_t dt,
+                            tc_redop_t op, size_t count, int async) {
+  void *buf = tc_filled(count, dt, rank, 1), *ref = tc_xmalloc(count * ES(dt));
+  ISSUE(async, tc_all_reduce(c, buf, count, dt, op, NULL, wp));
+  tc_reference(ref, count, dt, op, n, 1);
+  tc_check_equal(buf, ref, count, dt, op.type, "buf");
+  free(buf);
+  free(ref);
+}
+
+static void case_reduce(tc_comm_t *c, int rank, int n, tc_dtype_t dt,
+                        tc_redop_t op, size_t count, int async) {
+  int root = (int)((count + (size_t)dt) % (size_t)n);
+  void *buf = tc_filled(count, dt, rank, 2);
+  ISSUE(async, tc_reduce(c, buf, count, dt, op, root, NULL, wp));
+  if (rank == root) {
+    void *ref = tc_xmalloc(count * ES(dt));
+    tc_reference(ref, count, dt, op, n, 2);
+    tc_check_equal(buf, ref, count, dt, op.type, "root buf");
+    free(ref);
+  } else {
+    tc_check_fill(buf, count, dt, rank, 2, "non-root buf (must be unchanged)");
+  }
+  free(buf);
+}
+
+static void case_broadcast(tc_comm_t *c, int rank, int n, tc_dtype_t dt,
+                           tc_redop_t op, size_t count, int async) {
+  int root = (int)((count + (size_t)dt + 1) % (size_t)n);
+  void *buf = tc_filled(count, dt, rank == root ? root : 1000 + rank, 3);
+  ISSUE(async, tc_broadcast(c, buf, count, dt, root, NULL, wp));
+  tc_check_fill(buf, count, dt, root, 3, "buf");
+  free(buf);
+}
+
+static void case_all_gather(tc_comm_t *c, int rank, int n, tc_dtype_t dt,
+                            tc_redop_t op, size_t count, int async) {
+  void *send = tc_filled(count, dt, rank, 4);
+  void **recv = tc_xmalloc((size_t)n * sizeof *recv);
+  for (int i = 0; i < n; i++) recv[i] = tc_xmalloc(count * ES(dt));
+  ISSUE(async, tc_all_gather(c, recv, send, count, dt, NULL, wp));
+  for (int i = 0; i < n; i++) {
+    tc_check_fill(recv[i], count, dt, i, 4, "recvbufs[i]");
+    free(recv[i]);
+  }
+  free(recv);
+  free(send);
+}
+
+static void case_all_gather_single(tc_comm_t *c, int rank, int n,
+                                   tc_dtype_t dt, tc_redop_t op, size_t count,
+                                   int async) {
+  char *recv = tc_xmalloc((size_t)n * count * ES(dt));
+  void *send;
+  if (async) { /* in place: the own block is the input */
+    send = AT(recv, (size_t)rank * count, dt);
+    tc_fill(send, count, dt, rank, 5);
+  } else {
+    send = tc_filled(count, dt, rank, 5);
+  }
+  ISSUE(async, tc_all_gather_single(c, recv, send, count, dt, NULL, wp));
+  for (int i = 0; i < n; i++)
+    tc_check_fill(AT(recv, (size_t)i * count, dt), count, dt, i, 5, "block");
+  if (!async) free(send);
+  free(recv);
+}
+
+static size_t vcount(size_t count, int i) {
+  if (count == 0) return 0;
+  return i == 1 ? 0 : count + (size_t)i * 3; /* rank 1 contributes nothing */
+}
+
+static void case_all_gather_v(tc_comm_t *c, int rank, int n, tc_dtype_t dt,
+                              tc_redop_t op, size_t count, int async) {
+  size_t *counts = tc_xmalloc((size_t)n * sizeof *counts);
+  void **recv = tc_xmalloc((size_t)n * sizeof *recv);
+  for (int i = 0; i < n; i++) {
+    counts[i] = vcount(count, i);
+    recv[i] = tc_xmalloc(counts[i] * ES(dt));
+  }
+  void *send = tc_filled(counts[rank], dt, rank, 6);
+  ISSUE(async,
+        tc_all_gather_v(c, recv, counts, send, counts[rank], dt, NULL, wp));
+  for (int i = 0; i < n; i++) {
+    tc_check_fill(recv[i], counts[i], dt, i, 6, "recvbufs[i]");
+    free(recv[i]);
+  }
+  free(send);
+  free(recv);
+  free(counts);
+}
+
+static void case_reduce_scatter(tc_comm_t *c, int rank, int n, tc_dtype_t dt,
+                                tc_redop_t op, size_t count, int async) {
+  void **send = tc_xmalloc((size_t)n * sizeof *send);
+  for (int j = 0; j < n; j++) send[j] = tc_filled(count, dt, rank, 10 + j);
+  void *recv = tc_xmalloc(count * ES(dt)), *ref = tc_xmalloc(count * ES(dt));
+  ISSUE(async, tc_reduce_scatter(c, recv, (const void *const *)send, count, dt,
+                                 op, NULL, wp));
+  tc_reference(ref, count, dt, op, n, 10 + rank);
+  tc_check_equal(recv, ref, count, dt, op.type, "recvbuf");
+  for (int j = 0; j < n; j++) free(send[j]);
+  free(send);
+  free(recv);
+  free(ref);
+}
+
+static void case_reduce_scatter_single(tc_comm_t *c, int rank, int n,
+                                       tc_dtype_t dt, tc_redop_t op,
+                                       size_t count, int async) {
+  char *send = tc_xmalloc((size_t)n * count * ES(dt));
+  for (int j = 0; j < n; j++)
+    tc_fill(AT(send, (size_t)j * count, dt), count, dt, rank, 10 + j);
+  /* async cases run in place: the output is the own block of the input */
+  void *recv = async ? AT(send, (size_t)rank * count, dt)
+                     : tc_xmalloc(count * ES(dt));
+  void *ref = tc_xmalloc(count * ES(dt));
+  ISSUE(async,
+        tc_reduce_scatter_single(c, recv, send, count, dt, op, NULL, wp));
+  tc_reference(ref, count, dt, op, n, 10 + rank);
+  tc_check_equal(recv, ref, count, dt, op.type, "recvbuf");
+  if (!async) free(recv);
+  free(send);
+  free(ref);
+}
+
+static void case_reduce_scatter_v(tc_comm_t *c, int rank, int n, tc_dtype_t dt,
+                                  tc_redop_t op, size_t count, int async) {
+  size_t *counts = tc_xmalloc((size_t)n * sizeof *counts);
+  void **send = tc_xmalloc((size_t)n * sizeof *send);
+  for (int j = 0; j < n; j++) {
+    counts[j] = vcount(count, j);
+    send[j] = tc_filled(counts[j], dt, rank, 10 + j);
+  }
+  void *recv = tc_xmalloc(counts[rank] * ES(dt));
+  void *ref = tc_xmalloc(counts[rank] * ES(dt));
+  ISSUE(async, tc_reduce_scatter_v(c, recv, counts[rank],
+                                   (const void *const *)send, counts, dt, op,
+                                   NULL, wp));
+  tc_reference(ref, counts[rank], dt, op, n, 10 + rank);
+  tc_check_equal(recv, ref, counts[rank], dt, op.type, "recvbuf");
+  for (int j = 0; j < n; j++) free(send[j]);
+  free(send);
+  free(counts);
+  free(recv);
+  free(ref);
+}
+
+static void case_all_to_all_single(tc_comm_t *c, int rank, int n,
+                                   tc_dtype_t dt, tc_redop_t op, size_t count,
+                                   int async) {
+  char *send = tc_xmalloc((size_t)n * count * ES(dt));
+  char *recv = tc_xmalloc((size_t)n * count * ES(dt));
+  for (int j = 0; j < n; j++)
+    tc_fill(AT(send, (size_t)j * count, dt), count, dt, rank, 20 + j);
+  ISSUE(async, tc_all_to_all_single(c, recv, send, count, dt, NULL, wp));
+  for (int j = 0; j < n; j++)
+    tc_check_fill(AT(recv, (size_t)j * count, dt), count, dt, j, 20 + rank,
+                  "block");
+  free(send);
+  free(recv);
+}
+
+/* What rank a sends to rank b in the v variants. */
+static size_t a2a_count(size_t count, int a, int b) {
+  return count ? count + (size_t)((a + 2 * b) % 3) : 0;
+}
+
+static void case_all_to_all_v_single(tc_comm_t *c, int rank, int n,
+                                     tc_dtype_t dt, tc_redop_t op,
+                                     size_t count, int async) {
+  size_t *sc = tc_xmalloc((size_t)n * sizeof *sc);
+  size_t *rc = tc_xmalloc((size_t)n * sizeof *rc);
+  size_t st = 0, rt = 0;
+  for (int j = 0; j < n; j++) {
+    sc[j] = a2a_count(count, rank, j);
+    rc[j] = a2a_count(count, j, rank);
+    st += sc[j];
+    rt += rc[j];
+  }
+  char *send = tc_xmalloc(st * ES(dt)), *recv = tc_xmalloc(rt * ES(dt));
+  size_t off = 0;
+  for (int j = 0; j < n; j++) {
+    tc_fill(AT(send, off, dt), sc[j], dt, rank, 20 + j);
+    off += sc[j];
+  }
+  ISSUE(async, tc_all_to_all_v_single(c, recv, rc, send, sc, dt, NULL, wp));
+  off = 0;
+  for (int j = 0; j < n; j++) {
+    tc_check_fill(AT(recv, off, dt), rc[j], dt, j, 20 + rank, "block");
+    off += rc[j];
+  }
+  free(send);
+  free(recv);
+  free(sc);
+  free(rc);
+}
+
+static void case_all_to_all(tc_comm_t *c, int rank, int n, tc_dtype_t dt,
+                            tc_redop_t op, size_t count, int async) {
+  size_t *sc = tc_xmalloc((size_t)n * sizeof *sc);
+  size_t *rc = tc_xmalloc((size_t)n * sizeof *rc);
+  void **send = tc_xmalloc((size_t)n * sizeof *send);
+  void **recv = tc_xmalloc((size_t)n * sizeof *recv);
+  for (int j = 0; j < n; j++) {
+    sc[j] = a2a_count(count, rank, j);
+    rc[j] = a2a_count(count, j, rank);
+    send[j] = tc_filled(sc[j], dt, rank, 20 + j);
+    recv[j] = tc_xmalloc(rc[j] * ES(dt));
+  }
+  ISSUE(async, tc_all_to_all(c, recv, rc, (const void *const *)send, sc, dt,
+                             NULL, wp));
+  for (int j = 0; j < n; j++) {
+    tc_check_fill(recv[j], rc[j], dt, j, 20 + rank, "recvbufs[j]");
+    free(send[j]);
+    free(recv[j]);
+  }
+  free(send);
+  free(recv);
+  free(sc);
+  free(rc);
+}
+
+static void case_scatter(tc_comm_t *c, int rank, int n, tc_dtype_t dt,
+                         tc_redop_t op, size_t count, int async) {
+  int root = (int)(count % (size_t)n);
+  void **send = NULL;
+  if (rank == root) {
+    send = tc_xmalloc((size_t)n * sizeof *send);
+    for (int j = 0; j < n; j++) send[j] = tc_filled(count, dt, root, 30 + j);
+  }
+  void *recv = tc_xmalloc(count * ES(dt));
+  ISSUE(async, tc_scatter(c, recv, (const void *const *)send, count, dt, root,
+                          NULL, wp));
+  tc_check_fill(recv, count, dt, root, 30 + rank, "recvbuf");
+  if (send) {
+    for (int j = 0; j < n; j++) free(send[j]);
+    free(send);
+  }
+  free(recv);
+}
+
+static void case_gather(tc_comm_t *c, int rank, int n, tc_dtype_t dt,
+                        tc_redop_t op, size_t count, int async) {
+  int root = (int)((count + 1) % (size_t)n);
+  void *send = tc_filled(count, dt, rank, 40);
+  void **recv = NULL;
+  if (rank == root) {
+    recv = tc_xmalloc((size_t)n * sizeof *recv);
+    for (int j = 0; j < n; j++) recv[j] = tc_xmalloc(count * ES(dt));
+  }
+  ISSUE(async, tc_gather(c, recv, send, count, dt, root, NULL, wp));
+  if (recv) {
+    for (int j = 0; j < n; j++) {
+      tc_check_fill(recv[j], count, dt, j, 40, "recvbufs[j]");
+      free(recv[j]);
+    }
+    free(recv);
+  }
+  free(send);
+}
+
+static void case_gather_single(tc_comm_t *c, int rank, int n, tc_dtype_t dt,
+                               tc_redop_t op, size_t count, int async) {
+  int root = (int)((count + 2) % (size_t)n);
+  void *send = tc_filled(count, dt, rank, 41);
+  char *recv = rank == root ? tc_xmalloc((size_t)n * count * ES(dt)) : NULL;
+  ISSUE(async, tc_gather_single(c, recv, send, count, dt, root, NULL, wp));
+  if (recv) {
+    for (int j = 0; j < n; j++)
+      tc_check_fill(AT(recv, (size_t)j * count, dt), count, dt, j, 41, "block");
+    free(recv);
+  }
+  free(send);
+}
+
+static void case_send_recv(tc_comm_t *c, int rank, int n, tc_dtype_t dt,
+                           tc_redop_t op, size_t count, int async) {
+  if (n == 1) return; /* a send to oneself is an error; see test_validate */
+  int right = (rank + 1) % n, left = (rank + n - 1) % n;
+  void *send = tc_filled(count, dt, rank, 50);
+  void *recv = tc_xmalloc(count * ES(dt));
+  tc_work_t *ws, *wr;
+  /* even ranks post the send first, odd ranks the receive */
+  if (rank % 2 == 0) {
+    TC_ASSERT_OK(tc_send(c, send, count, dt, right, NULL, &ws));
+    TC_ASSERT_OK(tc_recv(c, recv, count, dt, left, NULL, &wr));
+  } else {
+    TC_ASSERT_OK(tc_recv(c, recv, count, dt, left, NULL, &wr));
+    TC_ASSERT_OK(tc_send(c, send, count, dt, right, NULL, &ws));
+  }
+  TC_ASSERT_OK(tc_work_wait(wr));
+  TC_ASSERT_OK(tc_work_wait(ws));
+  TC_ASSERT_OK(tc_work_release(ws));
+  TC_ASSERT_OK(tc_work_release(wr));
+  tc_check_fill(recv, count, dt, left, 50, "recvbuf");
+  free(send);
+  free(recv);
+}
+
+static void case_batch(tc_comm_t *c, int rank, int n, tc_dtype_t dt,
+                       tc_redop_t op, size_t count, int async) {
+  tc_batch_t *b;
+  TC_ASSERT_OK(tc_batch_create(c, &b));
+  void **send = tc_xmalloc((size_t)n * sizeof *send);
+  void **recv = tc_xmalloc((size_t)n * sizeof *recv);
+  for (int j = 0; j < n; j++) {
+    send[j] = tc_filled(count, dt, rank, 60 + j);
+    recv[j] = tc_xmalloc(count * ES(dt));
+  }
+  /* receives first, in reverse order, to show that order does not matter */
+  for (int j = n - 1; j >= 0; j--)
+    TC_ASSERT_OK(tc_batch_recv(b, recv[j], count, dt, j));
+  for (int j = 0; j < n; j++)
+    TC_ASSERT_OK(tc_batch_send(b, send[j], count, dt, j));
+  ISSUE(async, tc_batch_issue(b, NULL, wp));
+  for (int j = 0; j < n; j++) {
+    tc_check_fill(recv[j], count, dt, j, 60 + rank, "recv from j");
+    free(send[j]);
+    free(recv[j]);
+  }
+  TC_ASSERT_OK(tc_batch_free(b));
+  free(send);
+  free(recv);
+}
+
+static void case_barrier(tc_comm_t *c, int rank, int n, tc_dtype_t dt,
+                         tc_redop_t op, size_t count, int async) {
+  if (count != 0 || dt != TC_FLOAT32) return;
+  ISSUE(async, tc_barrier(c, NULL, wp));
+}
+
+/* ---- the matrix ---- */
+
+static int big_allowed(const tc_op_desc_t *d, tc_dtype_t dt, tc_redop_type_t op) {
+  if (tc__env_bool("TC_TEST_FULL", 0)) return 1;
+  if (d->reducing)
+    return op == TC_SUM || dt == TC_FLOAT32 || dt == TC_BFLOAT16 ||
+           dt == TC_INT32;
+  return dt == TC_UINT8 || dt == TC_FLOAT16 || dt == TC_FLOAT32 ||
+         dt == TC_INT64;
+}
+
+static void matrix_rank(tc_ctx_t *ctx) {
+  const tc_op_desc_t *d = ctx->arg;
+  tc_comm_t *c = tc_ctx_comm(ctx, "matrix", NULL);
+  const size_t counts[] = {0, 1, 7, TC_BIG_COUNT};
+  int k = 0;
+  for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+    for (int dt = 0; dt < TC_DTYPE_COUNT; dt++) {
+      for (int op = 0; op < (d->reducing ? TC_REDOP_COUNT : 1); op++) {
+        if (d->reducing && !tc__redop_allowed((tc_dtype_t)dt, op)) continue;
+        if (counts[ci] == TC_BIG_COUNT &&
+            !big_allowed(d, (tc_dtype_t)dt, (tc_redop_type_t)op))
+          continue;
+        tc_redop_t rop = op == TC_PREMUL_SUM ? TC_OP_PREMUL_SUM(0.5)
+                                             : TC_OP((tc_redop_type_t)op);
+        int async = (k++ % 2) == 1;
+        snprintf(tc_case, sizeof tc_case,
+                 "%s rank %d of %d dtype %s op %s count %zu %s", d->name,
+                 ctx->rank, ctx->size, tc_dtype_name((tc_dtype_t)dt),
+                 d->reducing ? tc_redop_name((tc_redop_type_t)op) : "-",
+                 counts[ci], async ? "async" : "sync");
+        d->fn(c, ctx->rank, ctx->size, (tc_dtype_t)dt, rop, counts[ci], async);
+      }
+    }
+  }
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+#define OP_DESC(name, reducing)                                                \
+  static const tc_op_desc_t desc_##name = {#name, case_##name, reducing};
+
+OP_DESC(all_reduce, 1)
+OP_DESC(reduce, 1)
+OP_DESC(broadcast, 0)
+OP_DESC(all_gather, 0)
+OP_DESC(all_gather_single, 0)
+OP_DESC(all_gather_v, 0)
+OP_DESC(reduce_scatter, 1)
+OP_DESC(reduce_scatter_single, 1)
+OP_DESC(reduce_scatter_v, 1)
+OP_DESC(all_to_all_single, 0)
+OP_DESC(all_to_all_v_single, 0)
+OP_DESC(all_to_all, 0)
+OP_DESC(scatter, 0)
+OP_DESC(gather, 0)
+OP_DESC(gather_single, 0)
+OP_DESC(send_recv, 0)
+OP_DESC(batch, 0)
+OP_DESC(barrier, 0)
+
+#define MATRIX(name, n)                                                        \
+  TC_TEST(coll_##name##_w##n) { tc_spawn(n, matrix_rank, (void *)&desc_##name, 600); }
+
+#define MATRIX_ALL(name)                                                       \
+  MATRIX(name, 1) MATRIX(name, 2) MATRIX(name, 3) MATRIX(name, 4) MATRIX(name, 8)
+
+MATRIX_ALL(all_reduce)
+MATRIX_ALL(reduce)
+MATRIX_ALL(broadcast)
+MATRIX_ALL(all_gather)
+MATRIX_ALL(all_gather_single)
+MATRIX_ALL(all_gather_v)
+MATRIX_ALL(reduce_scatter)
+MATRIX_ALL(reduce_scatter_single)
+MATRIX_ALL(reduce_scatter_v)
+MATRIX_ALL(all_to_all_single)
+MATRIX_ALL(all_to_all_v_single)
+MATRIX_ALL(all_to_all)
+MATRIX_ALL(scatter)
+MATRIX_ALL(gather)
+MATRIX_ALL(gather_single)
+MATRIX_ALL(send_recv)
+MATRIX_ALL(batch)
+MATRIX_ALL(barrier)
