@@ -467,8 +467,9 @@ TC_API int tc_batch_free(tc_batch_t *batch);
 
 /* Rank and world size from the environment, in the order TORCHCOMM_RANK /
  * TORCHCOMM_SIZE, OMPI_COMM_WORLD_RANK / _SIZE, PMI_RANK / PMI_SIZE,
- * SLURM_PROCID / SLURM_NTASKS, RANK / WORLD_SIZE. *source names the pair
- * used ("none" -> rank 0 of 1). */
+ * SLURM_PROCID / SLURM_NTASKS, RANK / WORLD_SIZE; under an elastic agent
+ * (TORCHELASTIC_RUN_ID set: torchrun, tcrun) RANK / WORLD_SIZE come right
+ * after TORCHCOMM_*. *source names the pair used ("none" -> rank 0 of 1). */
 TC_API int tc_env_rank_size(int *rank, int *size, const char **source);
 
 #ifdef __cplusplus

@@ -50,8 +50,15 @@ int tc_env_rank_size(int *rank, int *size, const char **source) {
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: tc_env_rank_size: 'rank' and 'size' "
                          "must not be NULL");
-  for (size_t i = 0; i < sizeof tc__env_pairs / sizeof tc__env_pairs[0]; i++) {
-    const tc__env_pair_t *p = &tc__env_pairs[i];
+  /* Under an elastic agent (torchrun, tcrun: TORCHELASTIC_RUN_ID is set)
+   * RANK/WORLD_SIZE are authoritative even inside an Open MPI, PMI or Slurm
+   * allocation, whose variables then describe the agents, not the ranks. */
+  static const int plain[] = {0, 1, 2, 3, 4}, agent[] = {0, 4, 1, 2, 3};
+  const int *order = tc__env_str("TORCHELASTIC_RUN_ID") ? agent : plain;
+  _Static_assert(sizeof tc__env_pairs / sizeof tc__env_pairs[0] == 5,
+                 "update the orders above");
+  for (size_t k = 0; k < 5; k++) {
+    const tc__env_pair_t *p = &tc__env_pairs[order[k]];
     const char *rv = tc__env_str(p->rank_var);
     const char *sv = tc__env_str(p->size_var);
     if (!rv && !sv) continue;

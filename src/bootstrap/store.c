@@ -556,6 +556,7 @@ static void tc__mem_wait_until(tc__mem_store_t *m, double deadline) {
   pthread_cond_timedwait(&m->cv, &m->mu, &ts);
 }
 
+/* vtable set: stores a copy and wakes every waiter. */
 static int tc__mem_set(void *ctx, const char *key, const void *v, size_t n) {
   tc__mem_store_t *m = ctx;
   pthread_mutex_lock(&m->mu);
@@ -567,6 +568,7 @@ static int tc__mem_set(void *ctx, const char *key, const void *v, size_t n) {
                            "torchcomms: store set('%s'): out of memory", key);
 }
 
+/* vtable get: waits on the condvar until the key exists or timeout_s. */
 static int tc__mem_get(void *ctx, const char *key, void **value, size_t *len,
                        double timeout_s) {
   tc__mem_store_t *m = ctx;
@@ -596,6 +598,7 @@ static int tc__mem_get(void *ctx, const char *key, void **value, size_t *len,
       "? (in-process memory store: no thread of this process set it)");
 }
 
+/* vtable add: torch add semantics (decimal text counters). */
 static int tc__mem_add(void *ctx, const char *key, int64_t delta,
                        int64_t *result) {
   tc__mem_store_t *m = ctx;
@@ -622,6 +625,7 @@ static int tc__mem_all_present(tc__mem_store_t *m, const char *const *keys,
   return 1;
 }
 
+/* vtable check: 1 when every key exists. */
 static int tc__mem_check(void *ctx, const char *const *keys, size_t nkeys,
                          int *ready) {
   tc__mem_store_t *m = ctx;
@@ -631,6 +635,7 @@ static int tc__mem_check(void *ctx, const char *const *keys, size_t nkeys,
   return TC_OK;
 }
 
+/* ext wait: waits on the condvar until every key exists or timeout_s. */
 static int tc__mem_wait(void *ctx, const char *const *keys, size_t nkeys,
                         double timeout_s) {
   tc__mem_store_t *m = ctx;
@@ -646,6 +651,7 @@ static int tc__mem_wait(void *ctx, const char *const *keys, size_t nkeys,
       "? (in-process memory store: no thread of this process set it)");
 }
 
+/* vtable delete_key. */
 static int tc__mem_delete(void *ctx, const char *key, int *deleted) {
   tc__mem_store_t *m = ctx;
   pthread_mutex_lock(&m->mu);
@@ -654,6 +660,7 @@ static int tc__mem_delete(void *ctx, const char *key, int *deleted) {
   return TC_OK;
 }
 
+/* vtable destroy: frees the map and the context. */
 static void tc__mem_destroy(void *ctx) {
   tc__mem_store_t *m = ctx;
   tc__kv_free(&m->kv);
@@ -711,6 +718,7 @@ static char *tc__prefix_key(tc__prefix_store_t *p, const char *key) {
   return k;
 }
 
+/* vtable set/get/add/delete_key: forward "<prefix>/<key>" to the base. */
 static int tc__prefix_set(void *ctx, const char *key, const void *v,
                           size_t n) {
   char *k = tc__prefix_key(ctx, key);
@@ -766,20 +774,24 @@ static int tc__prefix_multi(tc__prefix_store_t *p, const char *const *keys,
   return rc;
 }
 
+/* vtable check: the base checks the prefixed keys. */
 static int tc__prefix_check(void *ctx, const char *const *keys, size_t nkeys,
                             int *ready) {
   return tc__prefix_multi(ctx, keys, nkeys, 0, ready, 0);
 }
 
+/* ext wait: the base waits for the prefixed keys. */
 static int tc__prefix_wait(void *ctx, const char *const *keys, size_t nkeys,
                            double timeout_s) {
   return tc__prefix_multi(ctx, keys, nkeys, 1, NULL, timeout_s);
 }
 
+/* ext local_addr: the base's. */
 static const char *tc__prefix_local_addr(void *ctx) {
   return tc_store_local_addr(((tc__prefix_store_t *)ctx)->base);
 }
 
+/* vtable destroy: drops the base reference. */
 static void tc__prefix_destroy(void *ctx) {
   tc__prefix_store_t *p = ctx;
   tc_store_release(p->base);

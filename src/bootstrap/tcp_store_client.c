@@ -92,7 +92,7 @@ static int tc__tcp_send(tc__tcp_client_t *c, const void *buf, size_t len,
     if (r < 0 && errno != EINTR)
       return tc__tcp_lose(c, TC_ERR_SYSTEM, "store %s('%s'): poll: %s", op,
                           key, strerror(errno));
-    if (r == 0)
+    if (r == 0 && tc__now() >= deadline)
       return tc__tcp_lose(c, TC_ERR_TIMEOUT,
                           "store %s('%s'): the store at %s:%d accepted no "
                           "data for %.1f s (is it hung or overloaded?)",
@@ -130,7 +130,7 @@ static int tc__tcp_recv(tc__tcp_client_t *c, void *buf, size_t len,
     if (r < 0 && errno != EINTR)
       return tc__tcp_lose(c, TC_ERR_SYSTEM, "store %s('%s'): poll: %s", op,
                           key, strerror(errno));
-    if (r == 0)
+    if (r == 0 && tc__now() >= deadline)
       return tc__tcp_lose(c, TC_ERR_TIMEOUT,
                           "store %s('%s'): no reply from the store at %s:%d "
                           "within %.1f s (is it hung or overloaded?)",
@@ -188,6 +188,7 @@ static int tc__tcp_do_wait(tc__tcp_client_t *c, const char *const *keys,
     struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
     int r = poll(&pfd, 1, tc__tcp_ms_left(deadline));
     if (r > 0) break; /* an answer, EOF or an error: recv tells */
+    if (r == 0 && tc__now() < deadline) continue; /* poll's ms cap */
     if (r == 0) {
       /* timed out: cancel; the server answers WAIT_CANCELED, preceded by
        * STOP_WAITING if the keys appeared meanwhile */
@@ -225,6 +226,7 @@ static int tc__tcp_do_wait(tc__tcp_client_t *c, const char *const *keys,
 
 /* ---- vtable ---- */
 
+/* vtable set: SET key value (no answer). */
 static int tc__tcp_set(void *ctx, const char *key, const void *v, size_t n) {
   tc__tcp_client_t *c = ctx;
   tc__buf_t b = {0};
@@ -238,6 +240,7 @@ static int tc__tcp_set(void *ctx, const char *key, const void *v, size_t n) {
   return rc;
 }
 
+/* vtable get: WAIT for the key up to timeout_s, then GET it. */
 static int tc__tcp_get(void *ctx, const char *key, void **value, size_t *len,
                        double timeout_s) {
   tc__tcp_client_t *c = ctx;
@@ -285,6 +288,7 @@ static int tc__tcp_get(void *ctx, const char *key, void **value, size_t *len,
   return rc;
 }
 
+/* vtable add: ADD key delta, answered with the new value. */
 static int tc__tcp_add(void *ctx, const char *key, int64_t delta,
                        int64_t *result) {
   tc__tcp_client_t *c = ctx;
@@ -300,6 +304,7 @@ static int tc__tcp_add(void *ctx, const char *key, int64_t delta,
   return rc;
 }
 
+/* vtable check: CHECK keys, answered READY or NOT_READY. */
 static int tc__tcp_check(void *ctx, const char *const *keys, size_t nkeys,
                          int *ready) {
   tc__tcp_client_t *c = ctx;
@@ -323,6 +328,7 @@ static int tc__tcp_check(void *ctx, const char *const *keys, size_t nkeys,
   return rc;
 }
 
+/* ext wait: WAIT for all keys up to timeout_s. */
 static int tc__tcp_wait(void *ctx, const char *const *keys, size_t nkeys,
                         double timeout_s) {
   tc__tcp_client_t *c = ctx;
@@ -336,6 +342,7 @@ static int tc__tcp_wait(void *ctx, const char *const *keys, size_t nkeys,
   return rc;
 }
 
+/* vtable delete_key: DELETE_KEY, answered with the number deleted. */
 static int tc__tcp_delete(void *ctx, const char *key, int *deleted) {
   tc__tcp_client_t *c = ctx;
   tc__buf_t b = {0};
@@ -351,11 +358,13 @@ static int tc__tcp_delete(void *ctx, const char *key, int *deleted) {
   return rc;
 }
 
+/* ext local_addr: our end of the connection, as text. */
 static const char *tc__tcp_local_addr(void *ctx) {
   tc__tcp_client_t *c = ctx;
   return c->local[0] ? c->local : NULL;
 }
 
+/* vtable destroy: closes the connection. */
 static void tc__tcp_destroy(void *ctx) {
   tc__tcp_client_t *c = ctx;
   if (c->fd >= 0) close(c->fd);

@@ -30,6 +30,7 @@
 #define TC__MAX_VALUE_LEN ((uint64_t)1 << 34)
 #define TC__MAX_KEY_COUNT ((uint64_t)1 << 20)
 #define TC__READ_BUDGET (4u << 20) /* bytes read per client per round */
+#define TC__MAX_PENDING_OUT ((size_t)64 << 20) /* then stop reading it */
 
 typedef struct tc__conn {
   int fd;
@@ -149,6 +150,11 @@ static void tc__conn_flush(tc__conn_t *c) {
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (c->out_off > c->out.len / 2) { /* keep the buffer from creeping */
+        memmove(c->out.p, c->out.p + c->out_off, c->out.len - c->out_off);
+        c->out.len -= c->out_off;
+        c->out_off = 0;
+      }
       return;
     } else {
       tc__conn_drop(c, 3, "send failed (client gone)");
@@ -158,6 +164,7 @@ static void tc__conn_flush(tc__conn_t *c) {
   c->out.len = c->out_off = 0;
 }
 
+/* Forgets what c waits for. */
 static void tc__conn_clear_wait(tc__conn_t *c) {
   for (size_t i = 0; i < c->nwait; i++) free(c->wkeys[i]);
   free(c->wkeys);
@@ -167,6 +174,7 @@ static void tc__conn_clear_wait(tc__conn_t *c) {
   c->nwait = 0;
 }
 
+/* Closes c and frees it. */
 static void tc__conn_free(tc__conn_t *c) {
   if (c->fd >= 0) close(c->fd);
   tc__conn_clear_wait(c);
@@ -426,38 +434,50 @@ static void tc__srv_exec(tc_store_server_t *s, tc__conn_t *c,
   }
 }
 
-/* Parses and executes every complete request buffered for c. */
+/* Parses and executes the complete requests buffered for c, then sends
+ * the answers. Requests wait while more than TC__MAX_PENDING_OUT bytes of
+ * answers are unsent (backpressure); they resume after a flush. */
 static void tc__srv_process(tc_store_server_t *s, tc__conn_t *c) {
-  while (!c->dead && c->in_off < c->in.len) {
-    const uint8_t *p = c->in.p + c->in_off;
-    size_t avail = c->in.len - c->in_off, off = 1;
-    if (!c->validated && p[0] != TC__Q_VALIDATE) {
+  int held;
+  do {
+    held = 0;
+    while (!c->dead && c->in_off < c->in.len) {
+      if (c->out.len - c->out_off > TC__MAX_PENDING_OUT) {
+        held = 1;
+        break;
+      }
+      const uint8_t *p = c->in.p + c->in_off;
+      size_t avail = c->in.len - c->in_off, off = 1;
       char why[96];
-      snprintf(why, sizeof why, "first request is %u, not VALIDATE (not a "
-               "TCPStore client?)", p[0]);
-      tc__conn_drop(c, 1, why);
-      break;
+      if (!c->validated && p[0] != TC__Q_VALIDATE) {
+        snprintf(why, sizeof why, "first request is %u, not VALIDATE (not a "
+                 "TCPStore client?)", p[0]);
+        tc__conn_drop(c, 1, why);
+        break;
+      }
+      if (p[0] >= TC__Q_COUNT) {
+        snprintf(why, sizeof why, "unknown request type %u", p[0]);
+        tc__conn_drop(c, 1, why);
+        break;
+      }
+      int w = tc__walk(tc__spec[p[0]], p, avail, &off);
+      if (w < 0) tc__conn_drop(c, 1, "request with an oversized length field");
+      if (w <= 0) break;
+      tc__srv_exec(s, c, p);
+      c->in_off += off;
     }
-    if (p[0] >= TC__Q_COUNT) {
-      char why[64];
-      snprintf(why, sizeof why, "unknown request type %u", p[0]);
-      tc__conn_drop(c, 1, why);
-      break;
+    if (c->in_off == c->in.len) {
+      c->in.len = c->in_off = 0;
+    } else if (c->in_off > c->in.len / 2) {
+      memmove(c->in.p, c->in.p + c->in_off, c->in.len - c->in_off);
+      c->in.len -= c->in_off;
+      c->in_off = 0;
     }
-    int w = tc__walk(tc__spec[p[0]], p, avail, &off);
-    if (w < 0) tc__conn_drop(c, 1, "request with an oversized length field");
-    if (w <= 0) break;
-    tc__srv_exec(s, c, p);
-    c->in_off += off;
-  }
-  if (c->in_off == c->in.len) {
-    c->in.len = c->in_off = 0;
-  } else if (c->in_off > c->in.len / 2) {
-    memmove(c->in.p, c->in.p + c->in_off, c->in.len - c->in_off);
-    c->in.len -= c->in_off;
-    c->in_off = 0;
-  }
-  tc__conn_flush(c);
+    tc__conn_flush(c);
+    /* held back but the client drained enough already: go on now, since
+     * no poll event may come for the held requests */
+  } while (held && !c->dead &&
+           c->out.len - c->out_off <= TC__MAX_PENDING_OUT);
 }
 
 /* Reads what c sent (up to a budget), then processes it. */
@@ -494,8 +514,14 @@ static void tc__srv_accept(tc_store_server_t *s) {
                      SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
+      if (errno == EMFILE || errno == ENFILE) {
+        /* out of descriptors: back off rather than spin on the listener */
+        tc__log(1, "store server: accept: %s (raise ulimit -n?)",
+                strerror(errno));
+        usleep(10000);
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
         tc__log(1, "store server: accept: %s", strerror(errno));
+      }
       return;
     }
     tc__conn_t *c = calloc(1, sizeof *c);
@@ -545,8 +571,10 @@ static void *tc__srv_main(void *arg) {
     size_t npoll = s->nconns;
     for (size_t i = 0; i < npoll; i++) {
       tc__conn_t *c = s->conns[i];
-      short ev = POLLIN;
-      if (c->out_off < c->out.len) ev |= POLLOUT;
+      /* a client that does not read its answers is not read either */
+      size_t pending = c->out.len - c->out_off;
+      short ev = pending > TC__MAX_PENDING_OUT ? 0 : POLLIN;
+      if (pending) ev |= POLLOUT;
       s->pfds[2 + i] = (struct pollfd){.fd = c->fd, .events = ev};
     }
     int r = poll(s->pfds, 2 + npoll, -1);
@@ -561,7 +589,10 @@ static void *tc__srv_main(void *arg) {
       tc__conn_t *c = s->conns[i];
       short re = s->pfds[2 + i].revents;
       if (c->dead || !re) continue;
-      if (re & POLLOUT) tc__conn_flush(c);
+      if (re & POLLOUT) {
+        tc__conn_flush(c);
+        if (c->in_off < c->in.len) tc__srv_process(s, c); /* held back */
+      }
       if (re & (POLLIN | POLLHUP | POLLERR)) tc__srv_read(s, c);
     }
     if (s->pfds[1].revents) tc__srv_accept(s);

@@ -53,9 +53,9 @@ int tc__comm_check(const tc_comm_t *c, const char *fn) {
 }
 
 void tc__comm_record_error(tc_comm_t *c, const char *text) {
-  pthread_mutex_lock(&c->mu);
+  pthread_mutex_lock(&c->err_mu);
   snprintf(c->last_error, sizeof c->last_error, "%s", text);
-  pthread_mutex_unlock(&c->mu);
+  pthread_mutex_unlock(&c->err_mu);
 }
 
 int tc__comm_error(tc_comm_t *c, int rc, const char *fn, const char *fmt, ...) {
@@ -99,6 +99,7 @@ static int tc__copy_hints(const tc_hint_t *hints, size_t n, tc_hint_t **out,
 }
 
 static void tc__free_hints(tc_hint_t *h, size_t n) {
+  if (!h) return;
   for (size_t i = 0; i < n; i++) {
     free((void *)h[i].key);
     free((void *)h[i].value);
@@ -136,6 +137,7 @@ static tc_comm_t *tc__comm_new(void) {
   tc_comm_t *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   pthread_mutex_init(&c->mu, NULL);
+  pthread_mutex_init(&c->err_mu, NULL);
   atomic_store(&c->last_progress_ns, (int64_t)(tc__now() * 1e9));
   c->magic = TC_COMM_MAGIC;
   return c;
@@ -426,9 +428,9 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
     /* per-split hints replace the parent's */
     tc__free_hints(child->hints, c->num_hints);
     rc = tc__copy_hints(opts->hints, opts->num_hints, &child->hints, fn);
-    child->num_hints = opts->num_hints;
+    child->num_hints = rc == TC_OK ? opts->num_hints : 0;
   } else {
-    child->num_hints = c->num_hints;
+    child->num_hints = rc == TC_OK ? c->num_hints : 0;
   }
   if (rc != TC_OK) {
     tc__comm_bury(child);

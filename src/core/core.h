@@ -13,6 +13,7 @@
 #define TC_WORK_MAGIC 0x7477726bu  /* 'twrk' */
 #define TC_WORK_FREED 0x66726565u  /* released to the pool */
 #define TC_BATCH_MAGIC 0x74626174u /* 'tbat' */
+#define TC_BATCH_FREED 0x62667265u
 
 enum { TC_STATE_ACTIVE = 0, TC_STATE_FINALIZED, TC_STATE_ABORTED };
 
@@ -38,6 +39,7 @@ struct tc_comm {
   uint64_t seq;
   uint64_t split_seq;
   _Atomic int64_t last_progress_ns; /* last start/completion, monotonic */
+  pthread_mutex_t err_mu; /* last_error only: taken inside backend callbacks */
   char last_error[1024];
   struct tc_comm *grave_next;
 };
@@ -45,6 +47,7 @@ struct tc_comm {
 struct tc_work {
   uint32_t magic;
   _Atomic int refs;
+  _Atomic int user_released; /* tc_work_release was called */
   tc_comm_t *comm;
   const char *opname;
   pthread_mutex_t mu;

@@ -234,7 +234,8 @@ int tc__op_issue(tc_comm_t *c, const char *fn, tc_backend_op_t *op,
   if (opts) {
     op->hints = opts->hints; /* borrowed for the post call only */
     op->num_hints = opts->num_hints;
-    op->stream = opts->stream;
+    if (opts->size >= offsetof(tc_op_options_t, stream) + sizeof(void *))
+      op->stream = opts->stream;
   }
   w->op = *op;
   atomic_fetch_add(&w->refs, 1); /* the backend's reference */
@@ -705,10 +706,26 @@ int tc_batch_issue(tc_batch_t *b, const tc_op_options_t *opts,
   return tc__op_issue(c, fn, &op, opts, work);
 }
 
+/* Freed batches keep their (small) handle so that a second free or a stale
+ * use is an error, not a use-after-free. */
+static pthread_mutex_t tc__batch_grave_mu = PTHREAD_MUTEX_INITIALIZER;
+static tc_batch_t *tc__batch_grave;
+
 int tc_batch_free(tc_batch_t *b) {
-  TC_CHECK(tc__batch_check(b, "batch_free"));
-  b->magic = 0;
+  if (!b)
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: batch_free: argument 'batch' is NULL");
+  if (b->magic != TC_BATCH_MAGIC) /* works after the comm was destroyed */
+    return tc__set_error(TC_ERR_INVALID_USAGE,
+                         "torchcomms: batch_free: argument 'batch' is not a "
+                         "live batch handle (freed already?)");
+  b->magic = TC_BATCH_FREED;
   free(b->ops);
-  free(b);
+  b->ops = NULL;
+  b->n = b->cap = 0;
+  pthread_mutex_lock(&tc__batch_grave_mu);
+  b->comm = (tc_comm_t *)tc__batch_grave; /* reuse the field as the link */
+  tc__batch_grave = b;
+  pthread_mutex_unlock(&tc__batch_grave_mu);
   return TC_OK;
 }

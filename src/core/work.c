@@ -35,6 +35,7 @@ tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
   }
   w->magic = TC_WORK_MAGIC;
   atomic_store(&w->refs, 1);
+  atomic_store(&w->user_released, 0);
   w->comm = comm;
   w->opname = opname;
   atomic_store(&w->status, TC_WORK_NOT_STARTED);
@@ -72,7 +73,8 @@ int tc__work_check(const tc_work_t *w, const char *fn) {
   if (!w)
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: %s: argument 'work' is NULL", fn);
-  if (w->magic == TC_WORK_FREED)
+  if (w->magic == TC_WORK_FREED ||
+      (w->magic == TC_WORK_MAGIC && atomic_load(&((tc_work_t *)w)->user_released)))
     return tc__set_error(TC_ERR_INVALID_USAGE,
                          "torchcomms: %s: the work handle was already released",
                          fn);
@@ -97,22 +99,21 @@ static int tc__work_finish(tc_work_t *w, int rc, const char *msg) {
   }
   w->rc = rc;
   snprintf(w->msg, sizeof w->msg, "%s", rc == TC_OK ? "" : (msg ? msg : tc_strerror(rc)));
+  tc_comm_t *c = w->comm;
+  if (rc != TC_OK && c && c->abort_process) {
+    /* before anyone can see the failure and carry on */
+    fprintf(stderr, "%s\ntorchcomms: aborting the process "
+                    "(abort_process_on_timeout_or_error is set)\n", w->msg);
+    fflush(stderr);
+    abort();
+  }
+  if (rc != TC_OK && c) tc__comm_record_error(c, w->msg);
   atomic_store(&w->status, rc == TC_OK            ? TC_WORK_COMPLETED
                            : rc == TC_ERR_TIMEOUT ? TC_WORK_TIMEDOUT
                                                   : TC_WORK_ERROR);
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
-  tc_comm_t *c = w->comm;
   if (c) atomic_store(&c->last_progress_ns, tc__now_ns());
-  if (rc != TC_OK && c) {
-    tc__comm_record_error(c, w->msg);
-    if (c->abort_process) {
-      fprintf(stderr, "%s\ntorchcomms: aborting the process "
-                      "(abort_process_on_timeout_or_error is set)\n", w->msg);
-      fflush(stderr);
-      abort();
-    }
-  }
   return 1;
 }
 
@@ -267,6 +268,10 @@ const char *tc_work_error(const tc_work_t *w) {
 
 int tc_work_release(tc_work_t *w) {
   TC_CHECK(tc__work_check(w, "tc_work_release"));
+  if (atomic_exchange(&w->user_released, 1))
+    return tc__set_error(TC_ERR_INVALID_USAGE,
+                         "torchcomms: tc_work_release: the work handle was "
+                         "already released");
   tc__work_unref(w);
   return TC_OK;
 }

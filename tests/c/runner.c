@@ -119,12 +119,48 @@ int main(int argc, char **argv) {
 
 /* ---- multi-rank ---- */
 
+/* Runs the store server in its own process, so that the test process has no
+ * extra thread when it forks the ranks (a fork while another thread holds an
+ * allocator lock can hang the child, e.g. under ASan). The server stops when
+ * *ctl_fd is closed. Returns the server's pid and its port in *port. */
+static pid_t tc_store_process(int *port, int *ctl_fd) {
+  int pfd[2], ctl[2];
+  if (pipe(pfd) || pipe(ctl)) tc_test_fail(__FILE__, __LINE__, "pipe failed");
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) tc_test_fail(__FILE__, __LINE__, "fork failed");
+  if (pid == 0) {
+    close(pfd[0]);
+    close(ctl[1]);
+    tc_store_server_t *server = NULL;
+    int p = -1;
+    if (tc_store_server_start("127.0.0.1", 0, &server) == TC_OK)
+      p = tc_store_server_port(server);
+    else
+      fprintf(stderr, "store server: %s\n", tc_last_error());
+    if (write(pfd[1], &p, sizeof p) != (ssize_t)sizeof p) _exit(1);
+    char c;
+    while (read(ctl[0], &c, 1) > 0) {
+    }
+    if (server) tc_store_server_stop(server);
+    _exit(0);
+  }
+  close(pfd[1]);
+  close(ctl[0]);
+  int p = -1;
+  if (read(pfd[0], &p, sizeof p) != (ssize_t)sizeof p || p <= 0)
+    tc_test_fail(__FILE__, __LINE__, "the store server did not start");
+  close(pfd[0]);
+  *port = p;
+  *ctl_fd = ctl[1];
+  return pid;
+}
+
 void tc_spawn_status(int n, tc_rank_fn fn, void *arg, double timeout_s,
                      int *statuses) {
-  tc_store_server_t *server = NULL;
-  if (tc_store_server_start("127.0.0.1", 0, &server) != TC_OK)
-    tc_test_fail(__FILE__, __LINE__, "store server: %s", tc_last_error());
-  int port = tc_store_server_port(server);
+  int port, ctl;
+  pid_t server = tc_store_process(&port, &ctl);
   pid_t pids[64];
   TC_ASSERT(n > 0 && n <= 64);
   fflush(stdout);
@@ -133,6 +169,7 @@ void tc_spawn_status(int n, tc_rank_fn fn, void *arg, double timeout_s,
     pids[r] = fork();
     if (pids[r] < 0) tc_test_fail(__FILE__, __LINE__, "fork failed");
     if (pids[r] == 0) {
+      close(ctl);
       tc_ctx_t ctx = {.rank = r, .size = n, .store_host = "127.0.0.1",
                       .store_port = port, .arg = arg};
       fn(&ctx);
@@ -147,7 +184,9 @@ void tc_spawn_status(int n, tc_rank_fn fn, void *arg, double timeout_s,
     statuses[r] = tc_wait_deadline(pids[r], deadline);
     if (statuses[r] == -1 && timed_out < 0) timed_out = r;
   }
-  tc_store_server_stop(server);
+  close(ctl);
+  if (tc_wait_deadline(server, tc__now() + 10) == -1)
+    tc_test_fail(__FILE__, __LINE__, "the store server did not stop");
   if (timed_out >= 0)
     tc_test_fail(__FILE__, __LINE__,
                  "rank %d of %d did not finish within %.0f s (hang?)",

@@ -194,16 +194,9 @@ TC_TEST(loader_missing_symbol) {
 }
 
 /* A backend that reports a failure from inside its op entry (synchronously,
- * as this trivial plugin does) must see it returned to the caller.
- * DISABLED by default: the core currently deadlocks here (tc__op_issue holds
- * comm->mu while calling the entry, and work_complete -> tc__work_finish ->
- * tc__comm_record_error locks comm->mu again). Run it with
- * TC_TEST_SYNC_BACKEND_ERROR=1; remove this gate once the core is fixed. */
+ * as this trivial plugin does) must see it returned to the caller (this once
+ * deadlocked on the communicator's mutex). */
 TC_TEST(loader_plugin_sync_error) {
-  if (!getenv("TC_TEST_SYNC_BACKEND_ERROR")) {
-    printf("  skipped: set TC_TEST_SYNC_BACKEND_ERROR=1 (known core deadlock)\n");
-    return;
-  }
   clear_env();
   TC_ASSERT_EQ(setenv(PLUGIN_ENV, PLUGIN_FILE, 1), 0);
   tc_comm_t *c = NULL;

@@ -743,3 +743,45 @@ TC_TEST(store_server_all_interfaces) {
   tc_store_release(a);
   tc_store_server_stop(srv);
 }
+
+TC_TEST(store_server_slow_reader_does_not_block_others) {
+  tc_store_server_t *srv = NULL;
+  tc_store_t *s = connect_new(&srv);
+  size_t big = 4u << 20;
+  char *buf = calloc(1, big);
+  TC_ASSERT_OK(tc_store_set(s, "big", buf, big));
+  free(buf);
+  /* a raw client asks for 40 x 4 MiB and never reads the answers */
+  int fd = raw_connect(tc_store_server_port(srv));
+  tc__buf_t b = {0};
+  raw_handshake(&b);
+  for (int i = 0; i < 40; i++) {
+    tc__buf_u8(&b, TC__Q_GET);
+    tc__buf_str(&b, "/big", 4);
+  }
+  raw_send(fd, &b);
+  tc__buf_free(&b);
+  /* everyone else is still served */
+  tc_store_t *other = NULL;
+  TC_ASSERT_OK(tc_store_tcp_connect("127.0.0.1", tc_store_server_port(srv), 5,
+                                    &other));
+  for (int i = 0; i < 50; i++) {
+    int64_t r = 0;
+    TC_ASSERT_OK(tc_store_add(other, "n", 1, &r));
+    TC_ASSERT_EQ(r, i + 1);
+  }
+  /* the held-back requests are all answered once the reader reads */
+  char *ans = malloc(big);
+  for (int i = 0; i < 40; i++) {
+    uint8_t len[8];
+    TC_ASSERT_EQ(raw_recv(fd, len, 8), 8);
+    TC_ASSERT_EQ(tc__rd_u64(len), big);
+    TC_ASSERT_EQ(raw_recv(fd, ans, big), big);
+  }
+  free(ans);
+  close(fd);
+  expect_value(s, "n", "50");
+  tc_store_release(other);
+  tc_store_release(s);
+  tc_store_server_stop(srv);
+}

@@ -20,6 +20,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "runner.h"
 
