@@ -121,8 +121,16 @@ static int tp_barrier(void *bcomm, const tc_backend_op_t *op, tc_work_t *work) {
   return TC_OK;
 }
 
+/* Built a second time with TC_TESTPLUGIN_BAD_ABI as libtorchcomms-badabi.so,
+ * claiming a future ABI version, to prove the loader refuses it. */
+#ifdef TC_TESTPLUGIN_BAD_ABI
+#define TP_ABI (TC_BACKEND_ABI_VERSION + 1)
+#else
+#define TP_ABI TC_BACKEND_ABI_VERSION
+#endif
+
 TC_API const tc_backend_ops_t tc_backend_v1 = {
-    .abi_version = TC_BACKEND_ABI_VERSION,
+    .abi_version = TP_ABI,
     .size = sizeof(tc_backend_ops_t),
     .name = "testplugin",
     .version = "1.0-test",

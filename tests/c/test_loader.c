@@ -218,3 +218,14 @@ TC_TEST(loader_plugin_sync_error) {
   TC_ASSERT_OK(tc_barrier(c, NULL, NULL)); /* still usable */
   TC_ASSERT_OK(tc_comm_destroy(c));
 }
+
+/* A plugin built for another ABI version is refused with one sentence. */
+TC_TEST(loader_abi_mismatch) {
+  clear_env();
+  TC_ASSERT_EQ(setenv("TORCHCOMMS_BACKEND_LIB_PATH_BADABI", PLUGIN_DIR, 1), 0);
+  tc_comm_t *c = NULL;
+  TC_ASSERT_ERR(create1("badabi", &c), TC_ERR_BACKEND,
+                "libtorchcomms-badabi.so has ABI version 2 but this "
+                "libtorchcomms speaks version 1 (rebuild the backend");
+  TC_ASSERT(c == NULL);
+}

@@ -69,3 +69,63 @@ def test_tcrun_failing_rank_is_named():
              EXAMPLES / "all_reduce_sync"], timeout=60)
     assert p.returncode == 3
     assert "rank 1" in p.stderr
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_rank0_hosts_the_store():
+    """Without an agent store, rank 0 hosts a TCPStore on MASTER_PORT and
+    every rank finds its rank and size in TORCHCOMM_RANK / TORCHCOMM_SIZE."""
+    n, port = 3, free_port()
+    procs = []
+    for r in range(n):
+        env = dict(os.environ, TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE=str(n),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        procs.append(subprocess.Popen([str(EXAMPLES / "all_reduce_sync")], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    out = ""
+    for p in procs:
+        o, e = p.communicate(timeout=60)
+        assert p.returncode == 0, e
+        out += o
+    check_quickstart(out, n)
+
+
+def test_install_and_pkg_config(tmp_path):
+    """make install's layout: a versioned soname, the headers, a pkg-config
+    file that compiles and links a program against the installed library."""
+    prefix = tmp_path / "prefix"
+    p = subprocess.run(["cmake", "--install", str(BUILD), "--prefix", str(prefix)],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    libdir = next(prefix.glob("lib*/libtorchcomms.so.0")).parent
+    assert (prefix / "include" / "torchcomms.h").exists()
+    assert (prefix / "include" / "torchcomms_backend.h").exists()
+    assert (prefix / "bin" / "tcrun").exists()
+    assert list(libdir.glob("cmake/torchcomms/torchcommsTargets*.cmake"))
+    soname = subprocess.run(["readelf", "-d", str(libdir / "libtorchcomms.so")],
+                            capture_output=True, text=True).stdout
+    assert "Library soname: [libtorchcomms.so.0]" in soname
+    env = dict(os.environ, PKG_CONFIG_PATH=str(libdir / "pkgconfig"))
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "torchcomms"],
+                           capture_output=True, text=True, env=env)
+    assert flags.returncode == 0, flags.stderr
+    exe = tmp_path / "quickstart"
+    src = Path(__file__).resolve().parents[2] / "examples" / "all_reduce_sync.c"
+    cc = subprocess.run(["cc", str(src), "-o", str(exe)] + flags.stdout.split(),
+                        capture_output=True, text=True)
+    assert cc.returncode == 0, cc.stderr
+    run_env = dict(os.environ, LD_LIBRARY_PATH=str(libdir), TORCHCOMM_RANK="0",
+                   TORCHCOMM_SIZE="1")
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        run_env.pop(k, None)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, env=run_env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert "Rank 0: After AllReduce: 1.0" in r.stdout
