@@ -14,7 +14,7 @@ VPY        := $(VENV)/bin/python
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 TORCH_VERSION := 2.13.0
 
-.PHONY: all build demo test test-c test-py check-asan venv deps clean install
+.PHONY: all build demo test test-c test-py pyinstall check-asan venv deps clean install
 
 all: build
 
@@ -44,7 +44,10 @@ demo: build
 test-c: build
 	./$(BUILD)/tc_test
 
-test-py: build venv
+pyinstall: venv
+	$(VPY) -m pip install --quiet --no-build-isolation .
+
+test-py: build venv pyinstall
 	TC_BUILD_DIR=$(abspath $(BUILD)) $(VPY) -m pytest -q tests/py
 
 test: test-c test-py

@@ -98,9 +98,11 @@ typedef struct tc_transport_ops {
 
 /* ---- TCP ---- */
 
-/* Full mesh of TCP connections, authenticated with a random per-communicator
- * token published in the store ("cpu/token"; addresses under
- * "cpu/addr/<rank>"). */
+/* Full mesh of TCP connections (built by tcp_connect.c), authenticated with
+ * a random per-communicator token published in the store ("cpu/token";
+ * addresses under "cpu/addr/<rank>"; "cpu/host/<host>/<boot id>" counts the
+ * ranks per machine to decide on busy-polling, TORCHCOMMS_CPU_SPIN_US
+ * overrides). Exchanges are in tcp.c. */
 TC_INTERNAL extern const tc_transport_ops_t tc__tcp_transport;
 
 #endif /* TC_TRANSPORT_TCP_H */

@@ -167,6 +167,11 @@ static void cpu_exec(cpu_comm_t *c, const cpu_qent_t *e) {
     ctx.timeout_s = e->op->timeout_s > 0 ? e->op->timeout_s : c->timeout_s;
     ctx.deadline = tc__now() + ctx.timeout_s;
     rc = tc__cpu_run(&ctx);
+    if (c->scratch_cap > CPU_SCRATCH_KEEP) { /* a rare huge staging: let it go */
+      free(c->scratch);
+      c->scratch = NULL;
+      c->scratch_cap = 0;
+    }
     if (rc != TC_OK && !atomic_load(&c->aborted)) {
       c->broken_rc = rc;
       size_t l = strnlen(ctx.msg, sizeof c->broken_msg - 1);
@@ -362,10 +367,7 @@ static int cpu_finalize(void *bc) {
     tc_tp_op_t t = {.opname = "finalize", .deadline = tc__now() + c->timeout_s,
                     .timeout_s = c->timeout_s, .msg = msg, .msglen = sizeof msg};
     rc = c->tp_ops->goodbye(c->tp, &t);
-    if (rc != TC_OK) {
-      tc__set_error_text(rc, msg);
-      c->host->log(1, "%s", msg);
-    }
+    if (rc != TC_OK) tc__set_error_text(rc, msg);
   }
   cpu_close_transport(c);
   pthread_mutex_unlock(&c->life_mu);

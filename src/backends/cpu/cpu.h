@@ -19,6 +19,7 @@ TC_INTERNAL extern const tc_backend_ops_t tc__cpu_backend;
 #define CPU_REDUCE_SEG (1024u * 1024u)       /* ring and tree reduction segments */
 #define CPU_DIRECT_GATHER_BYTES (64u * 1024u) /* all_gather: one round below */
 #define CPU_DIRECT_A2A_BYTES (1024u * 1024u)  /* all_to_all: one round below */
+#define CPU_SCRATCH_KEEP (64u * 1024u * 1024u) /* larger scratch is freed after the op */
 
 typedef struct cpu_qent {
   const tc_backend_op_t *op;

@@ -1,0 +1,233 @@
+/* _comms.h -- private header of the torchcomms._comms extension module.
+ *
+ * The extension is plain C against the CPython C API: no C++, no PyTorch
+ * headers. Tensors are read through Python attributes (data_ptr(), numel(),
+ * dtype, ...), and the library (libtorchcomms, compiled into the module) is
+ * called with the GIL released.
+ *
+ * Files:
+ *   _comms_module.c  module init, interned names, enums and option classes,
+ *                    error mapping, timeout/hints helpers, new_comm
+ *   _comms_tensor.c  torch tensors -> (pointer, count, dtype), validation
+ *   _comms_store.c   Python torch.distributed.Store -> tc_store_t adapter
+ *   _comms_types.c   ReduceOp, TorchWork, P2POp, BatchSendRecv
+ *   _comms_comm.c    TorchComm: lifecycle, getters, split, the issue path
+ *   _comms_ops.c     TorchComm's operations (argument parsing, checks)
+ */
+#ifndef TORCHCOMMS_PY_COMMS_H
+#define TORCHCOMMS_PY_COMMS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "torchcomms.h"
+
+#define TCPY_HIDDEN __attribute__((visibility("hidden")))
+
+#if PY_VERSION_HEX >= 0x030D0000
+#define TCPY_FINALIZING() Py_IsFinalizing()
+#else
+#define TCPY_FINALIZING() _Py_IsFinalizing()
+#endif
+
+/* ---- interned attribute and method names (_comms_module.c) ---- */
+typedef struct tcpy_names {
+  PyObject *data_ptr, *numel, *element_size, *dtype, *is_contiguous, *is_conj,
+      *is_neg, *device, *type, *index, *shape, *item, *total_seconds, *set,
+      *get, *wait, *add, *check, *delete_key, *timeout, *hints, *is_cpu;
+} tcpy_names_t;
+TCPY_HIDDEN extern tcpy_names_t tcpy_str;
+
+/* ---- objects created at module init (_comms_module.c) ---- */
+TCPY_HIDDEN extern PyObject *tcpy_module;     /* borrowed */
+TCPY_HIDDEN extern PyObject *tcpy_RedOpType;  /* enum.Enum subclasses */
+TCPY_HIDDEN extern PyObject *tcpy_WorkStatus;
+TCPY_HIDDEN extern PyObject *tcpy_P2POpType;
+TCPY_HIDDEN extern PyObject *tcpy_CommOptions;
+TCPY_HIDDEN extern PyObject *tcpy_timedelta; /* datetime.timedelta */
+/* Enum members by C value: RedOpType by tc_redop_type_t, WorkStatus by
+ * tc_work_status_t, P2POpType [0] SEND [1] RECV. */
+TCPY_HIDDEN extern PyObject *tcpy_redop_members[TC_REDOP_COUNT];
+TCPY_HIDDEN extern PyObject *tcpy_status_members[5];
+TCPY_HIDDEN extern PyObject *tcpy_p2p_members[2];
+
+/* ---- types ---- */
+TCPY_HIDDEN extern PyTypeObject TcPy_TorchComm_Type;
+TCPY_HIDDEN extern PyTypeObject TcPy_TorchWork_Type;
+TCPY_HIDDEN extern PyTypeObject TcPy_ReduceOp_Type;
+TCPY_HIDDEN extern PyTypeObject TcPy_P2POp_Type;
+TCPY_HIDDEN extern PyTypeObject TcPy_BatchSendRecv_Type;
+
+/* The communicator's device: what tensors must live on. */
+typedef struct tcpy_device {
+  char type[32]; /* "cpu", "cuda", ... */
+  int index;     /* -1: none */
+} tcpy_device_t;
+
+typedef struct TorchCommObject {
+  PyObject_HEAD
+  tc_comm_t *comm;      /* NULL once destroyed */
+  PyObject *pending;    /* list of TorchWork still in flight */
+  PyObject *store;      /* the Python store given to new_comm, or None */
+  PyObject *device_obj; /* torch.device given, or NULL (made lazily) */
+  tcpy_device_t dev;
+  int high_priority_stream;
+  int enable_reconfigure;
+  PyObject *weakreflist;
+} TorchCommObject;
+
+typedef struct TorchWorkObject {
+  PyObject_HEAD
+  tc_work_t *work; /* NULL: completed synchronously */
+  PyObject *refs;  /* objects kept alive while in flight; NULL once done */
+  PyObject *weakreflist;
+} TorchWorkObject;
+
+typedef struct ReduceOpObject {
+  PyObject_HEAD
+  tc_redop_t op;
+} ReduceOpObject;
+
+typedef struct P2POpObject {
+  PyObject_HEAD
+  PyObject *type; /* P2POpType member */
+  PyObject *tensor;
+  int peer;
+} P2POpObject;
+
+typedef struct BatchSendRecvObject {
+  PyObject_HEAD
+  TorchCommObject *comm; /* strong */
+  PyObject *ops;         /* list of P2POp */
+} BatchSendRecvObject;
+
+/* ---- errors (_comms_module.c) ---- */
+/* Raises the Python exception for a failed C call: ValueError for
+ * TC_ERR_INVALID_ARGUMENT, MemoryError for TC_ERR_NOMEM, else RuntimeError,
+ * with `text` (tc_last_error() captured right after the call) or the code's
+ * message. Returns NULL. */
+TCPY_HIDDEN PyObject *tcpy_raise(int rc, const char *text);
+
+/* ---- argument helpers (_comms_module.c) ---- */
+/* timedelta, int/float seconds or None -> seconds (None -> dflt). Raises
+ * TypeError/ValueError naming op and arg; returns -1 on error. */
+TCPY_HIDDEN int tcpy_seconds(PyObject *obj, const char *op, const char *arg,
+                             double dflt, double *out);
+/* Per-operation options from hints (dict or None) and timeout. The hint
+ * strings stay valid while *keep (a new reference, possibly NULL) lives. */
+typedef struct tcpy_opts {
+  tc_op_options_t o;
+  tc_hint_t small[8];
+  tc_hint_t *hints; /* small or PyMem */
+  PyObject *keep;
+} tcpy_opts_t;
+TCPY_HIDDEN int tcpy_opts_init(tcpy_opts_t *o, const char *op, PyObject *hints,
+                               PyObject *timeout);
+TCPY_HIDDEN void tcpy_opts_free(tcpy_opts_t *o);
+/* hints dict -> array of tc_hint_t (strings borrowed from *keep). */
+TCPY_HIDDEN int tcpy_hints(PyObject *hints, const char *op, tc_hint_t *small,
+                           size_t nsmall, tc_hint_t **out, size_t *n,
+                           PyObject **keep);
+/* An int argument -> C int; ValueError naming op and arg if out of range. */
+TCPY_HIDDEN int tcpy_int(PyObject *obj, const char *op, const char *arg,
+                         int *out);
+
+/* ---- tensors (_comms_tensor.c) ---- */
+typedef struct tcpy_tensor {
+  PyObject *obj; /* borrowed */
+  void *ptr;
+  size_t numel;
+  tc_dtype_t dtype;
+} tcpy_tensor_t;
+
+/* Reads and validates a tensor argument; arg names it in messages, idx >= 0
+ * appends "[idx]". Returns 0 or -1 with an exception set. */
+TCPY_HIDDEN int tcpy_tensor(const tcpy_device_t *dev, const char *op,
+                            const char *arg, Py_ssize_t idx, PyObject *obj,
+                            tcpy_tensor_t *out);
+/* A list/tuple of tensors; expect >= 0 requires that length. All share one
+ * dtype (returned in *dtype; unchanged if the list is empty). On success
+ * *ptrs and *counts are PyMem arrays (free with PyMem_Free) and *seq a new
+ * reference to a tuple holding the tensors. */
+TCPY_HIDDEN int tcpy_tensor_list(const tcpy_device_t *dev, const char *op,
+                                 const char *arg, PyObject *obj,
+                                 Py_ssize_t expect, void ***ptrs,
+                                 size_t **counts, tc_dtype_t *dtype,
+                                 PyObject **seq);
+/* Elements per row of dim 0 (product of shape[1:]); dim-0 tensors: error. */
+TCPY_HIDDEN int tcpy_row_elems(const char *op, const char *arg, PyObject *obj,
+                               size_t *rows, size_t *row);
+/* "float32" style name of a C dtype for messages. */
+TCPY_HIDDEN const char *tcpy_dtype_name(tc_dtype_t dt);
+/* A new torch.device(type[, index]). */
+TCPY_HIDDEN PyObject *tcpy_torch_device(const char *type, int index);
+
+/* ---- store adapter (_comms_store.c) ---- */
+/* Wraps a Python store object; the tc store holds a reference to it. */
+TCPY_HIDDEN int tcpy_store_wrap(PyObject *store, tc_store_t **out);
+/* _store_call(store, op, key_or_keys, arg=None, timeout=1.0): one C store
+ * call through the adapter (for tests); errors name the TC_ status. */
+TCPY_HIDDEN PyObject *tcpy_store_call(PyObject *module, PyObject *args);
+
+/* ---- types (_comms_types.c) ---- */
+TCPY_HIDDEN int tcpy_types_ready(PyObject *module);
+/* A new TorchWork: for an in-flight work (owning `work` and a reference to
+ * `refs`), or completed (work == NULL, refs == NULL). */
+TCPY_HIDDEN PyObject *tcpy_work_new(tc_work_t *work, PyObject *refs);
+/* 1 if the work finished (drops its refs then), else 0. */
+TCPY_HIDDEN int tcpy_work_done(TorchWorkObject *w);
+/* A new BatchSendRecv on comm. */
+TCPY_HIDDEN PyObject *tcpy_batch_new(TorchCommObject *comm);
+/* op argument: ReduceOp, RedOpType member or None (-> SUM). */
+TCPY_HIDDEN int tcpy_redop(PyObject *obj, const char *op, tc_redop_t *out);
+
+/* ---- communicator (_comms_comm.c) ---- */
+TCPY_HIDDEN PyObject *tcpy_new_comm(PyObject *self, PyObject *args,
+                                    PyObject *kw);
+/* Raises RuntimeError if the communicator was destroyed; returns -1. */
+TCPY_HIDDEN int tcpy_comm_live(TorchCommObject *self, const char *op);
+/* Drops finished works from the pending list. */
+TCPY_HIDDEN void tcpy_comm_reap(TorchCommObject *self);
+
+/* One call into the library, described by value so that it can run with the
+ * GIL released. */
+typedef enum tcpy_call_kind {
+  TCPY_SEND, TCPY_RECV, TCPY_BROADCAST, TCPY_ALL_REDUCE, TCPY_REDUCE,
+  TCPY_ALL_GATHER, TCPY_ALL_GATHER_V, TCPY_ALL_GATHER_SINGLE,
+  TCPY_REDUCE_SCATTER, TCPY_REDUCE_SCATTER_V, TCPY_REDUCE_SCATTER_SINGLE,
+  TCPY_ALL_TO_ALL_SINGLE, TCPY_ALL_TO_ALL_V_SINGLE, TCPY_ALL_TO_ALL,
+  TCPY_BARRIER, TCPY_SCATTER, TCPY_GATHER, TCPY_GATHER_SINGLE, TCPY_BATCH
+} tcpy_call_kind_t;
+
+typedef struct tcpy_call {
+  tcpy_call_kind_t kind;
+  void *recvbuf;
+  const void *sendbuf;
+  void **recvbufs;
+  void **sendbufs;
+  size_t count;     /* the single count (send side for *_v gathers) */
+  size_t recvcount; /* reduce_scatter_v */
+  size_t *recvcounts;
+  size_t *sendcounts;
+  tc_dtype_t dtype;
+  tc_redop_t op;
+  int root; /* root or peer */
+  tc_batch_t *batch;
+} tcpy_call_t;
+
+/* Runs `call` on the communicator: reaps finished works, releases the GIL,
+ * calls the library synchronously (async_op false) or asynchronously, and
+ * returns a TorchWork (holding `refs` while in flight) or NULL with an
+ * exception. */
+TCPY_HIDDEN PyObject *tcpy_issue(TorchCommObject *self, const char *op,
+                                 tcpy_call_t *call, int async_op,
+                                 PyObject *hints, PyObject *timeout,
+                                 PyObject *refs);
+TCPY_HIDDEN PyObject *tcpy_issue_opts(TorchCommObject *self, const char *op,
+                                      tcpy_call_t *call, int async_op,
+                                      tcpy_opts_t *opts, PyObject *refs);
+
+/* ---- operations (_comms_ops.c) ---- */
+TCPY_HIDDEN extern PyMethodDef tcpy_comm_op_methods[];
+
+#endif /* TORCHCOMMS_PY_COMMS_H */

@@ -1,0 +1,251 @@
+# Stubs for torchcomms._comms (the C extension over libtorchcomms).
+# Names, argument order and defaults follow meta-pytorch/torchcomms'
+# comms/torchcomms/_comms.pyi for the surface implemented here.
+
+from datetime import timedelta
+from enum import Enum
+from typing import Any, Dict, List, Sequence
+
+__version__: str
+__all__: List[str]
+
+Timeout = timedelta
+
+class RedOpType(Enum):
+    SUM = 1
+    PRODUCT = 2
+    MIN = 3
+    MAX = 4
+    BAND = 5
+    BOR = 6
+    BXOR = 7
+    PREMUL_SUM = 8
+    AVG = 9
+
+class ReduceOp:
+    SUM: ReduceOp
+    PRODUCT: ReduceOp
+    MIN: ReduceOp
+    MAX: ReduceOp
+    BAND: ReduceOp
+    BOR: ReduceOp
+    BXOR: ReduceOp
+    AVG: ReduceOp
+    def __init__(self, type: RedOpType | ReduceOp) -> None: ...
+    @staticmethod
+    def PREMUL_SUM(factor: Any) -> ReduceOp:
+        """factor: a float or a one-element tensor."""
+    @property
+    def type(self) -> RedOpType: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+class WorkStatus(Enum):
+    NOT_STARTED = 1
+    INPROGRESS = 2
+    COMPLETED = 3
+    TIMEDOUT = 4
+    ERROR = 5
+
+class P2POpType(Enum):
+    SEND = 1
+    RECV = 2
+
+class CommOptions:
+    abort_process_on_timeout_or_error: bool
+    timeout: timedelta
+    high_priority_stream: bool
+    store: Any
+    enable_reconfigure: bool
+    hints: Dict[str, str]
+    def __init__(
+        self,
+        abort_process_on_timeout_or_error: bool = False,
+        timeout: timedelta | None = None,
+        high_priority_stream: bool = False,
+        store: Any = None,
+        enable_reconfigure: bool = False,
+        hints: Dict[str, str] | None = None,
+    ) -> None: ...
+
+class _OpOptions:
+    timeout: timedelta
+    hints: Dict[str, str]
+    def __init__(
+        self, timeout: timedelta | None = None, hints: Dict[str, str] | None = None
+    ) -> None: ...
+
+class SendOptions(_OpOptions): ...
+class RecvOptions(_OpOptions): ...
+class BatchP2POptions(_OpOptions): ...
+class BroadcastOptions(_OpOptions): ...
+class AllReduceOptions(_OpOptions): ...
+class ReduceOptions(_OpOptions): ...
+class AllGatherOptions(_OpOptions): ...
+class AllGatherSingleOptions(_OpOptions): ...
+class ReduceScatterOptions(_OpOptions): ...
+class ReduceScatterSingleOptions(_OpOptions): ...
+class AllToAllOptions(_OpOptions): ...
+class AllToAllSingleOptions(_OpOptions): ...
+class AllToAllvSingleOptions(_OpOptions): ...
+class BarrierOptions(_OpOptions): ...
+class ScatterOptions(_OpOptions): ...
+class GatherOptions(_OpOptions): ...
+
+class TorchWork:
+    def is_completed(self) -> bool:
+        """True once the operation finished (also when it failed)."""
+    def wait(self) -> None:
+        """Blocks with the GIL released; RuntimeError if the operation failed."""
+    def wait_blocking(self) -> None: ...
+    def status(self) -> WorkStatus: ...
+
+class P2POp:
+    type: P2POpType
+    tensor: Any
+    peer: int
+    def __init__(self, type: P2POpType, tensor: Any, peer: int) -> None: ...
+
+class BatchSendRecv:
+    ops: List[P2POp]
+    def send(self, tensor: Any, dst: int) -> None: ...
+    def recv(self, tensor: Any, src: int) -> None: ...
+    def issue(
+        self,
+        async_op: bool = False,
+        options: BatchP2POptions | None = None,
+        hints: Dict[str, str] | None = None,
+        timeout: timedelta | float | None = None,
+    ) -> TorchWork: ...
+
+_Timeout = timedelta | float | None
+_Hints = Dict[str, str] | None
+
+class TorchComm:
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    def finalize(self) -> None: ...
+    def abort(self) -> None: ...
+    def is_aborted(self) -> bool: ...
+    def set_timeout(self, timeout: timedelta | float) -> None: ...
+    def get_rank(self) -> int: ...
+    def get_size(self) -> int: ...
+    def get_name(self) -> str: ...
+    def get_options(self) -> CommOptions: ...
+    def get_device(self) -> Any: ...
+    def get_backend(self) -> str: ...
+    def get_backend_version(self) -> str: ...
+    def send(
+        self, tensor: Any, dst: int, async_op: bool = False,
+        hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def recv(
+        self, tensor: Any, src: int, async_op: bool = False,
+        hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def broadcast(
+        self, tensor: Any, root: int, async_op: bool = False,
+        hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def all_reduce(
+        self, tensor: Any, op: ReduceOp = ..., async_op: bool = False,
+        hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def reduce(
+        self, tensor: Any, root: int, op: ReduceOp = ..., async_op: bool = False,
+        hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def all_gather(
+        self, tensor_list: Sequence[Any], tensor: Any, async_op: bool = False,
+        hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def all_gather_v(
+        self, tensor_list: Sequence[Any], tensor: Any, async_op: bool = False,
+        hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def all_gather_single(
+        self, output: Any, input: Any, async_op: bool = False,
+        hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def reduce_scatter(
+        self, output: Any, input_list: Sequence[Any], op: ReduceOp = ...,
+        async_op: bool = False, hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def reduce_scatter_v(
+        self, output: Any, input_list: Sequence[Any], op: ReduceOp = ...,
+        async_op: bool = False, hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def reduce_scatter_single(
+        self, output: Any, input: Any, op: ReduceOp = ..., async_op: bool = False,
+        hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def all_to_all_single(
+        self, output: Any, input: Any, async_op: bool = False,
+        hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def all_to_all_v_single(
+        self, output: Any, input: Any, output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int], async_op: bool = False,
+        hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork:
+        """Split sizes count rows of dim 0; [] means equal splits."""
+    def all_to_all(
+        self, output_tensor_list: Sequence[Any], input_tensor_list: Sequence[Any],
+        async_op: bool = False, hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def barrier(
+        self, async_op: bool = False, hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def scatter(
+        self, output_tensor: Any, input_tensor_list: Sequence[Any], root: int,
+        async_op: bool = False, hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def gather(
+        self, output_tensor_list: Sequence[Any], input_tensor: Any, root: int,
+        async_op: bool = False, hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def gather_single(
+        self, output: Any, input: Any, root: int, async_op: bool = False,
+        hints: _Hints = None, timeout: _Timeout = None,
+    ) -> TorchWork: ...
+    def split(
+        self, ranks: Sequence[int], name: str, hints: _Hints = None,
+        timeout: _Timeout = None,
+    ) -> TorchComm | None: ...
+    def batch_op_create(self) -> BatchSendRecv: ...
+    # aliases
+    allreduce = all_reduce
+    allgather = all_gather
+    allgather_v = all_gather_v
+    allgather_single = all_gather_single
+    reducescatter = reduce_scatter
+    reducescatter_v = reduce_scatter_v
+    reducescatter_single = reduce_scatter_single
+    alltoall = all_to_all
+    alltoall_single = all_to_all_single
+    alltoallv_single = all_to_all_v_single
+
+def new_comm(
+    backend: str,
+    device: Any,
+    abort_process_on_timeout_or_error: bool | None = None,
+    timeout: timedelta | float | None = None,
+    store: Any | None = None,
+    name: str | None = None,
+    enable_reconfigure: bool = False,
+    hints: Dict[str, str] | None = None,
+    high_priority_stream: bool | None = None,
+) -> TorchComm:
+    """Rank and size come from the environment. For compatibility with
+    upstream's newer signature, a str third positional argument is taken as
+    `name`."""
+
+def _store_call(
+    store: Any, op: str, key: str | Sequence[str], arg: Any = None, timeout: float = 1.0
+) -> Any:
+    """Test hook: one C store call (set/get/add/check/wait/delete) on a Python
+    store through the adapter new_comm(store=...) uses."""

@@ -1,0 +1,621 @@
+/* _comms_comm.c -- TorchComm: new_comm, lifecycle (finalize, abort,
+ * destroy), getters, split, and the issue path every operation shares.
+ *
+ * Lifetimes: an asynchronous operation's TorchWork holds references to every
+ * tensor involved until the operation finishes, and the communicator keeps
+ * every in-flight TorchWork in its `pending` list (reaped on each issue, on
+ * finalize and abort), so dropping the TorchWork right after issuing is
+ * safe. Deallocating a communicator that was not finalized aborts it first
+ * (tc_comm_destroy), which finishes every pending operation before their
+ * buffers are released. */
+#include "_comms.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define TCPY_ERRBUF 1024
+
+/* Copies the thread's last error (call right after the failing C call,
+ * before the GIL is taken back). */
+#define TCPY_SAVE_ERROR(buf, rc)                                               \
+  do {                                                                         \
+    if ((rc) != TC_OK) snprintf((buf), TCPY_ERRBUF, "%s", tc_last_error());   \
+  } while (0)
+
+int tcpy_comm_live(TorchCommObject *self, const char *op) {
+  if (self->comm) return 0;
+  PyErr_Format(PyExc_RuntimeError, "%s: the communicator was destroyed", op);
+  return -1;
+}
+
+void tcpy_comm_reap(TorchCommObject *self) {
+  PyObject *l = self->pending;
+  Py_ssize_t n = PyList_GET_SIZE(l), k = 0;
+  while (k < n && tcpy_work_done((TorchWorkObject *)PyList_GET_ITEM(l, k))) k++;
+  if (k > 0 && PyList_SetSlice(l, 0, k, NULL) < 0) PyErr_Clear();
+  /* Operations finish in issue order, except batches: an occasional full
+   * pass keeps a long list from growing without bound. */
+  n = PyList_GET_SIZE(l);
+  if (n < 64) return;
+  PyObject *keep = PyList_New(0);
+  if (!keep) {
+    PyErr_Clear();
+    return;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *w = PyList_GET_ITEM(l, i);
+    if (!tcpy_work_done((TorchWorkObject *)w) && PyList_Append(keep, w) < 0) {
+      PyErr_Clear();
+      Py_DECREF(keep);
+      return;
+    }
+  }
+  Py_SETREF(self->pending, keep);
+}
+
+/* ---- the library call, run without the GIL ---- */
+
+static int tcpy_call(tc_comm_t *c, const tcpy_call_t *a,
+                     const tc_op_options_t *o, tc_work_t **w) {
+  switch (a->kind) {
+  case TCPY_SEND:
+    return tc_send(c, a->sendbuf, a->count, a->dtype, a->root, o, w);
+  case TCPY_RECV:
+    return tc_recv(c, a->recvbuf, a->count, a->dtype, a->root, o, w);
+  case TCPY_BROADCAST:
+    return tc_broadcast(c, a->recvbuf, a->count, a->dtype, a->root, o, w);
+  case TCPY_ALL_REDUCE:
+    return tc_all_reduce(c, a->recvbuf, a->count, a->dtype, a->op, o, w);
+  case TCPY_REDUCE:
+    return tc_reduce(c, a->recvbuf, a->count, a->dtype, a->op, a->root, o, w);
+  case TCPY_ALL_GATHER:
+    return tc_all_gather(c, a->recvbufs, a->sendbuf, a->count, a->dtype, o, w);
+  case TCPY_ALL_GATHER_V:
+    return tc_all_gather_v(c, a->recvbufs, a->recvcounts, a->sendbuf,
+                           a->count, a->dtype, o, w);
+  case TCPY_ALL_GATHER_SINGLE:
+    return tc_all_gather_single(c, a->recvbuf, a->sendbuf, a->count, a->dtype,
+                                o, w);
+  case TCPY_REDUCE_SCATTER:
+    return tc_reduce_scatter(c, a->recvbuf, (const void *const *)a->sendbufs,
+                             a->count, a->dtype, a->op, o, w);
+  case TCPY_REDUCE_SCATTER_V:
+    return tc_reduce_scatter_v(c, a->recvbuf, a->recvcount,
+                               (const void *const *)a->sendbufs, a->sendcounts,
+                               a->dtype, a->op, o, w);
+  case TCPY_REDUCE_SCATTER_SINGLE:
+    return tc_reduce_scatter_single(c, a->recvbuf, a->sendbuf, a->count,
+                                    a->dtype, a->op, o, w);
+  case TCPY_ALL_TO_ALL_SINGLE:
+    return tc_all_to_all_single(c, a->recvbuf, a->sendbuf, a->count, a->dtype,
+                                o, w);
+  case TCPY_ALL_TO_ALL_V_SINGLE:
+    return tc_all_to_all_v_single(c, a->recvbuf, a->recvcounts, a->sendbuf,
+                                  a->sendcounts, a->dtype, o, w);
+  case TCPY_ALL_TO_ALL:
+    return tc_all_to_all(c, a->recvbufs, a->recvcounts,
+                         (const void *const *)a->sendbufs, a->sendcounts,
+                         a->dtype, o, w);
+  case TCPY_BARRIER:
+    return tc_barrier(c, o, w);
+  case TCPY_SCATTER:
+    return tc_scatter(c, a->recvbuf, (const void *const *)a->sendbufs,
+                      a->count, a->dtype, a->root, o, w);
+  case TCPY_GATHER:
+    return tc_gather(c, a->recvbufs, a->sendbuf, a->count, a->dtype, a->root,
+                     o, w);
+  case TCPY_GATHER_SINGLE:
+    return tc_gather_single(c, a->recvbuf, a->sendbuf, a->count, a->dtype,
+                            a->root, o, w);
+  case TCPY_BATCH:
+    return tc_batch_issue(a->batch, o, w);
+  }
+  return TC_ERR_INTERNAL;
+}
+
+PyObject *tcpy_issue_opts(TorchCommObject *self, const char *op,
+                          tcpy_call_t *call, int async_op, tcpy_opts_t *opts,
+                          PyObject *refs) {
+  if (tcpy_comm_live(self, op) < 0) return NULL;
+  tcpy_comm_reap(self);
+  tc_comm_t *c = self->comm;
+  tc_work_t *work = NULL;
+  char text[TCPY_ERRBUF];
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = tcpy_call(c, call, &opts->o, async_op ? &work : NULL);
+  TCPY_SAVE_ERROR(text, rc);
+  Py_END_ALLOW_THREADS
+  if (rc != TC_OK) return tcpy_raise(rc, text);
+  PyObject *w = tcpy_work_new(work, refs);
+  if (!w) return NULL;
+  if (work && !tcpy_work_done((TorchWorkObject *)w) &&
+      PyList_Append(self->pending, w) < 0) {
+    Py_DECREF(w); /* dealloc waits for the operation */
+    return NULL;
+  }
+  return w;
+}
+
+PyObject *tcpy_issue(TorchCommObject *self, const char *op, tcpy_call_t *call,
+                     int async_op, PyObject *hints, PyObject *timeout,
+                     PyObject *refs) {
+  tcpy_opts_t opts;
+  if (tcpy_opts_init(&opts, op, hints, timeout) < 0) return NULL;
+  PyObject *r = tcpy_issue_opts(self, op, call, async_op, &opts, refs);
+  tcpy_opts_free(&opts);
+  return r;
+}
+
+/* ---- creation ---- */
+
+static PyObject *tcpy_comm_wrap(tc_comm_t *comm, const tcpy_device_t *dev,
+                                PyObject *store, PyObject *device_obj,
+                                int high_priority_stream,
+                                int enable_reconfigure) {
+  TorchCommObject *self = PyObject_GC_New(TorchCommObject, &TcPy_TorchComm_Type);
+  if (!self) {
+    Py_BEGIN_ALLOW_THREADS
+    tc_comm_destroy(comm);
+    Py_END_ALLOW_THREADS
+    return NULL;
+  }
+  self->comm = comm;
+  self->dev = *dev;
+  self->store = Py_NewRef(store ? store : Py_None);
+  self->device_obj = Py_XNewRef(device_obj);
+  self->high_priority_stream = high_priority_stream;
+  self->enable_reconfigure = enable_reconfigure;
+  self->weakreflist = NULL;
+  self->pending = PyList_New(0);
+  if (!self->pending) {
+    Py_DECREF(self);
+    return NULL;
+  }
+  PyObject_GC_Track(self);
+  return (PyObject *)self;
+}
+
+/* device: torch.device, "cpu", "cuda:1", ... */
+static int tcpy_parse_device(PyObject *device, tcpy_device_t *dev,
+                             PyObject **device_obj) {
+  *device_obj = NULL;
+  dev->index = -1;
+  if (PyUnicode_Check(device)) {
+    const char *s = PyUnicode_AsUTF8(device);
+    if (!s) return -1;
+    const char *colon = strchr(s, ':');
+    size_t n = colon ? (size_t)(colon - s) : strlen(s);
+    if (n == 0 || n >= sizeof dev->type) goto bad;
+    memcpy(dev->type, s, n);
+    dev->type[n] = 0;
+    if (colon) {
+      char *end;
+      long i = strtol(colon + 1, &end, 10);
+      if (*end || end == colon + 1 || i < 0 || i > 1 << 20) goto bad;
+      dev->index = (int)i;
+    }
+    return 0;
+  bad:
+    PyErr_Format(PyExc_ValueError, "new_comm: argument 'device' = '%s' is not "
+                 "a device ('cpu', 'cuda:0', ...)", s);
+    return -1;
+  }
+  PyObject *type = PyObject_GetAttr(device, tcpy_str.type);
+  if (!type) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_TypeError, "new_comm: argument 'device' must be a "
+                 "torch.device or a str, not %.100s", Py_TYPE(device)->tp_name);
+    return -1;
+  }
+  const char *t = PyUnicode_Check(type) ? PyUnicode_AsUTF8(type) : NULL;
+  if (!t || !*t || strlen(t) >= sizeof dev->type) {
+    Py_DECREF(type);
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, "new_comm: argument 'device' has an "
+                    "invalid type");
+    return -1;
+  }
+  snprintf(dev->type, sizeof dev->type, "%s", t);
+  Py_DECREF(type);
+  PyObject *index = PyObject_GetAttr(device, tcpy_str.index);
+  if (!index) return -1;
+  if (index != Py_None) {
+    long i = PyLong_AsLong(index);
+    if (i == -1 && PyErr_Occurred()) {
+      Py_DECREF(index);
+      return -1;
+    }
+    dev->index = (int)i;
+  }
+  Py_DECREF(index);
+  *device_obj = Py_NewRef(device);
+  return 0;
+}
+
+PyObject *tcpy_new_comm(PyObject *module, PyObject *args, PyObject *kw) {
+  static const char *fn = "new_comm";
+  static char *kwlist[] = {"backend", "device",
+                           "abort_process_on_timeout_or_error", "timeout",
+                           "store", "name", "enable_reconfigure", "hints",
+                           "high_priority_stream", NULL};
+  PyObject *backend, *device, *abort_obj = Py_None, *timeout = Py_None,
+                              *store = Py_None, *name = Py_None,
+                              *reconf = Py_False, *hints = Py_None,
+                              *hps = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOOOOO:new_comm", kwlist,
+                                   &backend, &device, &abort_obj, &timeout,
+                                   &store, &name, &reconf, &hints, &hps))
+    return NULL;
+  /* upstream's newer signature: new_comm(backend, device, name, ...) */
+  if (PyUnicode_Check(abort_obj) && name == Py_None) {
+    name = abort_obj;
+    abort_obj = Py_None;
+  }
+  if (!PyUnicode_Check(backend)) {
+    PyErr_Format(PyExc_TypeError, "new_comm: argument 'backend' must be a "
+                 "str, not %.100s", Py_TYPE(backend)->tp_name);
+    return NULL;
+  }
+  if (name != Py_None && !PyUnicode_Check(name)) {
+    PyErr_Format(PyExc_TypeError, "new_comm: argument 'name' must be a str, "
+                 "not %.100s", Py_TYPE(name)->tp_name);
+    return NULL;
+  }
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  if (abort_obj != Py_None) {
+    if (!PyBool_Check(abort_obj) && !PyLong_Check(abort_obj)) {
+      PyErr_Format(PyExc_TypeError, "new_comm: argument "
+                   "'abort_process_on_timeout_or_error' must be a bool or "
+                   "None, not %.100s", Py_TYPE(abort_obj)->tp_name);
+      return NULL;
+    }
+    o.abort_process_on_timeout_or_error = PyObject_IsTrue(abort_obj);
+  }
+  int enable_reconfigure = PyObject_IsTrue(reconf);
+  int high_priority = hps == Py_None ? 0 : PyObject_IsTrue(hps);
+  if (enable_reconfigure < 0 || high_priority < 0) return NULL;
+  if (tcpy_seconds(timeout, fn, "timeout", 0.0, &o.timeout_s) < 0) return NULL;
+  const char *cbackend = PyUnicode_AsUTF8(backend);
+  if (!cbackend) return NULL;
+  if (name != Py_None && !(o.name = PyUnicode_AsUTF8(name))) return NULL;
+  tcpy_device_t dev;
+  PyObject *device_obj = NULL, *hint_keep = NULL, *result = NULL;
+  tc_hint_t small[8], *h = NULL;
+  size_t nh = 0;
+  tc_store_t *cstore = NULL;
+  if (tcpy_parse_device(device, &dev, &device_obj) < 0) return NULL;
+  o.device_index = dev.index;
+  if (tcpy_hints(hints, fn, small, 8, &h, &nh, &hint_keep) < 0) goto out;
+  o.hints = h;
+  o.num_hints = nh;
+  if (store != Py_None) {
+    if (tcpy_store_wrap(store, &cstore) < 0) goto out;
+    o.store = cstore;
+  }
+  tc_comm_t *comm = NULL;
+  char text[TCPY_ERRBUF];
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = tc_comm_create(cbackend, dev.type, &o, &comm);
+  TCPY_SAVE_ERROR(text, rc);
+  Py_END_ALLOW_THREADS
+  if (rc != TC_OK) {
+    tcpy_raise(rc, text);
+    goto out;
+  }
+  result = tcpy_comm_wrap(comm, &dev, store, device_obj, high_priority,
+                          enable_reconfigure);
+out:
+  if (cstore) tc_store_release(cstore); /* the communicator holds its own */
+  if (h && h != small) PyMem_Free(h);
+  Py_XDECREF(hint_keep);
+  Py_XDECREF(device_obj);
+  return result;
+}
+
+/* ---- methods ---- */
+
+static PyObject *tcpy_comm_finalize(TorchCommObject *self, PyObject *u) {
+  if (tcpy_comm_live(self, "finalize") < 0) return NULL;
+  tc_comm_t *c = self->comm;
+  char text[TCPY_ERRBUF];
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = tc_comm_finalize(c);
+  TCPY_SAVE_ERROR(text, rc);
+  Py_END_ALLOW_THREADS
+  tcpy_comm_reap(self);
+  if (rc != TC_OK) {
+    PyErr_Format(PyExc_RuntimeError, "%s", text[0] ? text : tc_strerror(rc));
+    return NULL;
+  }
+  Py_RETURN_NONE;
+}
+
+static PyObject *tcpy_comm_abort(TorchCommObject *self, PyObject *u) {
+  if (tcpy_comm_live(self, "abort") < 0) return NULL;
+  tc_comm_t *c = self->comm;
+  char text[TCPY_ERRBUF];
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = tc_comm_abort(c);
+  TCPY_SAVE_ERROR(text, rc);
+  Py_END_ALLOW_THREADS
+  tcpy_comm_reap(self);
+  if (rc != TC_OK) {
+    PyErr_Format(PyExc_RuntimeError, "%s", text[0] ? text : tc_strerror(rc));
+    return NULL;
+  }
+  Py_RETURN_NONE;
+}
+
+static PyObject *tcpy_comm_is_aborted(TorchCommObject *self, PyObject *u) {
+  if (tcpy_comm_live(self, "is_aborted") < 0) return NULL;
+  return PyBool_FromLong(tc_comm_is_aborted(self->comm));
+}
+
+static PyObject *tcpy_comm_set_timeout(TorchCommObject *self, PyObject *args,
+                                       PyObject *kw) {
+  static char *kwlist[] = {"timeout", NULL};
+  PyObject *timeout;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O:set_timeout", kwlist, &timeout))
+    return NULL;
+  if (tcpy_comm_live(self, "set_timeout") < 0) return NULL;
+  if (timeout == Py_None) {
+    PyErr_SetString(PyExc_TypeError, "set_timeout: argument 'timeout' must be "
+                    "a datetime.timedelta, not None");
+    return NULL;
+  }
+  double s;
+  if (tcpy_seconds(timeout, "set_timeout", "timeout", 0, &s) < 0) return NULL;
+  int rc = tc_comm_set_timeout(self->comm, s);
+  if (rc != TC_OK) return tcpy_raise(rc, tc_last_error());
+  Py_RETURN_NONE;
+}
+
+static PyObject *tcpy_comm_get_rank(TorchCommObject *self, PyObject *u) {
+  if (tcpy_comm_live(self, "get_rank") < 0) return NULL;
+  return PyLong_FromLong(tc_comm_rank(self->comm));
+}
+
+static PyObject *tcpy_comm_get_size(TorchCommObject *self, PyObject *u) {
+  if (tcpy_comm_live(self, "get_size") < 0) return NULL;
+  return PyLong_FromLong(tc_comm_size(self->comm));
+}
+
+static PyObject *tcpy_comm_str(TorchCommObject *self, const char *op,
+                               const char *v) {
+  if (tcpy_comm_live(self, op) < 0) return NULL;
+  return PyUnicode_FromString(v ? v : "");
+}
+
+static PyObject *tcpy_comm_get_name(TorchCommObject *self, PyObject *u) {
+  return tcpy_comm_str(self, "get_name",
+                       self->comm ? tc_comm_name(self->comm) : NULL);
+}
+
+static PyObject *tcpy_comm_get_backend(TorchCommObject *self, PyObject *u) {
+  return tcpy_comm_str(self, "get_backend",
+                       self->comm ? tc_comm_backend(self->comm) : NULL);
+}
+
+static PyObject *tcpy_comm_get_backend_version(TorchCommObject *self,
+                                               PyObject *u) {
+  return tcpy_comm_str(self, "get_backend_version",
+                       self->comm ? tc_comm_backend_version(self->comm) : NULL);
+}
+
+static PyObject *tcpy_comm_get_device(TorchCommObject *self, PyObject *u) {
+  if (!self->device_obj) {
+    self->device_obj = tcpy_torch_device(self->dev.type, self->dev.index);
+    if (!self->device_obj) return NULL;
+  }
+  return Py_NewRef(self->device_obj);
+}
+
+static PyObject *tcpy_comm_get_options(TorchCommObject *self, PyObject *u) {
+  if (tcpy_comm_live(self, "get_options") < 0) return NULL;
+  tc_comm_options_t o;
+  int rc = tc_comm_get_options(self->comm, &o);
+  if (rc != TC_OK) return tcpy_raise(rc, tc_last_error());
+  PyObject *hints = PyDict_New(), *td = NULL, *kw = NULL, *args = NULL,
+           *res = NULL;
+  if (!hints) return NULL;
+  for (size_t i = 0; i < o.num_hints; i++) {
+    PyObject *v = PyUnicode_FromString(o.hints[i].value);
+    if (!v || PyDict_SetItemString(hints, o.hints[i].key, v) < 0) {
+      Py_XDECREF(v);
+      goto out;
+    }
+    Py_DECREF(v);
+  }
+  if (!(td = PyObject_CallFunction(tcpy_timedelta, "(id)", 0, o.timeout_s)))
+    goto out;
+  if (!(args = PyTuple_New(0))) goto out;
+  kw = Py_BuildValue("{sOsOsOsOsOsO}", "abort_process_on_timeout_or_error",
+                     o.abort_process_on_timeout_or_error > 0 ? Py_True : Py_False,
+                     "timeout", td, "high_priority_stream",
+                     self->high_priority_stream ? Py_True : Py_False, "store",
+                     self->store, "enable_reconfigure",
+                     self->enable_reconfigure ? Py_True : Py_False, "hints",
+                     hints);
+  if (kw) res = PyObject_Call(tcpy_CommOptions, args, kw);
+out:
+  Py_XDECREF(kw);
+  Py_XDECREF(args);
+  Py_XDECREF(td);
+  Py_DECREF(hints);
+  return res;
+}
+
+static PyObject *tcpy_comm_split(TorchCommObject *self, PyObject *args,
+                                 PyObject *kw) {
+  static const char *fn = "split";
+  static char *kwlist[] = {"ranks", "name", "hints", "timeout", NULL};
+  PyObject *ranks, *name, *hints = Py_None, *timeout = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OO:split", kwlist, &ranks,
+                                   &name, &hints, &timeout))
+    return NULL;
+  if (tcpy_comm_live(self, fn) < 0) return NULL;
+  if (!PyUnicode_Check(name)) {
+    PyErr_Format(PyExc_TypeError, "split: argument 'name' must be a str, not "
+                 "%.100s", Py_TYPE(name)->tp_name);
+    return NULL;
+  }
+  const char *cname = PyUnicode_AsUTF8(name);
+  if (!cname) return NULL;
+  if (!PyList_Check(ranks) && !PyTuple_Check(ranks)) {
+    PyErr_Format(PyExc_TypeError, "split: argument 'ranks' must be a list of "
+                 "ints, not %.100s", Py_TYPE(ranks)->tp_name);
+    return NULL;
+  }
+  PyObject *t = PySequence_Tuple(ranks);
+  if (!t) return NULL;
+  Py_ssize_t n = PyTuple_GET_SIZE(t);
+  int *r = PyMem_New(int, (size_t)(n ? n : 1));
+  PyObject *result = NULL;
+  tcpy_opts_t opts;
+  int opts_ok = 0;
+  if (!r) {
+    PyErr_NoMemory();
+    goto out;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    char an[32];
+    snprintf(an, sizeof an, "ranks[%zd]", i);
+    if (tcpy_int(PyTuple_GET_ITEM(t, i), fn, an, &r[i]) < 0) goto out;
+  }
+  if (tcpy_opts_init(&opts, fn, hints, timeout) < 0) goto out;
+  opts_ok = 1;
+  tc_comm_t *c = self->comm, *child = NULL;
+  char text[TCPY_ERRBUF];
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = tc_comm_split(c, r, (size_t)n, cname, &opts.o, &child);
+  TCPY_SAVE_ERROR(text, rc);
+  Py_END_ALLOW_THREADS
+  if (rc != TC_OK) {
+    tcpy_raise(rc, text);
+    goto out;
+  }
+  if (!child) {
+    result = Py_NewRef(Py_None);
+    goto out;
+  }
+  result = tcpy_comm_wrap(child, &self->dev, self->store, self->device_obj,
+                          self->high_priority_stream, self->enable_reconfigure);
+out:
+  if (opts_ok) tcpy_opts_free(&opts);
+  PyMem_Free(r);
+  Py_DECREF(t);
+  return result;
+}
+
+static PyObject *tcpy_comm_batch_op_create(TorchCommObject *self, PyObject *u) {
+  if (tcpy_comm_live(self, "batch_op_create") < 0) return NULL;
+  return tcpy_batch_new(self);
+}
+
+static PyObject *tcpy_comm_repr(TorchCommObject *self) {
+  if (!self->comm) return PyUnicode_FromString("<TorchComm (destroyed)>");
+  const char *state = tc_comm_is_aborted(self->comm) ? " aborted" : "";
+  if (self->dev.index >= 0)
+    return PyUnicode_FromFormat(
+        "<TorchComm name='%s' backend='%s' device='%s:%d' rank=%d size=%d%s>",
+        tc_comm_name(self->comm), tc_comm_backend(self->comm), self->dev.type,
+        self->dev.index, tc_comm_rank(self->comm), tc_comm_size(self->comm),
+        state);
+  return PyUnicode_FromFormat(
+      "<TorchComm name='%s' backend='%s' device='%s' rank=%d size=%d%s>",
+      tc_comm_name(self->comm), tc_comm_backend(self->comm), self->dev.type,
+      tc_comm_rank(self->comm), tc_comm_size(self->comm), state);
+}
+
+static int tcpy_comm_traverse(TorchCommObject *self, visitproc visit,
+                              void *arg) {
+  Py_VISIT(self->pending);
+  Py_VISIT(self->store);
+  Py_VISIT(self->device_obj);
+  return 0;
+}
+
+/* No tp_clear: pending works guard buffers of running operations; the
+ * communicator is destroyed (aborted if still active) before they go. */
+static void tcpy_comm_dealloc(TorchCommObject *self) {
+  PyObject_GC_UnTrack(self);
+  if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
+  if (self->comm) {
+    tc_comm_t *c = self->comm;
+    self->comm = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    tc_comm_destroy(c);
+    Py_END_ALLOW_THREADS
+  }
+  Py_CLEAR(self->pending);
+  Py_CLEAR(self->store);
+  Py_CLEAR(self->device_obj);
+  PyObject_GC_Del(self);
+}
+
+static PyObject *tcpy_comm_prop_rank(TorchCommObject *self, void *c) {
+  return tcpy_comm_get_rank(self, NULL);
+}
+static PyObject *tcpy_comm_prop_size(TorchCommObject *self, void *c) {
+  return tcpy_comm_get_size(self, NULL);
+}
+static PyObject *tcpy_comm_prop_name(TorchCommObject *self, void *c) {
+  return tcpy_comm_get_name(self, NULL);
+}
+
+static PyGetSetDef tcpy_comm_getset[] = {
+    {"rank", (getter)tcpy_comm_prop_rank, NULL, "this process's rank", NULL},
+    {"size", (getter)tcpy_comm_prop_size, NULL, "the number of ranks", NULL},
+    {"name", (getter)tcpy_comm_prop_name, NULL, "the communicator's name", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+#define TCPY_NOARGS(name, fn, doc) {name, (PyCFunction)fn, METH_NOARGS, doc}
+#define TCPY_KWARGS(name, fn, doc)                                             \
+  {name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc}
+
+static PyMethodDef tcpy_comm_methods[] = {
+    TCPY_NOARGS("finalize", tcpy_comm_finalize,
+                "Completes pending operations and closes the communicator "
+                "(collective). A second call is harmless."),
+    TCPY_NOARGS("abort", tcpy_comm_abort,
+                "Aborts: pending and later operations fail at once (local)."),
+    TCPY_NOARGS("is_aborted", tcpy_comm_is_aborted, "True once aborted."),
+    TCPY_KWARGS("set_timeout", tcpy_comm_set_timeout,
+                "set_timeout(timeout): default timeout of later operations."),
+    TCPY_NOARGS("get_rank", tcpy_comm_get_rank, "This process's rank."),
+    TCPY_NOARGS("get_size", tcpy_comm_get_size, "The number of ranks."),
+    TCPY_NOARGS("get_name", tcpy_comm_get_name, "The communicator's name."),
+    TCPY_NOARGS("get_options", tcpy_comm_get_options,
+                "The CommOptions the communicator runs with."),
+    TCPY_NOARGS("get_device", tcpy_comm_get_device, "The torch.device."),
+    TCPY_NOARGS("get_backend", tcpy_comm_get_backend, "The backend's name."),
+    TCPY_NOARGS("get_backend_version", tcpy_comm_get_backend_version,
+                "The backend's version string."),
+    TCPY_KWARGS("split", tcpy_comm_split,
+                "split(ranks, name, hints=None, timeout=None) -> TorchComm | "
+                "None: a communicator over `ranks` (collective over every "
+                "rank; ranks == [] joins none and returns None)."),
+    TCPY_NOARGS("batch_op_create", tcpy_comm_batch_op_create,
+                "A new BatchSendRecv."),
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject TcPy_TorchComm_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "torchcomms._comms.TorchComm",
+    .tp_basicsize = sizeof(TorchCommObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A communicator (created by new_comm or TorchComm.split).",
+    .tp_dealloc = (destructor)tcpy_comm_dealloc,
+    .tp_traverse = (traverseproc)tcpy_comm_traverse,
+    .tp_repr = (reprfunc)tcpy_comm_repr,
+    .tp_methods = tcpy_comm_methods,
+    .tp_getset = tcpy_comm_getset,
+    .tp_weaklistoffset = offsetof(TorchCommObject, weakreflist),
+};

@@ -1,0 +1,373 @@
+/* _comms_module.c -- the torchcomms._comms module: init, interned names, the
+ * enums and option classes (a small Python source run at init), error
+ * mapping and the argument helpers shared by every operation.
+ *
+ * Import must be fast and side-effect free: torch.distributed imports this
+ * package while torch itself is still being imported, so nothing here
+ * touches `torch` (it is looked up on first use, see _comms_tensor.c). */
+#include "_comms.h"
+
+#include <string.h>
+
+tcpy_names_t tcpy_str;
+PyObject *tcpy_module;
+PyObject *tcpy_RedOpType, *tcpy_WorkStatus, *tcpy_P2POpType;
+PyObject *tcpy_CommOptions, *tcpy_timedelta;
+PyObject *tcpy_redop_members[TC_REDOP_COUNT];
+PyObject *tcpy_status_members[5];
+PyObject *tcpy_p2p_members[2];
+
+/* ---- errors ---- */
+
+PyObject *tcpy_raise(int rc, const char *text) {
+  PyObject *exc = PyExc_RuntimeError;
+  if (rc == TC_ERR_INVALID_ARGUMENT) exc = PyExc_ValueError;
+  else if (rc == TC_ERR_NOMEM) exc = PyExc_MemoryError;
+  if (!text || !*text) text = tc_strerror(rc);
+  PyErr_Format(exc, "%s", text);
+  return NULL;
+}
+
+/* ---- argument helpers ---- */
+
+int tcpy_seconds(PyObject *obj, const char *op, const char *arg, double dflt,
+                 double *out) {
+  if (!obj || obj == Py_None) {
+    *out = dflt;
+    return 0;
+  }
+  double s;
+  if (PyFloat_Check(obj) || PyLong_Check(obj)) {
+    s = PyFloat_AsDouble(obj);
+    if (s == -1.0 && PyErr_Occurred()) return -1;
+  } else if (PyObject_HasAttr(obj, tcpy_str.total_seconds)) {
+    PyObject *v = PyObject_CallMethodNoArgs(obj, tcpy_str.total_seconds);
+    if (!v) return -1;
+    s = PyFloat_AsDouble(v);
+    Py_DECREF(v);
+    if (s == -1.0 && PyErr_Occurred()) return -1;
+  } else {
+    PyErr_Format(PyExc_TypeError,
+                 "%s: argument '%s' must be a datetime.timedelta or a number "
+                 "of seconds, not %.100s",
+                 op, arg, Py_TYPE(obj)->tp_name);
+    return -1;
+  }
+  if (!(s >= 0) || s > 1e12) {
+    PyErr_Format(PyExc_ValueError,
+                 "%s: argument '%s' must be a non-negative, finite duration "
+                 "(got %R)", op, arg, obj);
+    return -1;
+  }
+  *out = s;
+  return 0;
+}
+
+int tcpy_hints(PyObject *hints, const char *op, tc_hint_t *small,
+               size_t nsmall, tc_hint_t **out, size_t *n, PyObject **keep) {
+  *out = NULL;
+  *n = 0;
+  *keep = NULL;
+  if (!hints || hints == Py_None) return 0;
+  if (!PyDict_Check(hints)) {
+    PyErr_Format(PyExc_TypeError,
+                 "%s: argument 'hints' must be a dict[str, str], not %.100s",
+                 op, Py_TYPE(hints)->tp_name);
+    return -1;
+  }
+  /* A snapshot: another thread may change the dict while we run. */
+  PyObject *items = PyDict_Items(hints);
+  if (!items) return -1;
+  Py_ssize_t m = PyList_GET_SIZE(items);
+  if (m == 0) {
+    Py_DECREF(items);
+    return 0;
+  }
+  tc_hint_t *h = (size_t)m <= nsmall ? small : PyMem_New(tc_hint_t, (size_t)m);
+  if (!h) {
+    Py_DECREF(items);
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < m; i++) {
+    PyObject *kv = PyList_GET_ITEM(items, i);
+    PyObject *k = PyTuple_GET_ITEM(kv, 0), *v = PyTuple_GET_ITEM(kv, 1);
+    if (!PyUnicode_Check(k) || !PyUnicode_Check(v)) {
+      PyErr_Format(PyExc_TypeError,
+                   "%s: argument 'hints' must map str to str (got %.100s: "
+                   "%.100s)", op, Py_TYPE(k)->tp_name, Py_TYPE(v)->tp_name);
+      goto fail;
+    }
+    h[i].key = PyUnicode_AsUTF8(k);
+    h[i].value = PyUnicode_AsUTF8(v);
+    if (!h[i].key || !h[i].value) goto fail;
+  }
+  *out = h;
+  *n = (size_t)m;
+  *keep = items;
+  return 0;
+fail:
+  if (h != small) PyMem_Free(h);
+  Py_DECREF(items);
+  return -1;
+}
+
+int tcpy_opts_init(tcpy_opts_t *o, const char *op, PyObject *hints,
+                   PyObject *timeout) {
+  tc_op_options_t init = TC_OP_OPTIONS_INIT;
+  o->o = init;
+  o->hints = NULL;
+  o->keep = NULL;
+  if (tcpy_seconds(timeout, op, "timeout", 0.0, &o->o.timeout_s) < 0)
+    return -1;
+  size_t n = 0;
+  if (tcpy_hints(hints, op, o->small, sizeof o->small / sizeof o->small[0],
+                 &o->hints, &n, &o->keep) < 0)
+    return -1;
+  o->o.hints = o->hints;
+  o->o.num_hints = n;
+  return 0;
+}
+
+void tcpy_opts_free(tcpy_opts_t *o) {
+  if (o->hints && o->hints != o->small) PyMem_Free(o->hints);
+  o->hints = NULL;
+  Py_CLEAR(o->keep);
+}
+
+int tcpy_int(PyObject *obj, const char *op, const char *arg, int *out) {
+  if (!PyLong_Check(obj) && !PyIndex_Check(obj)) {
+    PyErr_Format(PyExc_TypeError, "%s: argument '%s' must be an int, not %.100s",
+                 op, arg, Py_TYPE(obj)->tp_name);
+    return -1;
+  }
+  int overflow = 0;
+  PyObject *idx = PyNumber_Index(obj);
+  if (!idx) return -1;
+  long v = PyLong_AsLongAndOverflow(idx, &overflow);
+  Py_DECREF(idx);
+  if (v == -1 && PyErr_Occurred()) return -1;
+  if (overflow || v < -2147483647L || v > 2147483647L) {
+    PyErr_Format(PyExc_ValueError, "%s: argument '%s' = %R is out of range",
+                 op, arg, obj);
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
+}
+
+/* ---- the Python part: enums, option classes, Timeout ---- */
+
+static const char tcpy_py_source[] =
+    "import enum as _enum\n"
+    "import datetime as _datetime\n"
+    "Timeout = _datetime.timedelta\n"
+    "class RedOpType(_enum.Enum):\n"
+    "    SUM = 1\n    PRODUCT = 2\n    MIN = 3\n    MAX = 4\n    BAND = 5\n"
+    "    BOR = 6\n    BXOR = 7\n    PREMUL_SUM = 8\n    AVG = 9\n"
+    "class WorkStatus(_enum.Enum):\n"
+    "    NOT_STARTED = 1\n    INPROGRESS = 2\n    COMPLETED = 3\n"
+    "    TIMEDOUT = 4\n    ERROR = 5\n"
+    "class P2POpType(_enum.Enum):\n"
+    "    SEND = 1\n    RECV = 2\n"
+    "class _OpOptions:\n"
+    "    '''Per-operation options: timeout (timedelta(0): the communicator's)\n"
+    "    and backend hints.'''\n"
+    "    __slots__ = ('timeout', 'hints')\n"
+    "    def __init__(self, timeout=None, hints=None):\n"
+    "        self.timeout = _datetime.timedelta(0) if timeout is None else timeout\n"
+    "        self.hints = {} if hints is None else dict(hints)\n"
+    "    def __repr__(self):\n"
+    "        return f'{type(self).__name__}(timeout={self.timeout!r}, hints={self.hints!r})'\n"
+    "    def __eq__(self, other):\n"
+    "        if type(other) is not type(self): return NotImplemented\n"
+    "        return self.timeout == other.timeout and self.hints == other.hints\n"
+    "    __hash__ = None\n"
+    "_op_options = ('SendOptions', 'RecvOptions', 'BatchP2POptions',\n"
+    "    'BroadcastOptions', 'AllReduceOptions', 'ReduceOptions',\n"
+    "    'AllGatherOptions', 'AllGatherSingleOptions', 'ReduceScatterOptions',\n"
+    "    'ReduceScatterSingleOptions', 'AllToAllOptions',\n"
+    "    'AllToAllSingleOptions', 'AllToAllvSingleOptions', 'BarrierOptions',\n"
+    "    'ScatterOptions', 'GatherOptions')\n"
+    "for _n in _op_options:\n"
+    "    globals()[_n] = type(_n, (_OpOptions,), {'__slots__': (),\n"
+    "        '__module__': __name__, '__qualname__': _n})\n"
+    "del _n\n"
+    "class CommOptions:\n"
+    "    '''Options of a communicator (see TorchComm.get_options()).'''\n"
+    "    __slots__ = ('abort_process_on_timeout_or_error', 'timeout',\n"
+    "                 'high_priority_stream', 'store', 'enable_reconfigure',\n"
+    "                 'hints')\n"
+    "    def __init__(self, abort_process_on_timeout_or_error=False,\n"
+    "                 timeout=None, high_priority_stream=False, store=None,\n"
+    "                 enable_reconfigure=False, hints=None):\n"
+    "        self.abort_process_on_timeout_or_error = abort_process_on_timeout_or_error\n"
+    "        self.timeout = _datetime.timedelta(seconds=600) if timeout is None else timeout\n"
+    "        self.high_priority_stream = high_priority_stream\n"
+    "        self.store = store\n"
+    "        self.enable_reconfigure = enable_reconfigure\n"
+    "        self.hints = {} if hints is None else dict(hints)\n"
+    "    def __repr__(self):\n"
+    "        return ('CommOptions(' + ', '.join(f'{k}={getattr(self, k)!r}'\n"
+    "                for k in self.__slots__) + ')')\n"
+    "    def __eq__(self, other):\n"
+    "        if type(other) is not CommOptions: return NotImplemented\n"
+    "        return all(getattr(self, k) == getattr(other, k) for k in self.__slots__)\n"
+    "    __hash__ = None\n";
+
+static int tcpy_run_source(PyObject *module) {
+  PyObject *g = PyDict_New();
+  if (!g) return -1;
+  int rc = -1;
+  PyObject *code = NULL, *res = NULL;
+  PyObject *name = PyModule_GetNameObject(module);
+  if (!name) goto out;
+  int bad = PyDict_SetItemString(g, "__builtins__", PyEval_GetBuiltins()) < 0 ||
+            PyDict_SetItemString(g, "__name__", name) < 0;
+  Py_DECREF(name);
+  if (bad) goto out;
+  code = Py_CompileString(tcpy_py_source, "<torchcomms._comms>", Py_file_input);
+  if (!code) goto out;
+  res = PyEval_EvalCode(code, g, g);
+  if (!res) goto out;
+  static const char *exported[] = {
+      "Timeout", "RedOpType", "WorkStatus", "P2POpType", "CommOptions",
+      "SendOptions", "RecvOptions", "BatchP2POptions", "BroadcastOptions",
+      "AllReduceOptions", "ReduceOptions", "AllGatherOptions",
+      "AllGatherSingleOptions", "ReduceScatterOptions",
+      "ReduceScatterSingleOptions", "AllToAllOptions", "AllToAllSingleOptions",
+      "AllToAllvSingleOptions", "BarrierOptions", "ScatterOptions",
+      "GatherOptions", "_OpOptions", NULL};
+  for (const char **n = exported; *n; n++) {
+    PyObject *v = PyDict_GetItemString(g, *n);
+    if (!v || PyModule_AddObjectRef(module, *n, v) < 0) goto out;
+  }
+  tcpy_RedOpType = Py_NewRef(PyDict_GetItemString(g, "RedOpType"));
+  tcpy_WorkStatus = Py_NewRef(PyDict_GetItemString(g, "WorkStatus"));
+  tcpy_P2POpType = Py_NewRef(PyDict_GetItemString(g, "P2POpType"));
+  tcpy_CommOptions = Py_NewRef(PyDict_GetItemString(g, "CommOptions"));
+  tcpy_timedelta = Py_NewRef(PyDict_GetItemString(g, "Timeout"));
+  /* Members by C value. RedOpType values follow the pyi's auto() order. */
+  static const struct { int c; const char *name; } redops[] = {
+      {TC_SUM, "SUM"}, {TC_PRODUCT, "PRODUCT"}, {TC_MIN, "MIN"},
+      {TC_MAX, "MAX"}, {TC_BAND, "BAND"}, {TC_BOR, "BOR"}, {TC_BXOR, "BXOR"},
+      {TC_AVG, "AVG"}, {TC_PREMUL_SUM, "PREMUL_SUM"}};
+  for (size_t i = 0; i < sizeof redops / sizeof redops[0]; i++) {
+    tcpy_redop_members[redops[i].c] =
+        PyObject_GetAttrString(tcpy_RedOpType, redops[i].name);
+    if (!tcpy_redop_members[redops[i].c]) goto out;
+  }
+  static const char *statuses[] = {"NOT_STARTED", "INPROGRESS", "COMPLETED",
+                                   "TIMEDOUT", "ERROR"};
+  for (int i = 0; i < 5; i++)
+    if (!(tcpy_status_members[i] =
+              PyObject_GetAttrString(tcpy_WorkStatus, statuses[i])))
+      goto out;
+  if (!(tcpy_p2p_members[0] = PyObject_GetAttrString(tcpy_P2POpType, "SEND")) ||
+      !(tcpy_p2p_members[1] = PyObject_GetAttrString(tcpy_P2POpType, "RECV")))
+    goto out;
+  rc = 0;
+out:
+  Py_XDECREF(res);
+  Py_XDECREF(code);
+  Py_DECREF(g);
+  return rc;
+}
+
+static int tcpy_intern_names(void) {
+#define TCPY_INTERN(f)                                                         \
+  if (!(tcpy_str.f = PyUnicode_InternFromString(#f))) return -1;
+  TCPY_INTERN(data_ptr)
+  TCPY_INTERN(numel)
+  TCPY_INTERN(element_size)
+  TCPY_INTERN(dtype)
+  TCPY_INTERN(is_contiguous)
+  TCPY_INTERN(is_conj)
+  TCPY_INTERN(is_neg)
+  TCPY_INTERN(device)
+  TCPY_INTERN(type)
+  TCPY_INTERN(index)
+  TCPY_INTERN(shape)
+  TCPY_INTERN(item)
+  TCPY_INTERN(total_seconds)
+  TCPY_INTERN(set)
+  TCPY_INTERN(get)
+  TCPY_INTERN(wait)
+  TCPY_INTERN(add)
+  TCPY_INTERN(check)
+  TCPY_INTERN(delete_key)
+  TCPY_INTERN(timeout)
+  TCPY_INTERN(hints)
+  TCPY_INTERN(is_cpu)
+#undef TCPY_INTERN
+  return 0;
+}
+
+/* ---- module ---- */
+
+PyDoc_STRVAR(tcpy_new_comm_doc,
+"new_comm(backend, device, abort_process_on_timeout_or_error=None,\n"
+"         timeout=None, store=None, name=None, enable_reconfigure=False,\n"
+"         hints=None, high_priority_stream=None) -> TorchComm\n\n"
+"Creates a communicator over every rank of the job (collective). Rank and\n"
+"world size come from the environment (TORCHCOMM_RANK/TORCHCOMM_SIZE,\n"
+"torchrun's RANK/WORLD_SIZE, ...). `store` may be any\n"
+"torch.distributed.Store; None bootstraps from MASTER_ADDR/MASTER_PORT\n"
+"(or in-process for world size 1).");
+
+static PyMethodDef tcpy_module_methods[] = {
+    {"new_comm", (PyCFunction)(void (*)(void))tcpy_new_comm,
+     METH_VARARGS | METH_KEYWORDS, tcpy_new_comm_doc},
+    {"_store_call", tcpy_store_call, METH_VARARGS,
+     "_store_call(store, op, key_or_keys, arg=None, timeout=1.0): one call "
+     "of the C store API (set/get/add/check/wait/delete) on a Python store "
+     "through the adapter. For tests."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef tcpy_moduledef = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "torchcomms._comms",
+    .m_doc = "torchcomms' C extension: communicators over libtorchcomms.",
+    .m_size = -1,
+    .m_methods = tcpy_module_methods,
+};
+
+static const char *tcpy_all_names[] = {
+    "new_comm", "TorchComm", "TorchWork", "ReduceOp", "RedOpType",
+    "WorkStatus", "P2POpType", "P2POp", "BatchSendRecv", "CommOptions",
+    "SendOptions", "RecvOptions", "BatchP2POptions", "BroadcastOptions",
+    "AllReduceOptions", "ReduceOptions", "AllGatherOptions",
+    "AllGatherSingleOptions", "ReduceScatterOptions",
+    "ReduceScatterSingleOptions", "AllToAllOptions", "AllToAllSingleOptions",
+    "AllToAllvSingleOptions", "BarrierOptions", "ScatterOptions",
+    "GatherOptions", "Timeout", NULL};
+
+PyMODINIT_FUNC PyInit__comms(void) {
+  PyObject *m = PyModule_Create(&tcpy_moduledef);
+  if (!m) return NULL;
+  tcpy_module = m;
+  if (tcpy_intern_names() < 0 || tcpy_run_source(m) < 0 ||
+      tcpy_types_ready(m) < 0)
+    goto fail;
+  if (PyModule_AddStringConstant(m, "__version__", tc_version()) < 0)
+    goto fail;
+  PyObject *all = PyList_New(0);
+  if (!all) goto fail;
+  for (const char **n = tcpy_all_names; *n; n++) {
+    PyObject *s = PyUnicode_FromString(*n);
+    if (!s || PyList_Append(all, s) < 0) {
+      Py_XDECREF(s);
+      Py_DECREF(all);
+      goto fail;
+    }
+    Py_DECREF(s);
+  }
+  int rc = PyModule_AddObjectRef(m, "__all__", all);
+  Py_DECREF(all);
+  if (rc < 0) goto fail;
+  return m;
+fail:
+  Py_DECREF(m);
+  return NULL;
+}

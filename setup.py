@@ -1,0 +1,65 @@
+"""Builds torchcomms._comms: the extension's own python/torchcomms/_comms*.c
+plus every library source under src/ (except src/backends/nccl/, a plugin),
+compiled into the one module with hidden visibility. Metadata: pyproject.toml.
+"""
+import os
+import shutil
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).resolve().parent
+
+
+def rel(paths):
+    return sorted(str(p.relative_to(ROOT)) for p in paths)
+
+
+lib_sources = [p for p in (ROOT / "src").rglob("*.c")
+               if "backends/nccl" not in p.relative_to(ROOT).as_posix()]
+ext_sources = list((ROOT / "python" / "torchcomms").glob("_comms*.c"))
+headers = list((ROOT / "src").rglob("*.h")) + list((ROOT / "include").glob("*.h")) + \
+    list((ROOT / "python" / "torchcomms").glob("_comms*.h"))
+
+
+class BuildExt(build_ext):
+    """Compiles the ~20 sources in parallel."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
+
+
+class BuildPy(build_py):
+    """Starts from an empty build/.../torchcomms so that files deleted from
+    python/torchcomms/ do not linger in later wheels."""
+
+    def run(self):
+        pkg = Path(self.build_lib) / "torchcomms"
+        if pkg.is_dir():  # the extension stays: build_ext relinks only if stale
+            for p in pkg.iterdir():
+                if p.suffix != ".so":
+                    shutil.rmtree(p) if p.is_dir() else p.unlink()
+        super().run()
+
+
+comms = Extension(
+    "torchcomms._comms",
+    sources=rel(ext_sources) + rel(lib_sources),
+    depends=rel(headers),
+    include_dirs=["include", "src"],
+    define_macros=[("_GNU_SOURCE", None)],
+    extra_compile_args=["-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra",
+                        "-Werror", "-Wno-unused-parameter"],
+    libraries=["dl", "m", "pthread"],
+)
+
+setup(
+    ext_modules=[comms],
+    cmdclass={"build_ext": BuildExt, "build_py": BuildPy},
+    # keep setuptools' objects out of the CMake build tree's top level
+    options={"build": {"build_base": "build/setuptools"}},
+)

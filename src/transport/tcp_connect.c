@@ -1,0 +1,591 @@
+/* tcp_connect.c -- builds the TCP transport's full mesh: a random token in
+ * the store, every rank listening on an ephemeral port and publishing
+ * "addr:port", rank i connecting to every j < i and accepting every j > i,
+ * both sides exchanging a hello {magic, version, rank, size, token} before a
+ * connection counts. Anything else that connects is refused and logged. All
+ * non-blocking, in one poll loop, under the bootstrap deadline. */
+#include "transport/tcp_internal.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+typedef struct conn {
+  int fd;
+  int peer;  /* known for outgoing; from the hello for incoming */
+  int state; /* CONN_* */
+  double retry_at;
+  size_t off;
+  unsigned char out[TCP_HELLO], in[TCP_HELLO];
+  char ip[64];
+  int last_err; /* errno of the last failed connect attempt (outgoing) */
+} conn_t;
+
+enum { CONN_IDLE, CONN_CONNECTING, CONN_SENDING, CONN_RECEIVING, CONN_DONE };
+
+typedef struct setup {
+  tcp_t *t;
+  const tc_tp_args_t *a;
+  unsigned char token[16];
+  double deadline;
+  int lfd;
+  conn_t *out;     /* [rank]: connections to lower ranks */
+  conn_t pend[TCP_MAX_PENDING];
+  int npend;
+  char *err;
+  size_t errlen;
+  char **addrs; /* [rank] "host:port" of lower ranks */
+  char pub[300]; /* our own published "host:port" */
+} setup_t;
+
+static int setup_fail(setup_t *s, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int setup_fail(setup_t *s, int rc, const char *fmt, ...) {
+  if (!s->err || !s->errlen) return rc;
+  int n = snprintf(s->err, s->errlen, "cpu backend of communicator '%s' (rank %d of %d): ",
+                   s->t->name, s->t->rank, s->t->size);
+  if (n < 0 || (size_t)n >= s->errlen) return rc;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s->err + n, s->errlen - (size_t)n, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+static void put_hello(unsigned char *b, int rank, int size, const unsigned char *tok) {
+  uint32_t m = TCP_HELLO_MAGIC, v = TCP_HELLO_VERSION;
+  int32_t r = rank, n = size;
+  memcpy(b, &m, 4);
+  memcpy(b + 4, &v, 4);
+  memcpy(b + 8, &r, 4);
+  memcpy(b + 12, &n, 4);
+  memcpy(b + 16, tok, 16);
+}
+
+/* The peer rank a hello names, or -1 if it is not one of ours. */
+static int check_hello(const unsigned char *b, int size, const unsigned char *tok) {
+  uint32_t m, v;
+  int32_t r, n;
+  memcpy(&m, b, 4);
+  memcpy(&v, b + 4, 4);
+  memcpy(&r, b + 8, 4);
+  memcpy(&n, b + 12, 4);
+  if (m != TCP_HELLO_MAGIC || v != TCP_HELLO_VERSION || n != size) return -1;
+  if (memcmp(b + 16, tok, 16) != 0) return -1;
+  if (r < 0 || r >= size) return -1;
+  return r;
+}
+
+static void tune_socket(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+static void sockaddr_ip(const struct sockaddr_storage *ss, char *buf, size_t len) {
+  buf[0] = 0;
+  if (ss->ss_family == AF_INET) {
+    inet_ntop(AF_INET, &((const struct sockaddr_in *)ss)->sin_addr, buf, (socklen_t)len);
+  } else if (ss->ss_family == AF_INET6) {
+    const struct in6_addr *a6 = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(a6)) inet_ntop(AF_INET, &a6->s6_addr[12], buf, (socklen_t)len);
+    else inet_ntop(AF_INET6, a6, buf, (socklen_t)len);
+  }
+}
+
+/* Listens on an ephemeral port of every address (dual stack if possible). */
+static int setup_listen(setup_t *s, int *port) {
+  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    int zero = 0;
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = in6addr_any};
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  if (fd < 0) {
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+      return setup_fail(s, TC_ERR_SYSTEM, "could not create a socket: %s", strerror(errno));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+      int e = errno;
+      close(fd);
+      return setup_fail(s, TC_ERR_SYSTEM, "could not bind a listening socket: %s", strerror(e));
+    }
+  }
+  if (listen(fd, s->t->size + 16) < 0) {
+    int e = errno;
+    close(fd);
+    return setup_fail(s, TC_ERR_SYSTEM, "listen failed: %s", strerror(e));
+  }
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
+    int e = errno;
+    close(fd);
+    return setup_fail(s, TC_ERR_SYSTEM, "getsockname failed: %s", strerror(e));
+  }
+  *port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                         : ((struct sockaddr_in *)&ss)->sin_port);
+  s->lfd = fd;
+  return TC_OK;
+}
+
+/* Gets a store key, waiting until the deadline. */
+static int setup_get(setup_t *s, const char *key, void **v, size_t *len, const char *what) {
+  double left = s->deadline - tc__now();
+  if (left < 0.001) left = 0.001;
+  int rc = s->a->host->store_get(s->a->store, key, v, len, left);
+  if (rc == TC_ERR_TIMEOUT)
+    return setup_fail(s, TC_ERR_TIMEOUT,
+                      "timed out after %g s waiting for %s in the store (key '%s'); "
+                      "check that all %d ranks were started with the same store and "
+                      "communicator name",
+                      s->a->timeout_s, what, key, s->t->size);
+  if (rc != TC_OK)
+    return setup_fail(s, rc, "could not read '%s' from the store (%s); check that the "
+                      "store server is still running", key, tc_strerror(rc));
+  return TC_OK;
+}
+
+/* Starts a non-blocking connect to lower rank j. */
+static void conn_start(setup_t *s, int j) {
+  conn_t *c = &s->out[j];
+  const char *addr = s->addrs[j];
+  char host[256];
+  const char *colon = strrchr(addr, ':');
+  size_t hl = colon ? (size_t)(colon - addr) : 0;
+  if (hl >= sizeof host) hl = sizeof host - 1;
+  memcpy(host, addr, hl);
+  host[hl] = 0;
+  if (host[0] == '[' && hl >= 2 && host[hl - 1] == ']') { /* [v6]:port */
+    memmove(host, host + 1, hl - 2);
+    host[hl - 2] = 0;
+  }
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_NUMERICSERV}, *ai = NULL;
+  c->state = CONN_IDLE;
+  c->retry_at = tc__now() + 0.1;
+  if (!colon || getaddrinfo(host, colon + 1, &hints, &ai) != 0 || !ai) {
+    c->last_err = EADDRNOTAVAIL;
+    return;
+  }
+  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    c->last_err = errno;
+    freeaddrinfo(ai);
+    return;
+  }
+  int r = connect(fd, ai->ai_addr, ai->ai_addrlen);
+  freeaddrinfo(ai);
+  if (r < 0 && errno != EINPROGRESS) {
+    c->last_err = errno;
+    close(fd);
+    return;
+  }
+  c->fd = fd;
+  c->off = 0;
+  put_hello(c->out, s->t->rank, s->t->size, s->token);
+  c->state = r == 0 ? CONN_SENDING : CONN_CONNECTING;
+}
+
+static void conn_reset(conn_t *c, int err) {
+  if (c->fd >= 0) close(c->fd);
+  c->fd = -1;
+  c->state = CONN_IDLE;
+  c->last_err = err;
+  c->retry_at = tc__now() + 0.1;
+}
+
+/* Writes or reads the hello; returns 1 when that step completed, 0 when it
+ * would block, -1 (errno set, 0 for EOF) on failure. */
+static int conn_io(conn_t *c, int sending) {
+  while (c->off < TCP_HELLO) {
+    ssize_t n = sending ? send(c->fd, c->out + c->off, TCP_HELLO - c->off, MSG_NOSIGNAL)
+                        : recv(c->fd, c->in + c->off, TCP_HELLO - c->off, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      return -1;
+    }
+    if (n == 0) {
+      errno = 0;
+      return -1;
+    }
+    c->off += (size_t)n;
+  }
+  c->off = 0;
+  return 1;
+}
+
+static void pend_drop(setup_t *s, int i) {
+  if (s->pend[i].fd >= 0) close(s->pend[i].fd);
+  s->pend[i] = s->pend[--s->npend];
+}
+
+static void setup_accept(setup_t *s) {
+  for (;;) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return; /* EAGAIN, or a transient error: poll again */
+    char ip[64];
+    sockaddr_ip(&ss, ip, sizeof ip);
+    if (s->npend == TCP_MAX_PENDING) {
+      s->a->host->log(1, "cpu backend '%s' rank %d: refused connection from %s: "
+                      "too many unauthenticated connections", s->t->name, s->t->rank, ip);
+      close(fd);
+      continue;
+    }
+    conn_t *c = &s->pend[s->npend++];
+    memset(c, 0, sizeof *c);
+    c->fd = fd;
+    c->peer = -1;
+    c->state = CONN_RECEIVING;
+    snprintf(c->ip, sizeof c->ip, "%s", ip);
+  }
+}
+
+/* Progresses one incoming connection; may drop it (then returns 1). */
+static int setup_incoming(setup_t *s, int i, short re) {
+  conn_t *c = &s->pend[i];
+  tcp_t *t = s->t;
+  if (c->state == CONN_RECEIVING) {
+    int r = conn_io(c, 0);
+    if (r == 0 && !(re & (POLLHUP | POLLERR))) return 0;
+    if (r <= 0) {
+      s->a->host->log(2, "cpu backend '%s' rank %d: connection from %s closed before "
+                      "its hello", t->name, t->rank, c->ip);
+      pend_drop(s, i);
+      return 1;
+    }
+    int peer = check_hello(c->in, t->size, s->token);
+    if (peer <= t->rank || t->fd[peer] >= 0) {
+      s->a->host->log(1, "cpu backend '%s' rank %d: refused connection from %s: %s",
+                      t->name, t->rank, c->ip,
+                      peer < 0 ? "bad token" : "unexpected or duplicate rank");
+      pend_drop(s, i);
+      return 1;
+    }
+    c->peer = peer;
+    put_hello(c->out, t->rank, t->size, s->token);
+    c->state = CONN_SENDING;
+  }
+  if (c->state == CONN_SENDING) {
+    int r = conn_io(c, 1);
+    if (r == 0) return 0;
+    if (r < 0) {
+      pend_drop(s, i);
+      return 1;
+    }
+    tune_socket(c->fd);
+    t->fd[c->peer] = c->fd;
+    c->fd = -1;
+    pend_drop(s, i);
+    return 1;
+  }
+  return 0;
+}
+
+/* Progresses the outgoing connection to lower rank j. */
+static void setup_outgoing(setup_t *s, int j, short re) {
+  conn_t *c = &s->out[j];
+  tcp_t *t = s->t;
+  if (c->state == CONN_CONNECTING) {
+    if (!(re & (POLLOUT | POLLERR | POLLHUP))) return;
+    int err = tc__tcp_sock_error(c->fd);
+    if (err) {
+      conn_reset(c, err);
+      return;
+    }
+    c->state = CONN_SENDING;
+  }
+  if (c->state == CONN_SENDING) {
+    int r = conn_io(c, 1);
+    if (r < 0) conn_reset(c, errno ? errno : ECONNRESET);
+    if (r <= 0) return;
+    c->state = CONN_RECEIVING;
+  }
+  if (c->state == CONN_RECEIVING) {
+    int r = conn_io(c, 0);
+    if (r < 0) conn_reset(c, errno ? errno : ECONNABORTED);
+    if (r <= 0) return;
+    if (check_hello(c->in, t->size, s->token) != j) {
+      /* a stale address: someone else listens there; retry later */
+      conn_reset(c, EACCES);
+      return;
+    }
+    tune_socket(c->fd);
+    t->fd[j] = c->fd;
+    c->fd = -1;
+    c->state = CONN_DONE;
+  }
+}
+
+static int setup_mesh(setup_t *s) {
+  tcp_t *t = s->t;
+  for (int j = 0; j < t->rank; j++) conn_start(s, j);
+  for (;;) {
+    int missing = -1;
+    for (int p = 0; p < t->size && missing < 0; p++)
+      if (p != t->rank && t->fd[p] < 0) missing = p;
+    if (missing < 0) return TC_OK;
+    if (atomic_load(s->a->aborted))
+      return setup_fail(s, TC_ERR_ABORTED, "aborted while connecting to its peers");
+    double now = tc__now(), left = s->deadline - now;
+    if (left <= 0) {
+      if (missing < t->rank) {
+        conn_t *c = &s->out[missing];
+        return setup_fail(s, TC_ERR_TIMEOUT,
+                          "could not connect to rank %d at %s within %g s (%s); "
+                          "check that rank %d is running and that this address is "
+                          "reachable from this host (advertise address, firewall)",
+                          missing, s->addrs[missing], s->a->timeout_s,
+                          c->last_err == EACCES ? "it answered with a wrong token"
+                          : c->last_err == ECONNABORTED
+                              ? "it closed the connection during the handshake: a "
+                                "different token, i.e. a stale address or another job?"
+                          : c->last_err ? strerror(c->last_err) : "no answer",
+                          missing);
+      }
+      return setup_fail(s, TC_ERR_TIMEOUT,
+                        "rank %d did not connect to this rank (listening at %s) "
+                        "within %g s; check that rank %d is running and can reach "
+                        "this address (advertise address, firewall)",
+                        missing, s->pub, s->a->timeout_s, missing);
+    }
+    struct pollfd pfd[1 + 1 + TCP_MAX_PENDING + 1024];
+    int who[sizeof pfd / sizeof pfd[0]]; /* -1 wake, -2 listen, 0.. out, 10000+ pend */
+    int np = 0;
+    double next_retry = s->deadline;
+    pfd[np] = (struct pollfd){.fd = s->a->wake_fd, .events = POLLIN};
+    who[np++] = -1;
+    if (s->lfd >= 0) {
+      pfd[np] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
+      who[np++] = -2;
+    }
+    for (int i = 0; i < s->npend; i++) {
+      conn_t *c = &s->pend[i];
+      pfd[np] = (struct pollfd){.fd = c->fd,
+                                .events = c->state == CONN_SENDING ? POLLOUT : POLLIN};
+      who[np++] = 10000 + i;
+    }
+    for (int j = 0; j < t->rank; j++) {
+      conn_t *c = &s->out[j];
+      if (c->state == CONN_DONE) continue;
+      if (c->state == CONN_IDLE) {
+        if (c->retry_at <= now) conn_start(s, j);
+        if (c->state == CONN_IDLE) {
+          if (c->retry_at < next_retry) next_retry = c->retry_at;
+          continue;
+        }
+      }
+      if (np >= (int)(sizeof pfd / sizeof pfd[0])) break;
+      pfd[np] = (struct pollfd){.fd = c->fd,
+                                .events = c->state == CONN_RECEIVING ? POLLIN : POLLOUT};
+      who[np++] = j;
+    }
+    double wait = next_retry - now;
+    if (wait > left) wait = left;
+    int ms = (int)(wait * 1000.0) + 1;
+    if (ms > TCP_POLL_CAP_MS) ms = TCP_POLL_CAP_MS;
+    int r = poll(pfd, (nfds_t)np, ms);
+    if (r < 0 && errno != EINTR)
+      return setup_fail(s, TC_ERR_SYSTEM, "poll failed: %s", strerror(errno));
+    if (r <= 0) continue;
+    /* pending connections first, from the end, so drops keep indexes valid */
+    for (int i = np - 1; i >= 0; i--) {
+      if (!pfd[i].revents) continue;
+      if (who[i] >= 10000) setup_incoming(s, who[i] - 10000, pfd[i].revents);
+    }
+    for (int i = 0; i < np; i++) {
+      if (!pfd[i].revents) continue;
+      if (who[i] == -2) setup_accept(s);
+      else if (who[i] >= 0 && who[i] < 10000) setup_outgoing(s, who[i], pfd[i].revents);
+    }
+  }
+}
+
+/* "cpu/host/<hostname>/<boot id>": ranks that share it share a machine. */
+static void host_key(char *key, size_t len) {
+  char host[256] = "", boot[64] = "";
+  gethostname(host, sizeof host - 1);
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
+    fclose(f);
+  }
+  boot[strcspn(boot, "\n")] = 0;
+  snprintf(key, len, "cpu/host/%s/%s", host, boot);
+}
+
+/* Busy-polling before sleeping cuts small-message latency several times
+ * over, but only pays while every local rank can have a core of its own:
+ * TORCHCOMMS_CPU_SPIN_US (microseconds) if set, else 50 us when the ranks on
+ * this machine are no more than its usable cores, else 0. */
+static double spin_policy(const tc_tp_args_t *a, int local) {
+  const char *v = tc__env_str("TORCHCOMMS_CPU_SPIN_US");
+  if (v) {
+    double us = tc__env_double("TORCHCOMMS_CPU_SPIN_US", 0);
+    return us > 0 ? us * 1e-6 : 0;
+  }
+  cpu_set_t set;
+  int ncpu = 0;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) ncpu = CPU_COUNT(&set);
+  if (ncpu <= 0) ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  double spin = local > 0 && local <= ncpu ? 50e-6 : 0;
+  a->host->log(3, "cpu backend '%s' rank %d: %d ranks on this machine, %d cores: "
+               "busy-poll %g us", a->comm_name, a->rank, local, ncpu, spin * 1e6);
+  return spin;
+}
+
+int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) {
+  *out = NULL;
+  tcp_t *t = calloc(1, sizeof *t);
+  if (!t) return TC_ERR_NOMEM;
+  t->host = a->host;
+  snprintf(t->name, sizeof t->name, "%s", a->comm_name ? a->comm_name : "");
+  t->rank = a->rank;
+  t->size = a->size;
+  t->wake_fd = a->wake_fd;
+  t->aborted = a->aborted;
+  size_t n = (size_t)a->size;
+  t->fd = malloc(n * sizeof *t->fd);
+  t->gone = calloc(n, 1);
+  t->send_head = malloc(n * sizeof(int));
+  t->send_tail = malloc(n * sizeof(int));
+  t->recv_head = malloc(n * sizeof(int));
+  t->recv_tail = malloc(n * sizeof(int));
+  t->pfd = malloc((n + 1) * sizeof *t->pfd);
+  t->pfd_peer = malloc((n + 1) * sizeof(int));
+  t->bye = malloc(2 * n * sizeof *t->bye);
+  setup_t s = {.t = t, .a = a, .lfd = -1, .err = err, .errlen = errlen,
+               .deadline = tc__now() + (a->timeout_s > 0 ? a->timeout_s : 600.0)};
+  int rc = TC_OK;
+  if (!t->fd || !t->gone || !t->send_head || !t->send_tail || !t->recv_head ||
+      !t->recv_tail || !t->pfd || !t->pfd_peer || !t->bye) {
+    if (t->fd) for (size_t i = 0; i < n; i++) t->fd[i] = -1;
+    rc = setup_fail(&s, TC_ERR_NOMEM, "out of memory");
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) t->fd[i] = -1;
+  if (a->size > 1024) {
+    rc = setup_fail(&s, TC_ERR_NOT_SUPPORTED, "the TCP transport supports at most 1024 ranks");
+    goto out;
+  }
+  s.out = calloc(n, sizeof *s.out);
+  s.addrs = calloc(n, sizeof *s.addrs);
+  if (!s.out || !s.addrs) {
+    rc = setup_fail(&s, TC_ERR_NOMEM, "out of memory");
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) s.out[i].fd = -1;
+
+  /* 0. count the ranks on this machine (read back once all are connected) */
+  char hkey[400];
+  host_key(hkey, sizeof hkey);
+  int64_t local = 0;
+  if (a->host->store_add(a->store, hkey, 1, &local) != TC_OK) local = -1;
+
+  /* 1. the token */
+  if (t->rank == 0) {
+    size_t got = 0;
+    while (got < sizeof s.token) {
+      ssize_t r = getrandom(s.token + got, sizeof s.token - got, 0);
+      if (r < 0 && errno != EINTR) {
+        rc = setup_fail(&s, TC_ERR_SYSTEM, "getrandom failed: %s", strerror(errno));
+        goto out;
+      }
+      if (r > 0) got += (size_t)r;
+    }
+    rc = a->host->store_set(a->store, "cpu/token", s.token, sizeof s.token);
+    if (rc != TC_OK) {
+      rc = setup_fail(&s, rc, "could not publish the connection token in the store (%s)",
+                      tc_strerror(rc));
+      goto out;
+    }
+  } else {
+    void *v = NULL;
+    size_t len = 0;
+    TC_CHECK_GOTO(setup_get(&s, "cpu/token", &v, &len, "rank 0's connection token"), rc, out);
+    if (len != sizeof s.token) {
+      a->host->free(v);
+      rc = setup_fail(&s, TC_ERR_PROTOCOL, "the connection token in the store has %zu "
+                      "bytes instead of 16 (another program using the same keys?)", len);
+      goto out;
+    }
+    memcpy(s.token, v, sizeof s.token);
+    a->host->free(v);
+  }
+
+  /* 2. listen and publish (ranks that higher ranks connect to) */
+  if (t->rank < t->size - 1) {
+    int port = 0;
+    TC_CHECK_GOTO(setup_listen(&s, &port), rc, out);
+    const char *adv = a->advertise_addr && *a->advertise_addr ? a->advertise_addr : "127.0.0.1";
+    char key[64];
+    snprintf(s.pub, sizeof s.pub, strchr(adv, ':') ? "[%s]:%d" : "%s:%d", adv, port);
+    snprintf(key, sizeof key, "cpu/addr/%d", t->rank);
+    rc = a->host->store_set(a->store, key, s.pub, strlen(s.pub));
+    if (rc != TC_OK) {
+      rc = setup_fail(&s, rc, "could not publish its address in the store (%s)",
+                      tc_strerror(rc));
+      goto out;
+    }
+  }
+
+  /* 3. the addresses of lower ranks */
+  for (int j = 0; j < t->rank; j++) {
+    char key[64], what[64];
+    snprintf(key, sizeof key, "cpu/addr/%d", j);
+    snprintf(what, sizeof what, "rank %d's address", j);
+    void *v = NULL;
+    size_t len = 0;
+    TC_CHECK_GOTO(setup_get(&s, key, &v, &len, what), rc, out);
+    s.addrs[j] = malloc(len + 1);
+    if (!s.addrs[j]) {
+      a->host->free(v);
+      rc = setup_fail(&s, TC_ERR_NOMEM, "out of memory");
+      goto out;
+    }
+    memcpy(s.addrs[j], v, len);
+    s.addrs[j][len] = 0;
+    a->host->free(v);
+  }
+
+  /* 4. connect down, accept up */
+  TC_CHECK_GOTO(setup_mesh(&s), rc, out);
+
+  /* 5. every peer has counted itself before it could connect */
+  if (local >= 0 && a->host->store_add(a->store, hkey, 0, &local) != TC_OK) local = -1;
+  t->spin_s = spin_policy(a, (int)local);
+
+out:
+  if (s.lfd >= 0) close(s.lfd);
+  while (s.npend > 0) pend_drop(&s, s.npend - 1);
+  if (s.out)
+    for (size_t i = 0; i < n; i++)
+      if (s.out[i].fd >= 0) close(s.out[i].fd);
+  if (s.addrs)
+    for (size_t i = 0; i < n; i++) free(s.addrs[i]);
+  free(s.addrs);
+  free(s.out);
+  if (rc != TC_OK) {
+    tc__tcp_close(t);
+    return rc;
+  }
+  *out = t;
+  return TC_OK;
+}
+

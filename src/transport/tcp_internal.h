@@ -1,0 +1,43 @@
+/* tcp_internal.h -- state shared by the two halves of the TCP transport:
+ * tcp.c (messages, exchange, goodbye, close) and tcp_connect.c (the
+ * authenticated full mesh). Not for use outside src/transport/. */
+#ifndef TC_TRANSPORT_TCP_INTERNAL_H
+#define TC_TRANSPORT_TCP_INTERNAL_H
+
+#include <poll.h>
+
+#include "transport/tcp.h"
+
+#define TCP_MSG_MAGIC 0x314d4354u   /* "TCM1" */
+#define TCP_HELLO_MAGIC 0x31484354u /* "TCH1" */
+#define TCP_HELLO_VERSION 1u
+#define TCP_HDR 16u
+#define TCP_HELLO 32u
+#define TCP_POLL_CAP_MS 100 /* abort flags are re-checked at least this often */
+#define TCP_MAX_IOV 16
+#define TCP_MAX_PENDING 64 /* unauthenticated incoming connections */
+
+typedef struct tcp {
+  const tc_backend_host_t *host;
+  char name[128];
+  int rank, size;
+  int *fd;                /* [size]; -1 for self */
+  unsigned char *gone;    /* [size]; goodbye received: may close any time */
+  int *send_head, *send_tail, *recv_head, *recv_tail; /* [size] per exchange */
+  struct pollfd *pfd;     /* [size + 1] */
+  int *pfd_peer;          /* [size + 1] */
+  tc_xfer_t *bye;         /* [2 * size] goodbye transfers */
+  int wake_fd;
+  atomic_int *aborted;
+  double spin_s; /* busy-poll this long before sleeping in poll */
+} tcp_t;
+
+/* tcp_connect.c: creates the mesh (tc_transport_ops_t.create). */
+TC_INTERNAL int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err,
+                               size_t errlen);
+/* tcp.c: the pending error of a socket (SO_ERROR), or errno. */
+TC_INTERNAL int tc__tcp_sock_error(int fd);
+/* tcp.c: closes every socket and frees t (also for a half-built t). */
+TC_INTERNAL void tc__tcp_close(void *t);
+
+#endif /* TC_TRANSPORT_TCP_INTERNAL_H */

@@ -1,0 +1,110 @@
+"""The Python examples (examples/python/*.py), each launched as torchrun
+launches it in the README: 4 ranks (the training loop: 2), on CPU. Every
+example checks its own results and exits non-zero on a mismatch; the quick
+start's output lines are checked here too.
+
+The launches run a few at a time (they mostly wait on interpreter start-up),
+once per session, in a module fixture.
+
+Run: .venv/bin/python -m pytest -q tests/py/test_examples_py.py
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("torchcomms._comms")
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "python"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+              "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
+              "TORCHELASTIC_RUN_ID", "TORCHCOMM_RANK", "TORCHCOMM_SIZE")
+# (script, ranks)
+RUNS = [
+    ("AllReduceSync.py", 4), ("AllReduceAsync.py", 4), ("SendRecvSync.py", 4),
+    ("SendRecvAsync.py", 4), ("AllGather.py", 4), ("Broadcast.py", 4),
+    ("ObjectCollectives.py", 4), ("BatchSendRecv.py", 4), ("TrainingLoop.py", 2),
+]
+PARALLEL = 3
+TIMEOUT = 180
+
+
+def clean_env():
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def finished():
+    """Runs every launch of RUNS, PARALLEL at a time: {(script, n): (rc, out, err)}."""
+    pending = list(RUNS)
+    running, done = {}, {}
+    while pending or running:
+        while pending and len(running) < PARALLEL:
+            script, n = pending.pop(0)
+            p = subprocess.Popen([str(TORCHRUN), "--standalone", f"--nproc_per_node={n}",
+                                  str(EXAMPLES / script)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=clean_env(),
+                                 cwd=str(ROOT))
+            running[(script, n)] = (p, time.monotonic())
+        for key, (p, t0) in list(running.items()):
+            if p.poll() is not None or time.monotonic() - t0 > TIMEOUT:
+                if p.poll() is None:
+                    p.kill()
+                out, err = p.communicate()
+                done[key] = (p.returncode, out, err)
+                del running[key]
+        time.sleep(0.05)
+    return done
+
+
+def _ok(result):
+    rc, out, err = result
+    assert rc == 0, f"exit {rc}\n--- stdout\n{out[-4000:]}\n--- stderr\n{err[-6000:]}"
+    return out
+
+
+@pytest.mark.parametrize("script,n", RUNS, ids=[f"{s[:-3]}-{n}" for s, n in RUNS])
+def test_example(finished, script, n):
+    out = _ok(finished[(script, n)])
+    if script == "TrainingLoop.py":
+        assert f"parameters identical on all {n} ranks" in out, out
+        assert "step   0  loss" in out
+    elif script != "AllReduceSync.py":
+        for r in range(n):
+            assert f"Rank {r}:" in out, out
+
+
+@pytest.mark.parametrize("n", [4])
+def test_quick_start_output(finished, n):
+    out = _ok(finished[("AllReduceSync.py", n)])
+    lines = set(out.splitlines())
+    total = float(n * (n + 1) // 2)
+    for r in range(n):
+        assert f"Rank {r}: Before AllReduce: {float(r + 1)}" in lines, out
+        assert f"Rank {r}: After AllReduce: {total}" in lines, out
+    if n == 4:
+        assert "Rank 0: After AllReduce: 10.0" in lines
+
+
+def test_every_example_is_tested():
+    scripts = {p.name for p in EXAMPLES.glob("*.py")}
+    assert scripts == {s for s, _ in RUNS}, scripts ^ {s for s, _ in RUNS}
+
+
+def test_examples_only_change_backend_and_device():
+    """The examples are upstream's with the backend and device changed: they
+    create their communicator as new_comm("cpu", device, name="main_comm")."""
+    for p in EXAMPLES.glob("*.py"):
+        src = p.read_text()
+        assert 'new_comm("cpu", device, name="main_comm")' in src, p.name
+        assert 'torch.device("cpu")' in src, p.name
+        assert "torch.distributed" not in src, p.name

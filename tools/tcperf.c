@@ -1,0 +1,650 @@
+/* tcperf.c -- an nccl-tests-style benchmark of libtorchcomms collectives.
+ *
+ * usage: tcrun -n N tcperf -c COLL [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS]
+ *                          [-w WARMUP] [-d DTYPE] [-o OP] [-r ROOT] [-z]
+ *                          [-m avg|median] [-t TIMEOUT_S] [-B BACKEND]
+ *                          [--csv FILE]
+ *
+ *   -c  all_reduce | all_gather | reduce_scatter | broadcast | reduce |
+ *       all_to_all | send_recv                                  (required)
+ *   -b, -e  smallest / largest size in bytes (suffixes K, M, G: 1024-based;
+ *       default 8 and 64M); -f  multiply the size by FACTOR (default 4).
+ *       Sizes are those of the whole array, as in nccl-tests: for
+ *       all_gather, reduce_scatter and all_to_all the per-rank count is
+ *       size / (element size * N); the size column shows the bytes moved
+ *       after rounding down to whole elements (at least one per rank).
+ *   -n  timed iterations (default 20); -w  warm-up iterations (default 5)
+ *   -d  float32 (default) float64 float16 bfloat16 int8 uint8 int16 int32
+ *       int64 bool;  -o  sum (default) prod min max avg band bor bxor
+ *       premul_sum (factor 0.5);  -r  root of broadcast / reduce (default 0)
+ *   -z  check the results: after the timed loop, inputs are refilled with a
+ *       per-rank pattern, the operation runs once more and every output
+ *       element is compared exactly with a locally computed reference; the
+ *       #wrong column sums the wrong elements over all ranks (N/A without -z)
+ *   -m  avg (default, nccl-tests): barrier, ITERS back-to-back iterations
+ *       timed as a whole, divided by ITERS; median: each iteration timed on
+ *       its own, the median taken. Either way the reported time is the
+ *       maximum over ranks.
+ *   -t  operation timeout in seconds;  -B  backend name (default cpu; the
+ *       buffers are host memory);  --csv FILE  rank 0 also writes the rows
+ *       as CSV.
+ *
+ * Output (rank 0 only): '#' header lines naming the collective, the ranks,
+ * the dtype and the op, then one row per size with the columns
+ *   size count type redop root time(us) algbw(GB/s) busbw(GB/s) #wrong
+ * algbw = size / time (GB/s = 1e9 B/s); busbw = algbw x 2(n-1)/n for
+ * all_reduce, x (n-1)/n for all_gather, reduce_scatter, all_to_all, x 1 for
+ * broadcast, reduce and send_recv (rank r sends to r+1 and receives from r-1
+ * in one tc_batch). redop is "none" and root -1 where they do not apply.
+ *
+ * Exit status: 0; 1 on a failed operation or when -z found wrong elements;
+ * 2 on bad usage. Only the public API (torchcomms.h) is used.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "torchcomms.h"
+
+typedef enum {
+  C_ALL_REDUCE, C_ALL_GATHER, C_REDUCE_SCATTER, C_BROADCAST, C_REDUCE,
+  C_ALL_TO_ALL, C_SEND_RECV, C_COUNT
+} coll_t;
+
+static const char *const coll_names[C_COUNT] = {
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast",
+    "reduce",     "all_to_all", "send_recv"};
+
+static const struct { const char *name; tc_redop_type_t op; } op_names[] = {
+    {"sum", TC_SUM},   {"prod", TC_PRODUCT}, {"min", TC_MIN},
+    {"max", TC_MAX},   {"avg", TC_AVG},      {"band", TC_BAND},
+    {"bor", TC_BOR},   {"bxor", TC_BXOR},    {"premul_sum", TC_PREMUL_SUM},
+    {"product", TC_PRODUCT}};
+
+#define PREMUL_FACTOR 0.5 /* exact in every float type */
+
+typedef struct {
+  coll_t coll;
+  size_t minb, maxb, factor;
+  int iters, warmup, check, root, median;
+  tc_dtype_t dtype;
+  tc_redop_type_t op;
+  double timeout_s;
+  const char *backend, *csv;
+} args_t;
+
+/* The running benchmark: communicator, buffers and per-size layout. */
+typedef struct {
+  const args_t *a;
+  tc_comm_t *comm;
+  int rank, n;
+  size_t es;          /* element size */
+  size_t count;       /* the API's count argument */
+  size_t in_elems;    /* elements of `in` used */
+  size_t out_elems;   /* elements of `out` used (0: in place) */
+  char *in, *out;
+  tc_batch_t *batch;  /* send_recv */
+} bench_t;
+
+static const char *prog = "tcperf";
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: tcrun -n N %s -c COLL [-b MIN] [-e MAX] [-f FACTOR] "
+          "[-n ITERS] [-w WARMUP]\n"
+          "          [-d DTYPE] [-o OP] [-r ROOT] [-z] [-m avg|median] "
+          "[-t TIMEOUT_S] [-B BACKEND] [--csv FILE]\n"
+          "  COLL: all_reduce all_gather reduce_scatter broadcast reduce "
+          "all_to_all send_recv\n"
+          "  DTYPE: float32 float64 float16 bfloat16 int8 uint8 int16 int32 "
+          "int64 bool\n"
+          "  OP: sum prod min max avg band bor bxor premul_sum\n"
+          "  sizes in bytes with optional K, M, G suffix (defaults -b 8 -e "
+          "64M -f 4 -n 20 -w 5)\n",
+          prog);
+}
+
+static void die_usage(const char *fmt, const char *arg) {
+  fprintf(stderr, "%s: ", prog);
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n");
+  usage(stderr);
+  exit(2);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* "64M" -> 67108864; 0 on a malformed size. */
+static size_t parse_size(const char *s) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s || *s == '-') return 0;
+  unsigned long long mul = 1;
+  switch (*end) {
+  case 'k': case 'K': mul = 1ull << 10; end++; break;
+  case 'm': case 'M': mul = 1ull << 20; end++; break;
+  case 'g': case 'G': mul = 1ull << 30; end++; break;
+  default: break;
+  }
+  if (*end == 'B' || *end == 'b') end++;
+  if (*end || v > SIZE_MAX / mul) return 0;
+  return (size_t)(v * mul);
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi) return -1;
+  *out = v;
+  return 0;
+}
+
+static int parse_dtype(const char *s, tc_dtype_t *out) {
+  static const struct { const char *alias, *name; } aliases[] = {
+      {"float", "float32"}, {"double", "float64"}, {"half", "float16"},
+      {"bf16", "bfloat16"}, {"int", "int32"},      {"long", "int64"}};
+  for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+    if (!strcmp(s, aliases[i].alias)) s = aliases[i].name;
+  for (int d = 0; d < TC_DTYPE_COUNT; d++)
+    if (!strcmp(s, tc_dtype_name((tc_dtype_t)d))) {
+      *out = (tc_dtype_t)d;
+      return 0;
+    }
+  return -1;
+}
+
+static int is_float(tc_dtype_t d) {
+  return d == TC_FLOAT32 || d == TC_FLOAT64 || d == TC_FLOAT16 ||
+         d == TC_BFLOAT16;
+}
+
+static int is_reduction(coll_t c) {
+  return c == C_ALL_REDUCE || c == C_REDUCE_SCATTER || c == C_REDUCE;
+}
+
+static const char *op_name(tc_redop_type_t op) {
+  for (size_t i = 0; i < sizeof op_names / sizeof op_names[0]; i++)
+    if (op_names[i].op == op) return op_names[i].name;
+  return "?";
+}
+
+static void parse_args(int argc, char **argv, args_t *a) {
+  *a = (args_t){.coll = C_COUNT, .minb = 8, .maxb = 64u << 20, .factor = 4,
+                .iters = 20, .warmup = 5, .dtype = TC_FLOAT32, .op = TC_SUM,
+                .backend = "cpu"};
+  static const struct option longopts[] = {{"csv", required_argument, 0, 1},
+                                           {"help", no_argument, 0, 'h'},
+                                           {0, 0, 0, 0}};
+  int opt, have_b = 0, have_e = 0;
+  long v;
+  opterr = 0;
+  while ((opt = getopt_long(argc, argv, ":c:b:e:f:n:w:d:o:zr:t:m:B:h",
+                            longopts, NULL)) != -1) {
+    switch (opt) {
+    case 'c':
+      for (a->coll = 0; a->coll < C_COUNT; a->coll++)
+        if (!strcmp(optarg, coll_names[a->coll])) break;
+      if (a->coll == C_COUNT) die_usage("unknown collective '%s'", optarg);
+      break;
+    case 'b':
+    case 'e':
+      if (!(*(opt == 'b' ? &a->minb : &a->maxb) = parse_size(optarg)))
+        die_usage("bad size '%s' (a positive number of bytes, e.g. 8, 1K, "
+                  "64M)", optarg);
+      *(opt == 'b' ? &have_b : &have_e) = 1;
+      break;
+    case 'f':
+      if (parse_int(optarg, 2, 1 << 20, &v))
+        die_usage("bad factor '%s' (an integer >= 2)", optarg);
+      a->factor = (size_t)v;
+      break;
+    case 'n':
+    case 'w':
+      if (parse_int(optarg, opt == 'n' ? 1 : 0, 1000000000, &v))
+        die_usage(opt == 'n' ? "bad iteration count '%s' (>= 1)"
+                             : "bad warm-up count '%s' (>= 0)", optarg);
+      *(opt == 'n' ? &a->iters : &a->warmup) = (int)v;
+      break;
+    case 'd':
+      if (parse_dtype(optarg, &a->dtype)) die_usage("unknown dtype '%s'", optarg);
+      break;
+    case 'o': {
+      size_t i, k = sizeof op_names / sizeof op_names[0];
+      for (i = 0; i < k && strcmp(optarg, op_names[i].name); i++) {
+      }
+      if (i == k) die_usage("unknown reduction op '%s'", optarg);
+      a->op = op_names[i].op;
+      break;
+    }
+    case 'z': a->check = 1; break;
+    case 'r':
+      if (parse_int(optarg, 0, 1 << 30, &v)) die_usage("bad root '%s'", optarg);
+      a->root = (int)v;
+      break;
+    case 't': {
+      char *end;
+      a->timeout_s = strtod(optarg, &end);
+      if (end == optarg || *end || !(a->timeout_s > 0))
+        die_usage("bad timeout '%s' (seconds > 0)", optarg);
+      break;
+    }
+    case 'm':
+      if (!strcmp(optarg, "median")) a->median = 1;
+      else if (!strcmp(optarg, "avg")) a->median = 0;
+      else die_usage("bad timing mode '%s' (avg or median)", optarg);
+      break;
+    case 'B': a->backend = optarg; break;
+    case 1: a->csv = optarg; break;
+    case 'h': usage(stdout); exit(0);
+    case ':': die_usage("option '%s' needs a value", argv[optind - 1]); break;
+    default: die_usage("unknown option '%s'", argv[optind - 1]); break;
+    }
+  }
+  if (optind < argc) die_usage("unexpected argument '%s'", argv[optind]);
+  if (a->coll == C_COUNT) die_usage("%s", "-c COLLECTIVE is required");
+  if (have_b && !have_e) a->maxb = a->minb;
+  if (!have_b && have_e && a->maxb < a->minb) a->minb = a->maxb;
+  if (a->maxb < a->minb) die_usage("%s", "-e MAX is smaller than -b MIN");
+  if (is_reduction(a->coll)) {
+    tc_redop_type_t op = a->op;
+    if ((op == TC_BAND || op == TC_BOR || op == TC_BXOR) && is_float(a->dtype))
+      die_usage("op %s needs an integer or bool dtype", op_name(op));
+    if (op == TC_PREMUL_SUM && !is_float(a->dtype))
+      die_usage("op %s needs a floating-point dtype", op_name(op));
+    if (op == TC_AVG && a->dtype == TC_BOOL)
+      die_usage("op %s is not defined on bool", op_name(op));
+  }
+}
+
+/* ---- values: small integers, exact in every dtype ---- */
+
+static uint16_t f2h(float f) { /* round to nearest even; finite or Inf */
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u, mant = x & 0x7FFFFFu;
+  int e = (int)((x >> 23) & 0xFF) - 127 + 15;
+  if (((x >> 23) & 0xFF) == 0xFF) return (uint16_t)(sign | 0x7C00u | (mant ? 0x200u : 0));
+  if (e >= 31) return (uint16_t)(sign | 0x7C00u);
+  if (e <= 0) { /* subnormal half (or zero) */
+    if (e < -10) return (uint16_t)sign;
+    mant |= 0x800000u;
+    int shift = 14 - e;
+    uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+  }
+  uint32_t h = ((uint32_t)e << 10) | (mant >> 13), rem = mant & 0x1FFFu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* may carry to Inf */
+  return (uint16_t)(sign | h);
+}
+
+static uint16_t f2bf(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Writes v (an integer value or a float) into element i of buf. Integers
+ * wrap like the library's arithmetic. */
+static void put(void *buf, size_t i, tc_dtype_t dt, double v) {
+  uint64_t u = (uint64_t)(int64_t)v;
+  switch (dt) {
+  case TC_FLOAT32: ((float *)buf)[i] = (float)v; break;
+  case TC_FLOAT64: ((double *)buf)[i] = v; break;
+  case TC_FLOAT16: ((uint16_t *)buf)[i] = f2h((float)v); break;
+  case TC_BFLOAT16: ((uint16_t *)buf)[i] = f2bf((float)v); break;
+  case TC_INT8: ((int8_t *)buf)[i] = (int8_t)u; break;
+  case TC_UINT8: ((uint8_t *)buf)[i] = (uint8_t)u; break;
+  case TC_INT16: ((int16_t *)buf)[i] = (int16_t)u; break;
+  case TC_INT32: ((int32_t *)buf)[i] = (int32_t)u; break;
+  case TC_INT64: ((int64_t *)buf)[i] = (int64_t)u; break;
+  case TC_BOOL: ((uint8_t *)buf)[i] = v != 0; break;
+  default: break;
+  }
+}
+
+/* An integer element read back as int64 (after wrapping into the type). */
+static int64_t get_int(const void *buf, size_t i, tc_dtype_t dt) {
+  switch (dt) {
+  case TC_INT8: return ((const int8_t *)buf)[i];
+  case TC_UINT8: case TC_BOOL: return ((const uint8_t *)buf)[i];
+  case TC_INT16: return ((const int16_t *)buf)[i];
+  case TC_INT32: return ((const int32_t *)buf)[i];
+  default: return ((const int64_t *)buf)[i];
+  }
+}
+
+/* Element i of rank r's input: for copies distinct per rank; for
+ * reductions chosen so that results stay exact (sums of 0..3, products of
+ * 1 and 2, bit patterns below 64). */
+static double pattern(const args_t *a, int r, size_t i) {
+  size_t ri = (size_t)r;
+  int b = a->dtype == TC_BOOL;
+  if (!is_reduction(a->coll))
+    return b ? (double)((i + ri) & 1) : (double)((i * 13 + ri * 7 + 1) % 61);
+  switch (a->op) {
+  case TC_PRODUCT:
+    return b ? (double)((i + ri) % 5 != 0) : ((i + ri) % 4 == 0 ? 2.0 : 1.0);
+  case TC_MIN: case TC_MAX:
+    return b ? (double)((i + ri) & 1) : (double)((i * 7 + ri * 3) % 16);
+  case TC_BAND: case TC_BOR: case TC_BXOR:
+    return b ? (double)((i + ri) & 1) : (double)((i * 5 + ri * 11) % 64);
+  default: /* SUM, AVG, PREMUL_SUM */
+    return b ? (double)((i + ri) % 3 == 0) : (double)((i * 3 + ri * 5) % 4);
+  }
+}
+
+static void fill(const bench_t *B, void *buf, size_t n_elems, int r) {
+  for (size_t i = 0; i < n_elems; i++) put(buf, i, B->a->dtype, pattern(B->a, r, i));
+}
+
+/* The reduction over all ranks of pattern(r, i), into element 0 of dst,
+ * computed the way the library defines each op and dtype. */
+static void reference(const bench_t *B, size_t i, void *dst) {
+  const args_t *a = B->a;
+  tc_dtype_t dt = a->dtype;
+  tc_redop_type_t op = a->op;
+  if (dt == TC_BOOL) {
+    int acc = pattern(a, 0, i) != 0;
+    for (int r = 1; r < B->n; r++) {
+      int v = pattern(a, r, i) != 0;
+      if (op == TC_SUM || op == TC_MAX || op == TC_BOR) acc |= v;
+      else if (op == TC_BXOR) acc ^= v;
+      else acc &= v;
+    }
+    put(dst, 0, dt, acc);
+  } else if (is_float(dt)) {
+    double acc = pattern(a, 0, i) * (op == TC_PREMUL_SUM ? PREMUL_FACTOR : 1);
+    for (int r = 1; r < B->n; r++) {
+      double v = pattern(a, r, i);
+      if (op == TC_PRODUCT) acc *= v;
+      else if (op == TC_MIN) acc = v < acc ? v : acc;
+      else if (op == TC_MAX) acc = v > acc ? v : acc;
+      else if (op == TC_PREMUL_SUM) acc += v * PREMUL_FACTOR;
+      else acc += v;
+    }
+    if (op == TC_AVG) {
+      if (dt == TC_FLOAT64) acc /= B->n;
+      else acc = (double)((float)acc / (float)B->n); /* in float32, once */
+    }
+    put(dst, 0, dt, acc);
+  } else {
+    uint64_t acc = (uint64_t)(int64_t)pattern(a, 0, i);
+    for (int r = 1; r < B->n; r++) {
+      int64_t v = (int64_t)pattern(a, r, i);
+      uint64_t u = (uint64_t)v;
+      switch (op) {
+      case TC_PRODUCT: acc *= u; break;
+      case TC_MIN: acc = v < (int64_t)acc ? u : acc; break;
+      case TC_MAX: acc = v > (int64_t)acc ? u : acc; break;
+      case TC_BAND: acc &= u; break;
+      case TC_BOR: acc |= u; break;
+      case TC_BXOR: acc ^= u; break;
+      default: acc += u; break;
+      }
+    }
+    put(dst, 0, dt, (double)(int64_t)acc);
+    if (op == TC_AVG) { /* the wrapped sum, divided truncating toward zero */
+      int64_t s = get_int(dst, 0, dt);
+      put(dst, 0, dt, (double)(s / B->n));
+    }
+  }
+}
+
+/* ---- the operations ---- */
+
+static void fail_op(const bench_t *B, const char *what, int rc) {
+  fprintf(stderr, "%s: rank %d: %s failed: %s (%s)\n", prog, B->rank, what,
+          tc_status_name(rc), tc_last_error());
+  exit(1);
+}
+
+static tc_redop_t redop(const args_t *a) {
+  return a->op == TC_PREMUL_SUM ? TC_OP_PREMUL_SUM(PREMUL_FACTOR) : TC_OP(a->op);
+}
+
+/* Sets the per-size layout for `bytes` requested; returns the bytes moved. */
+static size_t layout(bench_t *B, size_t bytes) {
+  size_t es = B->es, n = (size_t)B->n;
+  switch (B->a->coll) {
+  case C_ALL_GATHER: case C_REDUCE_SCATTER: case C_ALL_TO_ALL:
+    B->count = bytes / (es * n) ? bytes / (es * n) : 1;
+    B->in_elems = B->a->coll == C_ALL_GATHER ? B->count : B->count * n;
+    B->out_elems = B->a->coll == C_REDUCE_SCATTER ? B->count : B->count * n;
+    return B->count * n * es;
+  case C_SEND_RECV:
+    B->count = bytes / es ? bytes / es : 1;
+    B->in_elems = B->out_elems = B->count;
+    return B->count * es;
+  default: /* in place: all_reduce, broadcast, reduce */
+    B->count = bytes / es ? bytes / es : 1;
+    B->in_elems = B->count;
+    B->out_elems = 0;
+    return B->count * es;
+  }
+}
+
+static int run_once(bench_t *B) {
+  const args_t *a = B->a;
+  tc_comm_t *c = B->comm;
+  tc_dtype_t dt = a->dtype;
+  switch (a->coll) {
+  case C_ALL_REDUCE: return tc_all_reduce(c, B->in, B->count, dt, redop(a), NULL, NULL);
+  case C_BROADCAST: return tc_broadcast(c, B->in, B->count, dt, a->root, NULL, NULL);
+  case C_REDUCE: return tc_reduce(c, B->in, B->count, dt, redop(a), a->root, NULL, NULL);
+  case C_ALL_GATHER: return tc_all_gather_single(c, B->out, B->in, B->count, dt, NULL, NULL);
+  case C_REDUCE_SCATTER:
+    return tc_reduce_scatter_single(c, B->out, B->in, B->count, dt, redop(a), NULL, NULL);
+  case C_ALL_TO_ALL: return tc_all_to_all_single(c, B->out, B->in, B->count, dt, NULL, NULL);
+  default: return tc_batch_issue(B->batch, NULL, NULL);
+  }
+}
+
+static void setup_batch(bench_t *B) {
+  int rc;
+  if (B->batch) tc_batch_free(B->batch);
+  B->batch = NULL;
+  if ((rc = tc_batch_create(B->comm, &B->batch)) ||
+      (rc = tc_batch_send(B->batch, B->in, B->count, B->a->dtype, (B->rank + 1) % B->n)) ||
+      (rc = tc_batch_recv(B->batch, B->out, B->count, B->a->dtype, (B->rank + B->n - 1) % B->n)))
+    fail_op(B, "tc_batch_*", rc);
+}
+
+/* Fresh inputs, one run, exact comparison; returns this rank's wrong count. */
+static int64_t verify(bench_t *B) {
+  const args_t *a = B->a;
+  tc_dtype_t dt = a->dtype;
+  size_t es = B->es, n = (size_t)B->n, cnt = B->count;
+  fill(B, B->in, B->in_elems, B->rank);
+  if (a->coll == C_BROADCAST && B->rank != a->root) memset(B->in, 0xFF, B->in_elems * es);
+  if (B->out_elems) memset(B->out, 0xFF, B->out_elems * es);
+  int rc = run_once(B);
+  if (rc) fail_op(B, "the checked run", rc);
+  int64_t wrong = 0;
+  unsigned char exp[16];
+  const char *got = B->out_elems ? B->out : B->in;
+  size_t total = B->out_elems ? B->out_elems : B->in_elems;
+  for (size_t j = 0; j < total; j++) {
+    switch (a->coll) {
+    case C_ALL_REDUCE: reference(B, j, exp); break;
+    case C_REDUCE:
+      if (B->rank == a->root) reference(B, j, exp);
+      else put(exp, 0, dt, pattern(a, B->rank, j));
+      break;
+    case C_REDUCE_SCATTER: reference(B, (size_t)B->rank * cnt + j, exp); break;
+    case C_BROADCAST: put(exp, 0, dt, pattern(a, a->root, j)); break;
+    case C_ALL_GATHER: put(exp, 0, dt, pattern(a, (int)(j / cnt), j % cnt)); break;
+    case C_ALL_TO_ALL:
+      put(exp, 0, dt, pattern(a, (int)(j / cnt), (size_t)B->rank * cnt + j % cnt));
+      break;
+    default: put(exp, 0, dt, pattern(a, (int)(((size_t)B->rank + n - 1) % n), j)); break;
+    }
+    if (memcmp(exp, got + j * es, es)) wrong++;
+  }
+  return wrong;
+}
+
+static double max_over_ranks(bench_t *B, double v) {
+  int rc = tc_all_reduce(B->comm, &v, 1, TC_FLOAT64, TC_OP(TC_MAX), NULL, NULL);
+  if (rc) fail_op(B, "the timing all_reduce", rc);
+  return v;
+}
+
+static int cmp_double(const void *x, const void *y) {
+  double a = *(const double *)x, b = *(const double *)y;
+  return (a > b) - (a < b);
+}
+
+/* Seconds per iteration on this rank. */
+static double time_size(bench_t *B, double *samples) {
+  const args_t *a = B->a;
+  int rc;
+  for (int i = 0; i < a->warmup; i++)
+    if ((rc = run_once(B))) fail_op(B, "a warm-up iteration", rc);
+  if ((rc = tc_barrier(B->comm, NULL, NULL))) fail_op(B, "tc_barrier", rc);
+  if (!a->median) {
+    double t0 = now_s();
+    for (int i = 0; i < a->iters; i++)
+      if ((rc = run_once(B))) fail_op(B, "a timed iteration", rc);
+    return (now_s() - t0) / a->iters;
+  }
+  for (int i = 0; i < a->iters; i++) {
+    double t0 = now_s();
+    if ((rc = run_once(B))) fail_op(B, "a timed iteration", rc);
+    samples[i] = now_s() - t0;
+  }
+  qsort(samples, (size_t)a->iters, sizeof *samples, cmp_double);
+  int m = a->iters / 2;
+  return a->iters % 2 ? samples[m] : 0.5 * (samples[m - 1] + samples[m]);
+}
+
+static void *xalloc(size_t bytes) {
+  void *p = NULL;
+  if (posix_memalign(&p, 64, bytes ? bytes : 64)) {
+    fprintf(stderr, "%s: out of memory (%zu bytes)\n", prog, bytes);
+    exit(1);
+  }
+  memset(p, 0, bytes ? bytes : 64); /* touch every page before timing */
+  return p;
+}
+
+int main(int argc, char **argv) {
+  args_t a;
+  parse_args(argc, argv, &a);
+  bench_t B = {.a = &a, .es = tc_dtype_size(a.dtype)};
+  tc_comm_options_t copts = TC_COMM_OPTIONS_INIT;
+  copts.name = "tcperf";
+  copts.timeout_s = a.timeout_s;
+  int rc = tc_comm_create(a.backend, "cpu", &copts, &B.comm);
+  if (rc) {
+    fprintf(stderr, "%s: tc_comm_create(\"%s\") failed: %s (%s)\n", prog,
+            a.backend, tc_status_name(rc), tc_last_error());
+    return 1;
+  }
+  B.rank = tc_comm_rank(B.comm);
+  B.n = tc_comm_size(B.comm);
+  if (a.root >= B.n) {
+    if (B.rank == 0) fprintf(stderr, "%s: root %d is not a rank (size %d)\n", prog, a.root, B.n);
+    tc_comm_finalize(B.comm);
+    tc_comm_destroy(B.comm);
+    return 2;
+  }
+  size_t maxin = 0, maxout = 0;
+  for (size_t b = a.minb; b <= a.maxb; b = b > SIZE_MAX / a.factor ? SIZE_MAX : b * a.factor) {
+    layout(&B, b);
+    if (B.in_elems > maxin) maxin = B.in_elems;
+    if (B.out_elems > maxout) maxout = B.out_elems;
+    if (b == SIZE_MAX) break;
+  }
+  B.in = xalloc(maxin * B.es);
+  B.out = xalloc(maxout * B.es);
+  double *samples = calloc((size_t)a.iters, sizeof *samples);
+  FILE *csv = NULL;
+  int rooted = a.coll == C_BROADCAST || a.coll == C_REDUCE;
+  const char *opname = is_reduction(a.coll) ? op_name(a.op) : "none";
+  double n = B.n, bw_factor = a.coll == C_ALL_REDUCE ? 2 * (n - 1) / n
+                              : (a.coll == C_ALL_GATHER || a.coll == C_REDUCE_SCATTER ||
+                                 a.coll == C_ALL_TO_ALL) ? (n - 1) / n : 1.0;
+  if (B.rank == 0) {
+    if (a.csv && !(csv = fopen(a.csv, "w")))
+      fprintf(stderr, "%s: cannot write %s: %s\n", prog, a.csv, strerror(errno));
+    if (csv)
+      fprintf(csv, "collective,ranks,size,count,type,redop,root,time_us,"
+                   "algbw_GBps,busbw_GBps,wrong\n");
+    printf("# tcperf: collective %s, ranks %d, dtype %s, op %s, backend %s "
+           "(%s)\n", coll_names[a.coll], B.n, tc_dtype_name(a.dtype), opname,
+           a.backend, tc_comm_backend_version(B.comm));
+    printf("# iters %d, warmup %d, timing %s (max over ranks), check %s, "
+           "libtorchcomms %s\n", a.iters, a.warmup,
+           a.median ? "median per iteration" : "average of back-to-back loop",
+           a.check ? "on" : "off", tc_version());
+    printf("#\n# %10s %12s %9s %6s %5s %12s %12s %12s %7s\n", "size", "count",
+           "type", "redop", "root", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
+           "#wrong");
+    fflush(stdout);
+  }
+  double bus_sum = 0;
+  int rows = 0;
+  int64_t wrong_total = 0;
+  for (size_t b = a.minb; b <= a.maxb; b = b > SIZE_MAX / a.factor ? SIZE_MAX : b * a.factor) {
+    size_t bytes = layout(&B, b);
+    if (a.coll == C_SEND_RECV) setup_batch(&B);
+    fill(&B, B.in, B.in_elems, B.rank);
+    double t = max_over_ranks(&B, time_size(&B, samples));
+    int64_t wrong = 0;
+    if (a.check) {
+      wrong = verify(&B);
+      if ((rc = tc_all_reduce(B.comm, &wrong, 1, TC_INT64, TC_OP(TC_SUM), NULL, NULL)))
+        fail_op(&B, "the check all_reduce", rc);
+      wrong_total += wrong;
+    }
+    double algbw = (double)bytes / t / 1e9, busbw = algbw * bw_factor;
+    bus_sum += busbw;
+    rows++;
+    if (B.rank == 0) {
+      char wbuf[32];
+      if (a.check) snprintf(wbuf, sizeof wbuf, "%" PRId64, wrong);
+      else snprintf(wbuf, sizeof wbuf, "N/A");
+      printf("  %10zu %12zu %9s %6s %5d %12.2f %12.3f %12.3f %7s\n", bytes,
+             B.count, tc_dtype_name(a.dtype), opname, rooted ? a.root : -1,
+             t * 1e6, algbw, busbw, wbuf);
+      fflush(stdout);
+      if (csv)
+        fprintf(csv, "%s,%d,%zu,%zu,%s,%s,%d,%.3f,%.4f,%.4f,%s\n",
+                coll_names[a.coll], B.n, bytes, B.count, tc_dtype_name(a.dtype),
+                opname, rooted ? a.root : -1, t * 1e6, algbw, busbw, wbuf);
+    }
+    if (b == SIZE_MAX) break;
+  }
+  if (B.rank == 0) {
+    printf("# Avg bus bandwidth: %.3f GB/s\n", rows ? bus_sum / rows : 0.0);
+    if (a.check) printf("# Wrong elements: %" PRId64 " %s\n", wrong_total, wrong_total ? "FAILED" : "OK");
+    fflush(stdout);
+  }
+  if (csv) fclose(csv);
+  if (B.batch) tc_batch_free(B.batch);
+  rc = tc_comm_finalize(B.comm);
+  tc_comm_destroy(B.comm);
+  free(B.in);
+  free(B.out);
+  free(samples);
+  if (rc) {
+    fprintf(stderr, "%s: rank %d: tc_comm_finalize failed: %s\n", prog, B.rank, tc_last_error());
+    return 1;
+  }
+  return wrong_total ? 1 : 0;
+}
