@@ -251,7 +251,12 @@ int tc_comm_finalize(tc_comm_t *c) {
   c->ops->destroy(c->bcomm);
   c->bcomm = NULL;
   if (rc != TC_OK) {
-    const char *why = tc_last_error();
+    char why[1024];
+    snprintf(why, sizeof why, "%s", tc_last_error());
+    if (!strncmp(why, "torchcomms:", 11)) { /* the backend's full message */
+      tc__comm_record_error(c, why);
+      return tc__set_error_text(rc, why);
+    }
     return tc__comm_error(c, rc, "finalize", "%s",
                           why[0] ? why : tc_strerror(rc));
   }

@@ -511,8 +511,11 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
     }
     rc = a->host->store_set(a->store, "cpu/token", s.token, sizeof s.token);
     if (rc != TC_OK) {
-      rc = setup_fail(&s, rc, "could not publish the connection token in the store (%s)",
-                      tc_strerror(rc));
+      {
+        char why[512]; /* the store's own message (e.g. a Python exception) */
+        snprintf(why, sizeof why, "%s", tc_last_error()[0] ? tc_last_error() : tc_strerror(rc));
+        rc = setup_fail(&s, rc, "could not publish the connection token in the store (%s)", why);
+      }
       goto out;
     }
   } else {
@@ -539,8 +542,11 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
     snprintf(key, sizeof key, "cpu/addr/%d", t->rank);
     rc = a->host->store_set(a->store, key, s.pub, strlen(s.pub));
     if (rc != TC_OK) {
-      rc = setup_fail(&s, rc, "could not publish its address in the store (%s)",
-                      tc_strerror(rc));
+      {
+        char why[512]; /* the store's own message (e.g. a Python exception) */
+        snprintf(why, sizeof why, "%s", tc_last_error()[0] ? tc_last_error() : tc_strerror(rc));
+        rc = setup_fail(&s, rc, "could not publish its address in the store (%s)", why);
+      }
       goto out;
     }
   }

@@ -304,6 +304,9 @@ def test_non_contiguous(comm):
     assert not t.is_contiguous() and t.numel() == 4
     _check_all(comm, lambda: torch.zeros(2, 2).t(), ValueError)
     _check_all(comm, lambda: torch.zeros(8)[::2], ValueError)
+    _check_all(comm, lambda: torch.zeros(1).expand(4), ValueError)  # stride 0
+    _check_all(comm, lambda: torch.zeros(1, 2, 2, 1).to(memory_format=torch.channels_last)
+               .permute(0, 3, 1, 2), ValueError)
 
 
 def test_negative_view(comm):

@@ -898,6 +898,64 @@ def c_aliases(R):
     R.check("alltoall", torch.cat(outs), ar)
 
 
+def c_views(R):
+    """Views with a storage offset (data_ptr() includes it): only the view's
+    elements change; 0-d tensors; in-place forms; requires_grad leaves."""
+    n = R.size
+    base = torch.arange(100, dtype=F32)
+    v = base[10:30]
+    R.comm.all_reduce(v, ReduceOp.SUM, async_op=False)
+    exp = torch.arange(100, dtype=F32)
+    exp[10:30] *= n
+    R.check("all_reduce on a view: only the view changes", base, exp)
+
+    base = torch.zeros(4, 6, dtype=I64)
+    row = base[2]
+    if R.rank == 0:
+        row.copy_(torch.arange(6))
+    R.comm.broadcast(row, 0, async_op=True).wait()
+    exp = torch.zeros(4, 6, dtype=I64)
+    exp[2] = torch.arange(6)
+    R.check("broadcast into a row view", base, exp)
+
+    s0 = torch.tensor(float(R.rank + 1))  # 0-d
+    R.comm.all_reduce(s0, ReduceOp.SUM, async_op=False)
+    R.check("all_reduce 0-d", s0, torch.tensor(float(n * (n + 1) // 2)))
+
+    # all_gather into a list whose own slot is the input (in place)
+    buf = torch.zeros(n * 3, dtype=I32)
+    outs = list(buf.chunk(n))
+    outs[R.rank].copy_(torch.full((3,), R.rank + 5, dtype=I32))
+    R.comm.all_gather(outs, outs[R.rank], async_op=False)
+    R.check("all_gather in place", buf,
+            torch.cat([torch.full((3,), r + 5, dtype=I32) for r in range(n)]))
+
+    # reduce_scatter_single in place: output is this rank's block of the input
+    inp = torch.arange(n * 4, dtype=F64) + R.rank
+    out = inp[R.rank * 4:(R.rank + 1) * 4]
+    R.comm.reduce_scatter_single(out, inp, ReduceOp.SUM, async_op=False)
+    R.check("reduce_scatter_single in place", out,
+            sum(torch.arange(n * 4, dtype=F64)[R.rank * 4:(R.rank + 1) * 4] + r for r in range(n)))
+
+    # a requires_grad leaf (communication writes through autograd's back)
+    w = torch.ones(5, requires_grad=True)
+    R.comm.all_reduce(w, ReduceOp.SUM, async_op=False)
+    R.check("all_reduce requires_grad leaf", w.detach(), torch.full((5,), float(n)))
+    g = torch.nn.Linear(3, 2)
+    (g(torch.ones(1, 3)).sum() * (R.rank + 1)).backward()
+    R.comm.all_reduce(g.weight.grad, ReduceOp.AVG, async_op=False)
+    R.check("all_reduce .grad AVG", g.weight.grad,
+            torch.full((2, 3), sum(r + 1 for r in range(n)) / n))
+
+    # many async operations outstanding (the pending list is reaped)
+    ts = [torch.full((3,), float(i)) for i in range(300)]
+    works = [R.comm.all_reduce(t, ReduceOp.MAX, async_op=True) for t in ts]
+    works[-1].wait()
+    for w_ in works:
+        w_.wait()
+    R.check("300 outstanding", torch.stack(ts), torch.arange(300, dtype=F32)[:, None].expand(300, 3))
+
+
 def c_gil(R):
     """Blocking calls release the GIL: a Python thread keeps running while
     rank 0 waits for a message that rank 1 sends 0.5 s later (and while it
@@ -1060,6 +1118,7 @@ CATEGORIES = [
     ("options", c_options),
     ("errors_recover", c_errors_recover),
     ("aliases", c_aliases),
+    ("views", c_views),
     ("gil", c_gil),
     ("threads", c_threads),
     ("mismatch", c_mismatch),
