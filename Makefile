@@ -1,5 +1,6 @@
 # torchcomms-in-C: top-level entry points.
-#   make demo        build, then run the C quick start on 4 ranks with tcrun
+#   make demo        build, install the Python package, then run the quick
+#                    start on 4 ranks: in C with tcrun, in Python with torchrun
 #   make test        set up, build, run every C and Python test
 #   make check-asan  the C tests under ASan+UBSan
 #   make build       configure and build (build/)
@@ -38,8 +39,11 @@ $(VENV)/.stamp:
 
 venv: $(VENV)/.stamp
 
-demo: build
+demo: build pyinstall
+	@echo "== C quick start: tcrun -n 4 ./$(BUILD)/examples/all_reduce_sync =="
 	./$(BUILD)/tcrun -n 4 ./$(BUILD)/examples/all_reduce_sync
+	@echo "== Python quick start: torchrun --nproc_per_node=4 examples/python/AllReduceSync.py =="
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node=4 examples/python/AllReduceSync.py
 
 test-c: build
 	./$(BUILD)/tc_test
