@@ -89,6 +89,25 @@ static int tcp_dead(tcp_t *t, const tc_tp_op_t *op, int peer, int err) {
   return TC_ERR_REMOTE;
 }
 
+int tc__tcp_check_alive(tcp_t *t, const tc_tp_op_t *op) {
+  int np = 0;
+  for (int p = 0; p < t->size; p++) {
+    if (t->fd[p] < 0 || t->gone[p]) continue;
+    t->pfd[np] = (struct pollfd){.fd = t->fd[p], .events = POLLRDHUP};
+    t->pfd_peer[np++] = p;
+  }
+  if (np == 0) return TC_OK;
+  int r = poll(t->pfd, (nfds_t)np, 0);
+  if (r <= 0) return TC_OK; /* EINTR: next time */
+  for (int i = 0; i < np; i++) {
+    short re = t->pfd[i].revents;
+    if (!(re & (POLLRDHUP | POLLHUP | POLLERR))) continue;
+    int p = t->pfd_peer[i];
+    return tcp_dead(t, op, p, (re & POLLERR) ? tc__tcp_sock_error(t->fd[p]) : 0);
+  }
+  return TC_OK;
+}
+
 int tc__tcp_sock_error(int fd) {
   int err = 0;
   socklen_t len = sizeof err;

@@ -576,6 +576,8 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
   /* 5. every peer has counted itself before it could connect */
   if (local >= 0 && a->host->store_add(a->store, hkey, 0, &local) != TC_OK) local = -1;
   t->spin_s = spin_policy(a, (int)local);
+  t->local = (int)local;
+  memcpy(t->token, s.token, sizeof t->token);
 
 out:
   if (s.lfd >= 0) close(s.lfd);

@@ -30,6 +30,8 @@ typedef struct tcp {
   int wake_fd;
   atomic_int *aborted;
   double spin_s; /* busy-poll this long before sleeping in poll */
+  int local;     /* ranks of this communicator on this machine (-1: unknown) */
+  unsigned char token[16]; /* the communicator's random token */
 } tcp_t;
 
 /* tcp_connect.c: creates the mesh (tc_transport_ops_t.create). */
@@ -37,6 +39,10 @@ TC_INTERNAL int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err,
                                size_t errlen);
 /* tcp.c: the pending error of a socket (SO_ERROR), or errno. */
 TC_INTERNAL int tc__tcp_sock_error(int fd);
+/* tcp.c: a zero-timeout check of every connection whose peer has not said
+ * goodbye (the shared-memory transport's liveness channel): TC_OK, or
+ * TC_ERR_REMOTE with op->msg naming the lost peer(s), like an exchange. */
+TC_INTERNAL int tc__tcp_check_alive(tcp_t *t, const tc_tp_op_t *op);
 /* tcp.c: closes every socket and frees t (also for a half-built t). */
 TC_INTERNAL void tc__tcp_close(void *t);
 

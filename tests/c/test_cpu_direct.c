@@ -784,7 +784,7 @@ static void badtoken_rank(tc_ctx_t *ctx) {
 TC_TEST(cpu_direct_bad_token) { tc_spawn(2, badtoken_rank, NULL, 30); }
 
 static void env_rank(tc_ctx_t *ctx) {
-  setenv("TORCHCOMMS_CPU_TRANSPORT", "shm", 1);
+  setenv("TORCHCOMMS_CPU_TRANSPORT", "carrier-pigeon", 1);
   dcomm_t d;
   char err[1024] = "";
   TC_ASSERT_EQ(d_try_init(ctx, "env", 5, &d, err, sizeof err), TC_ERR_INVALID_ARGUMENT);

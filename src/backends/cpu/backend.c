@@ -1,14 +1,28 @@
 /* backend.c -- the native `cpu` backend: its table, init / finalize / abort /
  * destroy, and the progress thread that runs queued operations in order.
  *
- * Threads: op entries (any thread) only append to the queue. One progress
- * thread per communicator pops operations in post order, runs the algorithm
- * (algos.c, algos2.c) over the transport, and reports through the host.
- * Abort sets a flag and writes an eventfd that is in every poll set of the
- * transport, so a running operation fails at once. */
+ * Transport: shared memory when every rank is on this machine, else TCP
+ * (TORCHCOMMS_CPU_TRANSPORT=auto|shm|tcp; transport/shm_setup.c).
+ *
+ * Threads: one progress thread per communicator pops operations in post
+ * order, runs the algorithm (algos.c, algos2.c over the transport's
+ * exchange, or shm_algos.c on the shared segments) and reports through the
+ * host. A thread hand-off costs microseconds, so an operation with a
+ * shared-memory path of at most TORCHCOMMS_CPU_INLINE_BYTES (1 MiB) posted
+ * on an idle communicator (empty queue, nothing running) runs on the
+ * caller's thread inside the post, spinning briefly at its waits; if a peer
+ * is late it stops at a wait and goes on to the thread, first in line, from
+ * where it stopped. The post never sleeps, and order is kept: while it runs
+ * other posts queue behind it, and it reports after anything the thread
+ * finished before it.
+ *
+ * Abort sets a flag, writes an eventfd that is in every poll set of the TCP
+ * transport and wakes the futex waits of the shared-memory transport, so a
+ * running operation fails at once. */
 #include "backends/cpu/cpu.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -151,12 +165,24 @@ int tc__cpu_run(cpu_ctx_t *ctx) {
 /* Progress thread                                                           */
 /* ------------------------------------------------------------------------ */
 
-static void cpu_exec(cpu_comm_t *c, const cpu_qent_t *e) {
+static int cpu_on_thread(const cpu_comm_t *c) {
+  return c->thread_started && pthread_equal(pthread_self(), c->thread);
+}
+
+/* Runs (or resumes) one operation. inline_spin >= 0: on the caller's
+ * thread, a shared-memory operation may give up at a wait that spun that
+ * long; returns 0 then (e keeps its progress, the work is not reported),
+ * 1 once the work was reported. */
+static int cpu_exec(cpu_comm_t *c, cpu_qent_t *e, double inline_spin) {
   cpu_ctx_t ctx = {.c = c, .op = e->op, .opname = tc__cpu_opname(e->op->type),
                    .rank = c->rank, .size = c->size,
                    .es = tc_dtype_size(e->op->dtype)};
   int rc;
-  if (atomic_load(&c->aborted)) {
+  if (e->deadline != 0) { /* begun inline: resume */
+    ctx.timeout_s = e->timeout_s;
+    ctx.deadline = e->deadline;
+    rc = tc__cpu_fast_run(&ctx, &e->fst, inline_spin);
+  } else if (atomic_load(&c->aborted)) {
     rc = tc__cpu_fail(&ctx, TC_ERR_ABORTED, "communicator was aborted");
   } else if (c->broken_rc != TC_OK) {
     rc = tc__cpu_fail(&ctx, c->broken_rc,
@@ -164,30 +190,50 @@ static void cpu_exec(cpu_comm_t *c, const cpu_qent_t *e) {
                       "aborted and recreated", c->broken_msg);
   } else {
     c->host->work_started(e->work);
-    ctx.timeout_s = e->op->timeout_s > 0 ? e->op->timeout_s : c->timeout_s;
-    ctx.deadline = tc__now() + ctx.timeout_s;
-    rc = tc__cpu_run(&ctx);
-    if (c->scratch_cap > CPU_SCRATCH_KEEP) { /* a rare huge staging: let it go */
-      free(c->scratch);
-      c->scratch = NULL;
-      c->scratch_cap = 0;
-    }
-    if (rc != TC_OK && !atomic_load(&c->aborted)) {
-      c->broken_rc = rc;
-      size_t l = strnlen(ctx.msg, sizeof c->broken_msg - 1);
-      memcpy(c->broken_msg, ctx.msg, l);
-      c->broken_msg[l] = 0;
-    }
+    e->timeout_s = e->op->timeout_s > 0 ? e->op->timeout_s : c->timeout_s;
+    e->deadline = tc__now() + e->timeout_s;
+    ctx.timeout_s = e->timeout_s;
+    ctx.deadline = e->deadline;
+    rc = e->fst.kind ? tc__cpu_fast_run(&ctx, &e->fst, inline_spin) : tc__cpu_run(&ctx);
   }
-  c->host->work_complete(e->work, rc, rc == TC_OK ? NULL : ctx.msg);
+  if (rc != CPU_PENDING && c->scratch_cap > CPU_SCRATCH_KEEP) { /* a rare huge staging */
+    free(c->scratch);
+    c->scratch = NULL;
+    c->scratch_cap = 0;
+  }
+  if (rc == CPU_PENDING) return 0;
+  if (rc != TC_OK && c->broken_rc == TC_OK && !atomic_load(&c->aborted)) {
+    c->broken_rc = rc;
+    size_t l = strnlen(ctx.msg, sizeof c->broken_msg - 1);
+    memcpy(c->broken_msg, ctx.msg, l);
+    c->broken_msg[l] = 0;
+  }
+  if (inline_spin < 0) {
+    /* the thread: idle before reporting, so that a caller woken by the
+     * report finds the communicator idle and runs its next operation
+     * inline; an inline operation reports only after this report */
+    atomic_store(&c->reporting, 1);
+    pthread_mutex_lock(&c->mu);
+    c->running = 0;
+    pthread_cond_broadcast(&c->idle_cv);
+    pthread_mutex_unlock(&c->mu);
+    c->host->work_complete(e->work, rc, rc == TC_OK ? NULL : ctx.msg);
+    atomic_store(&c->reporting, 0);
+  } else {
+    while (atomic_load(&c->reporting)) sched_yield();
+    c->host->work_complete(e->work, rc, rc == TC_OK ? NULL : ctx.msg);
+  }
+  return 1;
 }
 
 static void *cpu_thread(void *arg) {
   cpu_comm_t *c = arg;
   for (;;) {
     pthread_mutex_lock(&c->mu);
-    while (c->qlen == 0 && !c->draining && !atomic_load(&c->aborted))
+    while ((c->qlen == 0 || c->running) && !c->draining && !atomic_load(&c->aborted))
       pthread_cond_wait(&c->cv, &c->mu);
+    while (c->running) /* draining or aborted: let an inline operation end */
+      pthread_cond_wait(&c->idle_cv, &c->mu);
     if (c->qlen == 0) { /* draining or aborted, and nothing left */
       pthread_mutex_unlock(&c->mu);
       break;
@@ -195,10 +241,25 @@ static void *cpu_thread(void *arg) {
     cpu_qent_t e = c->q[c->qhead];
     c->qhead = (c->qhead + 1) % c->qcap;
     c->qlen--;
+    c->running = 1;
     pthread_mutex_unlock(&c->mu);
-    cpu_exec(c, &e);
+    cpu_exec(c, &e, -1); /* clears running */
   }
   return NULL;
+}
+
+/* With mu held: room for one more entry. */
+static int cpu_queue_room(cpu_comm_t *c) {
+  if (c->qlen < c->qcap) return TC_OK;
+  size_t cap = c->qcap * 2;
+  cpu_qent_t *q = malloc(cap * sizeof *q);
+  if (!q) return TC_ERR_NOMEM;
+  for (size_t i = 0; i < c->qlen; i++) q[i] = c->q[(c->qhead + i) % c->qcap];
+  free(c->q);
+  c->q = q;
+  c->qcap = cap;
+  c->qhead = 0;
+  return TC_OK;
 }
 
 static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work) {
@@ -213,21 +274,39 @@ static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work) {
     return cpu_set_error(c, tc__cpu_opname(op->type), TC_ERR_INVALID_USAGE,
                          "communicator was finalized");
   }
-  if (c->qlen == c->qcap) {
-    size_t cap = c->qcap * 2;
-    cpu_qent_t *q = malloc(cap * sizeof *q);
-    if (!q) {
-      pthread_mutex_unlock(&c->mu);
-      return cpu_set_error(c, tc__cpu_opname(op->type), TC_ERR_NOMEM,
-                           "out of memory growing the operation queue");
-    }
-    for (size_t i = 0; i < c->qlen; i++) q[i] = c->q[(c->qhead + i) % c->qcap];
-    free(c->q);
-    c->q = q;
-    c->qcap = cap;
-    c->qhead = 0;
+  if (cpu_queue_room(c) != TC_OK) {
+    pthread_mutex_unlock(&c->mu);
+    return cpu_set_error(c, tc__cpu_opname(op->type), TC_ERR_NOMEM,
+                         "out of memory growing the operation queue");
   }
-  c->q[(c->qhead + c->qlen) % c->qcap] = (cpu_qent_t){.op = op, .work = work};
+  size_t bytes;
+  cpu_qent_t e = {.op = op, .work = work};
+  e.fst.kind = tc__cpu_fast_kind(c, op, &bytes);
+  if (e.fst.kind && bytes <= c->inline_max && c->qlen == 0 && !c->running &&
+      !cpu_on_thread(c)) {
+    /* idle: run it on the caller's thread, spinning at most briefly; an
+     * operation that cannot finish that soon goes on to the thread */
+    c->running = 1;
+    pthread_mutex_unlock(&c->mu);
+    /* after a hand-off the peers may be waking up on their threads, which
+     * takes longer than the usual spin: wait longer once, so that the
+     * ranks fall back into step instead of handing off every operation */
+    double base = tc__shm_spin_s(c->shm);
+    int done = cpu_exec(c, &e, c->inline_boost ? CPU_INLINE_BOOST * base : base);
+    c->inline_boost = done ? 0 : !c->inline_boost;
+    pthread_mutex_lock(&c->mu);
+    c->running = 0;
+    if (!done) { /* first in line: posts during the attempt queued behind it */
+      c->qhead = (c->qhead + c->qcap - 1) % c->qcap;
+      c->q[c->qhead] = e;
+      c->qlen++;
+    }
+    if (c->qlen) pthread_cond_signal(&c->cv);
+    pthread_cond_broadcast(&c->idle_cv);
+    pthread_mutex_unlock(&c->mu);
+    return TC_OK;
+  }
+  c->q[(c->qhead + c->qlen) % c->qcap] = e;
   c->qlen++;
   pthread_cond_signal(&c->cv);
   pthread_mutex_unlock(&c->mu);
@@ -237,10 +316,6 @@ static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work) {
 /* ------------------------------------------------------------------------ */
 /* Lifecycle                                                                 */
 /* ------------------------------------------------------------------------ */
-
-static int cpu_on_thread(const cpu_comm_t *c) {
-  return c->thread_started && pthread_equal(pthread_self(), c->thread);
-}
 
 /* With life_mu held. */
 static void cpu_join(cpu_comm_t *c) {
@@ -253,16 +328,24 @@ static void cpu_join(cpu_comm_t *c) {
 /* With life_mu held, after the join. */
 static void cpu_close_transport(cpu_comm_t *c) {
   if (c->closed) return;
+  pthread_mutex_lock(&c->mu); /* an inline operation may still use it */
+  while (c->running) pthread_cond_wait(&c->idle_cv, &c->mu);
+  pthread_mutex_unlock(&c->mu);
+  pthread_mutex_lock(&c->tp_mu);
   if (c->tp) c->tp_ops->close(c->tp);
   c->tp = NULL;
+  c->shm = NULL;
   c->closed = 1;
+  pthread_mutex_unlock(&c->tp_mu);
 }
 
 static void cpu_free(cpu_comm_t *c) {
   if (c->wake_fd >= 0) close(c->wake_fd);
   pthread_mutex_destroy(&c->mu);
   pthread_mutex_destroy(&c->life_mu);
+  pthread_mutex_destroy(&c->tp_mu);
   pthread_cond_destroy(&c->cv);
+  pthread_cond_destroy(&c->idle_cv);
   free(c->q);
   free(c->scratch);
   free(c->xf);
@@ -274,10 +357,15 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
   *out = NULL;
   const char *cname = a->comm_name ? a->comm_name : "";
   const char *tpname = tc__env_str("TORCHCOMMS_CPU_TRANSPORT");
-  if (tpname && strcmp(tpname, "tcp") != 0) {
+  tc_tp_choice_t choice = TC_TP_AUTO;
+  if (tpname && !strcmp(tpname, "tcp")) {
+    choice = TC_TP_TCP;
+  } else if (tpname && !strcmp(tpname, "shm")) {
+    choice = TC_TP_SHM;
+  } else if (tpname && strcmp(tpname, "auto") != 0) {
     snprintf(err, errlen,
              "cpu backend of communicator '%s' (rank %d of %d): "
-             "TORCHCOMMS_CPU_TRANSPORT='%s' is not supported (valid: tcp)",
+             "TORCHCOMMS_CPU_TRANSPORT='%s' is not supported (valid: auto, shm, tcp)",
              cname, a->rank, a->world_size, tpname);
     return TC_ERR_INVALID_ARGUMENT;
   }
@@ -295,7 +383,9 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
   atomic_init(&c->aborted, 0);
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->life_mu, NULL);
+  pthread_mutex_init(&c->tp_mu, NULL);
   pthread_cond_init(&c->cv, NULL);
+  pthread_cond_init(&c->idle_cv, NULL);
   c->qcap = 64;
   c->q = malloc(c->qcap * sizeof *c->q);
   c->accepting = 1;
@@ -308,14 +398,18 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
     goto fail;
   }
   if (c->size > 1) {
-    c->tp_ops = &tc__tcp_transport;
     tc_tp_args_t ta = {.host = a->host, .store = a->store, .comm_name = cname,
                        .rank = c->rank, .size = c->size,
                        .advertise_addr = a->advertise_addr,
                        .timeout_s = c->timeout_s, .wake_fd = c->wake_fd,
                        .aborted = &c->aborted};
-    rc = c->tp_ops->create(&ta, &c->tp, err, errlen);
+    rc = tc__transport_open(&ta, choice, &c->tp_ops, &c->tp, err, errlen);
     if (rc != TC_OK) goto fail;
+    c->shm = tc__shm_of(c->tp_ops, c->tp);
+    double small = tc__env_double("TORCHCOMMS_CPU_SHM_SMALL_BYTES", CPU_SHM_SMALL_AR);
+    c->small_ar = small >= 0 ? (size_t)small : CPU_SHM_SMALL_AR;
+    double inl = tc__env_double("TORCHCOMMS_CPU_INLINE_BYTES", CPU_INLINE_MAX_BYTES);
+    c->inline_max = inl >= 0 ? (size_t)inl : CPU_INLINE_MAX_BYTES;
   }
   /* the progress thread takes no asynchronous signals: they belong to the
    * application's threads */
@@ -335,6 +429,7 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
   return TC_OK;
 fail:
   if (c->tp) c->tp_ops->close(c->tp);
+  c->tp = NULL;
   cpu_free(c);
   return rc;
 }
@@ -380,6 +475,9 @@ static int cpu_abort(void *bc) {
   uint64_t one = 1;
   ssize_t w = write(c->wake_fd, &one, sizeof one); /* wakes every poll */
   (void)w;
+  pthread_mutex_lock(&c->tp_mu); /* wakes futex waits (shm) */
+  if (c->tp && c->tp_ops->interrupt) c->tp_ops->interrupt(c->tp);
+  pthread_mutex_unlock(&c->tp_mu);
   pthread_mutex_lock(&c->mu);
   c->accepting = 0;
   pthread_cond_broadcast(&c->cv);

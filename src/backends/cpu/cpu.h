@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "core/internal.h"
+#include "transport/shm.h"
 #include "transport/tcp.h"
 
 /* The table the core registers as the built-in "cpu" backend. */
@@ -21,9 +22,46 @@ TC_INTERNAL extern const tc_backend_ops_t tc__cpu_backend;
 #define CPU_DIRECT_A2A_BYTES (1024u * 1024u)  /* all_to_all: one round below */
 #define CPU_SCRATCH_KEEP (64u * 1024u * 1024u) /* larger scratch is freed after the op */
 
+/* Shared memory: all_reduce through the small slots up to this many bytes
+ * (TORCHCOMMS_CPU_SHM_SMALL_BYTES overrides; it must be the same on every
+ * rank), through the big halves above. */
+#define CPU_SHM_SMALL_AR (16u * 1024u)
+
+/* Waits inside a large shared-memory operation spin this long (seconds)
+ * before sleeping, unless the machine is oversubscribed. */
+#define CPU_SHM_ROUND_SPIN 1e-3
+
+/* An inline attempt right after one that handed its operation to the thread
+ * spins this many times the usual spin. */
+#define CPU_INLINE_BOOST 5.0
+
+/* Return codes of the shared-memory paths besides TC_OK and errors. */
+#define CPU_PENDING 1 /* not finished: resume later */
+
+/* Operations on the shared segments (shm_algos.c): kinds. */
+#define CPU_FAST_SMALL 1 /* one sync through the slots */
+#define CPU_FAST_BIG 2   /* rounds through the big halves */
+/* ...run on the caller's thread when the communicator is idle up to this
+ * many bytes (larger ones are handed to the thread at once, so that an
+ * asynchronous call returns at once); TORCHCOMMS_CPU_INLINE_BYTES
+ * overrides (it may differ between ranks). */
+#define CPU_INLINE_MAX_BYTES (1024u * 1024u)
+
+/* The progress of a resumable shared-memory operation. */
+typedef struct cpu_fast {
+  int kind;   /* 0 (none), CPU_FAST_SMALL, CPU_FAST_BIG */
+  int stage;  /* where to resume */
+  int init;   /* one-time preparation done */
+  int h;      /* the big half of the current round */
+  uint64_t s; /* the current sync point */
+  size_t off; /* the current round's offset */
+} cpu_fast_t;
+
 typedef struct cpu_qent {
   const tc_backend_op_t *op;
   tc_work_t *work;
+  cpu_fast_t fst;    /* a shared-memory operation (kind != 0): its progress */
+  double deadline, timeout_s; /* set once begun */
 } cpu_qent_t;
 
 typedef struct cpu_comm {
@@ -32,7 +70,7 @@ typedef struct cpu_comm {
   int rank, size;
   double timeout_s; /* bootstrap / finalize deadline */
 
-  const tc_transport_ops_t *tp_ops; /* NULL for world size 1 */
+  const tc_transport_ops_t *tp_ops; /* NULL for world size 1; tcp or shm */
   void *tp;
   int wake_fd;       /* eventfd, written once on abort, never drained */
   atomic_int aborted;
@@ -45,16 +83,31 @@ typedef struct cpu_comm {
   int draining;  /* finalize: run what is queued, then exit */
   int accepting; /* 0 once finalize or abort began: posts are refused */
 
+  int running;           /* an operation is executing (thread or inline) */
+  atomic_int reporting;  /* the thread is reporting an op it finished */
+  int inline_boost;      /* the last inline attempt handed off (mu held) */
+  pthread_cond_t idle_cv; /* signalled when running drops to 0 */
+
   pthread_t thread;
   int thread_started, thread_joined;
   pthread_mutex_t life_mu; /* serializes finalize / abort / destroy */
+  pthread_mutex_t tp_mu;   /* transport close vs abort's interrupt */
   int closed;              /* transport closed */
 
   /* set by the progress thread after the first failed op */
   int broken_rc;
   char broken_msg[768];
 
-  /* scratch, grown on demand, reused (progress thread only) */
+  /* shared memory (NULL over TCP): sync points and big-half rounds, the
+   * same sequence on every rank; touched by the executing thread only */
+  tc_shm_t *shm;
+  uint64_t sync;      /* the last sync point this rank posted */
+  uint64_t known_all; /* every rank's flag is known to be >= this */
+  uint64_t big_round;
+  size_t small_ar;    /* CPU_SHM_SMALL_AR or its override */
+  size_t inline_max;  /* CPU_INLINE_MAX_BYTES or its override */
+
+  /* scratch, grown on demand, reused (executing thread only) */
   void *scratch;
   size_t scratch_cap;
   tc_xfer_t *xf;
@@ -96,6 +149,16 @@ static inline tc_redop_type_t cpu_kop(const tc_backend_op_t *op) {
   tc_redop_type_t t = op->redop.type;
   return (t == TC_AVG || t == TC_PREMUL_SUM) ? TC_SUM : t;
 }
+
+/* shm_algos.c: collectives on the shared segments. */
+/* The kind of shared-memory path op takes (0: none: the algorithms over the
+ * exchange), and the bytes one rank contributes. */
+TC_INTERNAL int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op,
+                                  size_t *bytes);
+/* Runs or resumes a shared-memory operation (st->kind set). spin >= 0:
+ * never sleep; give up with CPU_PENDING at a wait that spun that long;
+ * spin < 0: wait until done. */
+TC_INTERNAL int tc__cpu_fast_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin);
 
 /* algos.c: reductions and broadcast */
 TC_INTERNAL int tc__cpu_all_reduce(cpu_ctx_t *ctx);

@@ -1,0 +1,676 @@
+/* shm_algos.c -- collectives straight on the shared-memory segments (used
+ * when the communicator's transport is shm; see transport/shm.h).
+ *
+ * Sync points. Every rank has one flag in its segment; the k-th sync point
+ * of the communicator (the same k on every rank: every rank takes the same
+ * path for the same operation) is "flag >= k". A rank writes what peers
+ * read at sync k into its own segment, posts k, waits for the flags it
+ * needs, and reads. Peers read data of sync k only before they post k+1, so
+ * a rank that has seen every flag >= k-1 may overwrite anything but what it
+ * wrote at k-1: small slots alternate by the parity of k, big halves by a
+ * round counter, and each round's writes after its first sync touch only
+ * the writer's own slice, which nobody reads at that sync.
+ *
+ *  small (one sync, resumable, may run inline on the caller's thread):
+ *   all_reduce      every rank copies its input into its slot; all reduce
+ *                   all slots in rank order: identical bits everywhere.
+ *   broadcast       the root copies into its slot, the others copy out.
+ *   barrier         post, wait for all.
+ *   all_gather*     every rank copies its block in, everyone copies all out.
+ *   reduce_scatter* every rank copies its whole input in; each reduces its
+ *                   block from every slot in rank order.
+ *   all_to_all_single  every rank copies its send buffer in; each copies
+ *                   its block out of every slot.
+ *  large (rounds through the two big halves, progress thread):
+ *   all_reduce      per round: copy in, sync, each rank reduces its slice
+ *                   of the round from every half (rank order) into its own
+ *                   half, sync, everyone copies every slice out.
+ *   broadcast, all_gather*, reduce_scatter*, all_to_all_single: one sync
+ *                   per round, each byte copied in once and out once.
+ */
+#include "backends/cpu/cpu.h"
+
+#include <string.h>
+
+#define FP_HDR 64u /* header at the start of a small slot */
+
+enum { FAM_AR = 1, FAM_BCAST, FAM_BARRIER, FAM_AG, FAM_RS, FAM_A2A };
+
+typedef struct fp_hdr {
+  uint64_t sync;
+  uint32_t fam;
+  int32_t root;
+  uint64_t bytes; /* this rank's contribution */
+  uint32_t dtype, pad;
+} fp_hdr_t;
+
+static int fam_of(tc_op_type_t t) {
+  switch (t) {
+  case TC_OP_ALL_REDUCE: return FAM_AR;
+  case TC_OP_BROADCAST: return FAM_BCAST;
+  case TC_OP_BARRIER: return FAM_BARRIER;
+  case TC_OP_ALL_GATHER:
+  case TC_OP_ALL_GATHER_V:
+  case TC_OP_ALL_GATHER_SINGLE: return FAM_AG;
+  case TC_OP_REDUCE_SCATTER:
+  case TC_OP_REDUCE_SCATTER_V:
+  case TC_OP_REDUCE_SCATTER_SINGLE: return FAM_RS;
+  case TC_OP_ALL_TO_ALL_SINGLE: return FAM_A2A;
+  default: return 0;
+  }
+}
+
+static const char *fam_name(uint32_t f) {
+  static const char *const n[] = {"?", "all_reduce", "broadcast", "barrier",
+                                   "all_gather", "reduce_scatter", "all_to_all"};
+  return f < sizeof n / sizeof n[0] ? n[f] : "?";
+}
+
+static size_t blk_cnt(size_t count, int n, int i) {
+  return count / (size_t)n + ((size_t)i < count % (size_t)n);
+}
+static size_t blk_off(size_t count, int n, int i) {
+  size_t q = count / (size_t)n, r = count % (size_t)n;
+  return q * (size_t)i + ((size_t)i < r ? (size_t)i : r);
+}
+
+static tc_tp_op_t fp_top(cpu_ctx_t *ctx) {
+  tc_tp_op_t t = {.opname = ctx->opname, .deadline = ctx->deadline,
+                  .timeout_s = ctx->timeout_s, .msg = ctx->msg, .msglen = sizeof ctx->msg};
+  return t;
+}
+
+/* Waits until rank q's flag (q < 0: every rank's) >= v. spin >= 0 (on the
+ * caller's thread): spin that long (inside an operation at least
+ * CPU_SHM_ROUND_SPIN), then return 1 (not yet). spin < 0 (the thread): spin
+ * the transport's time (inside an operation, whose peers are busy with the
+ * same rounds: CPU_SHM_ROUND_SPIN), then sleep until the deadline. */
+static int fp_wait(cpu_comm_t *c, int q, uint64_t v, double spin, int inop,
+                   const tc_tp_op_t *top) {
+  double sp = spin >= 0 ? spin : tc__shm_spin_s(c->shm);
+  if (inop && sp < CPU_SHM_ROUND_SPIN) sp = CPU_SHM_ROUND_SPIN;
+  int sleep = spin < 0;
+  if (q >= 0) return tc__shm_wait_flag(c->shm, q, v, sp, sleep, top);
+  if (c->known_all >= v) return TC_OK;
+  for (int p = 0; p < c->size; p++) {
+    if (p == c->rank) continue;
+    int rc = tc__shm_wait_flag(c->shm, p, v, sp, sleep, top);
+    if (rc != TC_OK) return rc;
+  }
+  c->known_all = v;
+  return TC_OK;
+}
+
+/* The next sync point, once every peer is done with what this rank wrote
+ * two sync points ago. */
+static int fp_begin(cpu_comm_t *c, double spin, int inop, const tc_tp_op_t *top,
+                    uint64_t *s) {
+  int rc = fp_wait(c, -1, c->sync, spin, inop, top);
+  if (rc != TC_OK) return rc;
+  *s = ++c->sync;
+  return TC_OK;
+}
+
+/* A wait that may give up (inline): CPU_PENDING; errors as they are. */
+#define FP_TRY(call)                                                           \
+  do {                                                                         \
+    int fp_rc_ = (call);                                                       \
+    if (fp_rc_ == 1) return CPU_PENDING;                                       \
+    if (fp_rc_ != TC_OK) return fp_rc_;                                        \
+  } while (0)
+
+/* ------------------------------------------------------------------------ */
+/* Eligibility                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Input of reduce_scatter block i (and its count). */
+static const char *rs_in(const cpu_ctx_t *ctx, int i, size_t *cnt) {
+  const tc_backend_op_t *op = ctx->op;
+  switch (op->type) {
+  case TC_OP_REDUCE_SCATTER_V:
+    *cnt = op->sendcounts[i];
+    return op->sendbufs[i];
+  case TC_OP_REDUCE_SCATTER_SINGLE:
+    *cnt = op->count;
+    return (const char *)op->sendbuf + (size_t)i * op->count * ctx->es;
+  default:
+    *cnt = op->count;
+    return op->sendbufs[i];
+  }
+}
+
+/* all_gather: destination and length of every rank's block. */
+static void ag_block(const tc_backend_op_t *op, size_t es, int i, char **dst, size_t *len) {
+  switch (op->type) {
+  case TC_OP_ALL_GATHER_SINGLE:
+    *dst = (char *)op->recvbuf + (size_t)i * op->count * es;
+    *len = op->count * es;
+    break;
+  case TC_OP_ALL_GATHER_V:
+    *dst = op->recvbufs[i];
+    *len = op->recvcounts[i] * es;
+    break;
+  default:
+    *dst = op->recvbufs[i];
+    *len = op->count * es;
+    break;
+  }
+}
+
+/* Bytes one rank puts through its slot or halves: the largest contribution
+ * of any rank (the same on every rank), or SIZE_MAX when the operation has
+ * no shared-memory path. */
+static size_t fp_bytes(const cpu_comm_t *c, const tc_backend_op_t *op) {
+  size_t es = tc_dtype_size(op->dtype), n = (size_t)c->size, m = 0;
+  switch (op->type) {
+  case TC_OP_ALL_REDUCE:
+  case TC_OP_BROADCAST: return op->count * es;
+  case TC_OP_BARRIER: return 0;
+  case TC_OP_ALL_GATHER:
+  case TC_OP_ALL_GATHER_SINGLE: return op->count * es;
+  case TC_OP_ALL_GATHER_V:
+    for (size_t i = 0; i < n; i++)
+      if (op->recvcounts[i] > m) m = op->recvcounts[i];
+    return m * es;
+  case TC_OP_REDUCE_SCATTER:
+  case TC_OP_REDUCE_SCATTER_SINGLE: return n * op->count * es;
+  case TC_OP_REDUCE_SCATTER_V:
+    for (size_t i = 0; i < n; i++) m += op->sendcounts[i];
+    return m * es;
+  case TC_OP_ALL_TO_ALL_SINGLE: return n * op->count * es;
+  default: return SIZE_MAX;
+  }
+}
+
+/* The part of a half each destination gets: whole elements, 64-byte aligned
+ * when possible. */
+static size_t part_bytes(size_t half, int n, size_t es) {
+  size_t p = half / (size_t)n;
+  size_t a = p & ~(size_t)63;
+  if (a >= es && a % es == 0) return a;
+  return p / es * es;
+}
+
+int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, size_t *bytes) {
+  *bytes = 0;
+  if (!c->shm || c->size < 2) return 0;
+  size_t b = fp_bytes(c, op), es = tc_dtype_size(op->dtype);
+  if (b == SIZE_MAX || (b == 0 && op->type != TC_OP_BARRIER)) return 0;
+  *bytes = b;
+  int fam = fam_of(op->type);
+  if (b + FP_HDR <= tc__shm_slot_bytes(c->shm) && (fam != FAM_AR || b <= c->small_ar))
+    return CPU_FAST_SMALL;
+  if (fam == FAM_AR && op->count < (size_t)c->size) return 0;
+  if ((fam == FAM_RS || fam == FAM_A2A) &&
+      part_bytes(tc__shm_half_bytes(c->shm), c->size, fam == FAM_A2A ? 1 : es) == 0)
+    return 0;
+  return CPU_FAST_BIG;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Headers: what every rank is doing, checked at an operation's first sync   */
+/* ------------------------------------------------------------------------ */
+
+static void fp_put_hdr(cpu_ctx_t *ctx, uint64_t s, size_t bytes) {
+  const tc_backend_op_t *op = ctx->op;
+  fp_hdr_t *h = (fp_hdr_t *)tc__shm_slot(ctx->c->shm, ctx->rank, (int)(s & 1));
+  h->sync = s;
+  h->fam = (uint32_t)fam_of(op->type);
+  h->root = op->root;
+  h->bytes = bytes;
+  h->dtype = (uint32_t)op->dtype;
+}
+
+static int fp_mismatch(cpu_ctx_t *ctx, int q, const fp_hdr_t *h, uint32_t fam, size_t bytes) {
+  const tc_backend_op_t *op = ctx->op;
+  if (h->fam != fam)
+    return tc__cpu_fail(ctx, TC_ERR_PROTOCOL,
+                        "peer %d is in %s while this rank is in %s (mismatched "
+                        "operations between ranks?)", q, fam_name(h->fam), ctx->opname);
+  if (fam == FAM_BCAST && h->root != op->root)
+    return tc__cpu_fail(ctx, TC_ERR_PROTOCOL,
+                        "peer %d broadcasts from root %d but this rank expects root %d "
+                        "(mismatched roots between ranks?)", q, h->root, op->root);
+  if (h->bytes != bytes)
+    return tc__cpu_fail(ctx, TC_ERR_PROTOCOL,
+                        "peer %d sent %llu bytes but %zu were expected (mismatched "
+                        "count or dtype between ranks?)",
+                        q, (unsigned long long)h->bytes, bytes);
+  if (fam != FAM_BARRIER && h->dtype != (uint32_t)op->dtype)
+    return tc__cpu_fail(ctx, TC_ERR_PROTOCOL,
+                        "peer %d sent %s data but this rank expects %s (mismatched "
+                        "dtypes between ranks?)", q, tc_dtype_name((tc_dtype_t)h->dtype),
+                        tc_dtype_name(op->dtype));
+  return TC_OK;
+}
+
+/* Checks the headers of sync s: of rank `only`, or of every peer (-1). */
+static int fp_check_hdrs(cpu_ctx_t *ctx, uint64_t s, int only) {
+  cpu_comm_t *c = ctx->c;
+  const tc_backend_op_t *op = ctx->op;
+  int fam = fam_of(op->type);
+  for (int q = 0; q < ctx->size; q++) {
+    if (q == ctx->rank || (only >= 0 && q != only)) continue;
+    const fp_hdr_t *h = (const fp_hdr_t *)tc__shm_slot(c->shm, q, (int)(s & 1));
+    size_t want = fp_bytes(c, op);
+    if (fam == FAM_AG) {
+      char *dst;
+      ag_block(op, ctx->es, q, &dst, &want);
+    }
+    TC_CHECK(fp_mismatch(ctx, q, h, (uint32_t)fam, want));
+  }
+  return TC_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Small: one sync through the slots                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Writes this rank's contribution into its slot (after the header). */
+static size_t fp_write(cpu_ctx_t *ctx, char *d) {
+  const tc_backend_op_t *op = ctx->op;
+  int r = ctx->rank, n = ctx->size;
+  size_t es = ctx->es, b = 0;
+  int premul = op->redop.type == TC_PREMUL_SUM;
+  switch (fam_of(op->type)) {
+  case FAM_AR:
+    b = op->count * es;
+    if (premul) tc__scale(d, op->recvbuf, op->count, op->dtype, op->redop.factor);
+    else memcpy(d, op->recvbuf, b);
+    break;
+  case FAM_BCAST:
+    b = op->count * es;
+    if (r == op->root) memcpy(d, op->recvbuf, b);
+    break;
+  case FAM_AG: {
+    char *dst;
+    ag_block(op, es, r, &dst, &b);
+    if (b) memcpy(d, op->sendbuf, b);
+    break;
+  }
+  case FAM_RS:
+    for (int i = 0; i < n; i++) {
+      size_t cnt;
+      const char *in = rs_in(ctx, i, &cnt);
+      if (!cnt) continue;
+      if (premul) tc__scale(d + b, in, cnt, op->dtype, op->redop.factor);
+      else memcpy(d + b, in, cnt * es);
+      b += cnt * es;
+    }
+    break;
+  case FAM_A2A:
+    b = (size_t)n * op->count * es;
+    memcpy(d, op->sendbuf, b);
+    break;
+  default: break;
+  }
+  return b;
+}
+
+/* Reads what the operation needs from the slots of sync s. */
+static int fp_read(cpu_ctx_t *ctx, uint64_t s) {
+  cpu_comm_t *c = ctx->c;
+  const tc_backend_op_t *op = ctx->op;
+  int r = ctx->rank, n = ctx->size, fam = fam_of(op->type);
+  size_t es = ctx->es;
+  int si = (int)(s & 1);
+  tc_redop_type_t kop = cpu_kop(op);
+  /* headers first: nothing is written on a mismatch */
+  TC_CHECK(fp_check_hdrs(ctx, s, fam == FAM_BCAST ? op->root : -1));
+#define SLOT(q) (tc__shm_slot(c->shm, (q), si) + FP_HDR)
+  switch (fam) {
+  case FAM_AR: {
+    char *out = op->recvbuf;
+    tc__reduce3(out, SLOT(0), SLOT(1), op->count, op->dtype, kop);
+    for (int q = 2; q < n; q++) tc__reduce(out, SLOT(q), op->count, op->dtype, kop);
+    if (op->redop.type == TC_AVG) tc__divide(out, op->count, op->dtype, (uint64_t)n);
+    break;
+  }
+  case FAM_BCAST:
+    if (r != op->root) memcpy(op->recvbuf, SLOT(op->root), op->count * es);
+    break;
+  case FAM_AG:
+    for (int q = 0; q < n; q++) {
+      char *dst;
+      size_t len;
+      ag_block(op, es, q, &dst, &len);
+      /* the own block from the own slot too: the send buffer may overlap
+       * the output anywhere */
+      if (len && !(q == r && dst == (const char *)op->sendbuf)) memcpy(dst, SLOT(q), len);
+    }
+    break;
+  case FAM_RS: {
+    size_t mycnt, off = 0;
+    for (int i = 0; i < r; i++) {
+      size_t cnt;
+      rs_in(ctx, i, &cnt);
+      off += cnt * es;
+    }
+    rs_in(ctx, r, &mycnt);
+    if (!mycnt) break;
+    char *out = op->recvbuf;
+    tc__reduce3(out, SLOT(0) + off, SLOT(1) + off, mycnt, op->dtype, kop);
+    for (int q = 2; q < n; q++) tc__reduce(out, SLOT(q) + off, mycnt, op->dtype, kop);
+    if (op->redop.type == TC_AVG) tc__divide(out, mycnt, op->dtype, (uint64_t)n);
+    break;
+  }
+  case FAM_A2A: {
+    size_t bb = op->count * es;
+    for (int q = 0; q < n; q++)
+      memcpy((char *)op->recvbuf + (size_t)q * bb, SLOT(q) + (size_t)r * bb, bb);
+    break;
+  }
+  default: break;
+  }
+#undef SLOT
+  return TC_OK;
+}
+
+static int small_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
+  cpu_comm_t *c = ctx->c;
+  const tc_backend_op_t *op = ctx->op;
+  tc_tp_op_t top = fp_top(ctx);
+  if (st->stage == 0) {
+    uint64_t s;
+    FP_TRY(fp_begin(c, spin, 0, &top, &s));
+    st->s = s;
+    size_t b = fp_write(ctx, tc__shm_slot(c->shm, ctx->rank, (int)(s & 1)) + FP_HDR);
+    fp_put_hdr(ctx, s, b);
+    tc__shm_post(c->shm, s);
+    st->stage = 1;
+  }
+  if (fam_of(op->type) == FAM_BCAST) {
+    if (ctx->rank != op->root) FP_TRY(fp_wait(c, op->root, st->s, spin, 0, &top));
+  } else {
+    FP_TRY(fp_wait(c, -1, st->s, spin, 0, &top));
+  }
+  st->stage = 2;
+  return fp_read(ctx, st->s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Large: rounds through the big halves, resumable at every wait             */
+/* ------------------------------------------------------------------------ */
+
+static int big_all_reduce(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
+  cpu_comm_t *c = ctx->c;
+  tc_shm_t *s = c->shm;
+  const tc_backend_op_t *op = ctx->op;
+  tc_tp_op_t top = fp_top(ctx);
+  int r = ctx->rank, n = ctx->size, premul = op->redop.type == TC_PREMUL_SUM;
+  size_t es = ctx->es, count = op->count;
+  size_t per = tc__shm_half_bytes(s) / es; /* elements per round */
+  tc_redop_type_t kop = cpu_kop(op);
+  char *buf = op->recvbuf, *own = NULL;
+  /* the own slice, scaled (premul), kept in scratch from stage 0 to 1 */
+  if (premul) TC_CHECK(tc__cpu_scratch(ctx, blk_cnt(per, n, 0) * es, (void **)&own));
+  for (;;) {
+    size_t base = st->off, cnt = count - base < per ? count - base : per;
+    char *ub = buf + base * es, *mine = tc__shm_half(s, r, st->h);
+    size_t moff = blk_off(cnt, n, r), mcnt = blk_cnt(cnt, n, r);
+    switch (st->stage) {
+    case 0: { /* copy in everything but the own slice (nobody else reads it) */
+      if (base >= count) return TC_OK;
+      uint64_t s1;
+      FP_TRY(fp_begin(c, spin, base > 0, &top, &s1));
+      st->s = s1;
+      st->h = (int)(c->big_round++ & 1);
+      mine = tc__shm_half(s, r, st->h);
+      if (base == 0) fp_put_hdr(ctx, s1, count * es);
+      if (premul) {
+        tc__scale(mine, ub, moff, op->dtype, op->redop.factor);
+        tc__scale(mine + (moff + mcnt) * es, ub + (moff + mcnt) * es, cnt - moff - mcnt,
+                  op->dtype, op->redop.factor);
+        tc__scale(own, ub + moff * es, mcnt, op->dtype, op->redop.factor);
+      } else {
+        memcpy(mine, ub, moff * es);
+        memcpy(mine + (moff + mcnt) * es, ub + (moff + mcnt) * es,
+               (cnt - moff - mcnt) * es);
+      }
+      tc__shm_post(s, s1);
+      st->stage = 1;
+    } /* fall through */
+    case 1: { /* reduce the own slice, rank order, into the own half */
+      FP_TRY(fp_wait(c, -1, st->s, spin, 1, &top));
+      if (base == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, -1));
+      if (mcnt) {
+        const char *src[2];
+        char *dst = mine + moff * es;
+        for (int q = 0; q < 2; q++)
+          src[q] = q == r ? (premul ? own : ub + moff * es)
+                          : tc__shm_half(s, q, st->h) + moff * es;
+        tc__reduce3(dst, src[0], src[1], mcnt, op->dtype, kop);
+        for (int q = 2; q < n; q++) {
+          const char *sq = q == r ? (premul ? own : ub + moff * es)
+                                  : tc__shm_half(s, q, st->h) + moff * es;
+          tc__reduce(dst, sq, mcnt, op->dtype, kop);
+        }
+        if (op->redop.type == TC_AVG) tc__divide(dst, mcnt, op->dtype, (uint64_t)n);
+      }
+      st->s = ++c->sync; /* every flag >= the previous one is known */
+      tc__shm_post(s, st->s);
+      if (mcnt) memcpy(ub + moff * es, mine + moff * es, mcnt * es);
+      st->stage = 2;
+    } /* fall through */
+    case 2: /* every reduced slice out */
+      FP_TRY(fp_wait(c, -1, st->s, spin, 1, &top));
+      for (int q = 0; q < n; q++) {
+        if (q == r) continue;
+        size_t qo = blk_off(cnt, n, q), qc = blk_cnt(cnt, n, q);
+        if (qc) memcpy(ub + qo * es, tc__shm_half(s, q, st->h) + qo * es, qc * es);
+      }
+      st->off += per;
+      st->stage = 0;
+      break;
+    }
+  }
+}
+
+static int big_broadcast(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
+  cpu_comm_t *c = ctx->c;
+  tc_shm_t *s = c->shm;
+  const tc_backend_op_t *op = ctx->op;
+  tc_tp_op_t top = fp_top(ctx);
+  int r = ctx->rank, root = op->root;
+  size_t bytes = op->count * ctx->es, per = tc__shm_half_bytes(s);
+  char *buf = op->recvbuf;
+  for (;;) {
+    size_t off = st->off, len = bytes - off < per ? bytes - off : per;
+    if (st->stage == 0) {
+      if (off >= bytes) return TC_OK;
+      if (r == root) {
+        uint64_t k;
+        FP_TRY(fp_begin(c, spin, off > 0, &top, &k));
+        st->s = k;
+        st->h = (int)(c->big_round++ & 1);
+        if (off == 0) fp_put_hdr(ctx, k, bytes);
+        memcpy(tc__shm_half(s, r, st->h), buf + off, len);
+        tc__shm_post(s, k);
+        st->off += per;
+        continue;
+      }
+      /* a receiver writes nothing: it need not wait for the others */
+      st->s = ++c->sync;
+      st->h = (int)(c->big_round++ & 1);
+      tc__shm_post(s, st->s);
+      st->stage = 1;
+    }
+    FP_TRY(fp_wait(c, root, st->s, spin, off > 0, &top));
+    if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, root));
+    memcpy(buf + off, tc__shm_half(s, root, st->h), len);
+    st->off += per;
+    st->stage = 0;
+  }
+}
+
+static int big_all_gather(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
+  cpu_comm_t *c = ctx->c;
+  tc_shm_t *s = c->shm;
+  const tc_backend_op_t *op = ctx->op;
+  tc_tp_op_t top = fp_top(ctx);
+  int r = ctx->rank, n = ctx->size;
+  size_t es = ctx->es, per = tc__shm_half_bytes(s), most = fp_bytes(c, op);
+  char *mydst;
+  size_t mylen;
+  ag_block(op, es, r, &mydst, &mylen);
+  if (!st->init) {
+    /* the own block first, copied in from there: the send buffer may be
+     * part of the output */
+    if (mylen && mydst != (const char *)op->sendbuf) memmove(mydst, op->sendbuf, mylen);
+    st->init = 1;
+  }
+  for (;;) {
+    size_t off = st->off;
+    if (st->stage == 0) {
+      if (off >= most) return TC_OK;
+      uint64_t k;
+      FP_TRY(fp_begin(c, spin, off > 0, &top, &k));
+      st->s = k;
+      st->h = (int)(c->big_round++ & 1);
+      if (off == 0) fp_put_hdr(ctx, k, mylen);
+      if (off < mylen)
+        memcpy(tc__shm_half(s, r, st->h), mydst + off, mylen - off < per ? mylen - off : per);
+      tc__shm_post(s, k);
+      st->stage = 1;
+    }
+    FP_TRY(fp_wait(c, -1, st->s, spin, 1, &top));
+    if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, -1));
+    for (int q = 0; q < n; q++) {
+      char *dst;
+      size_t len;
+      ag_block(op, es, q, &dst, &len);
+      if (q == r || off >= len) continue;
+      memcpy(dst + off, tc__shm_half(s, q, st->h), len - off < per ? len - off : per);
+    }
+    st->off += per;
+    st->stage = 0;
+  }
+}
+
+static int overlaps(const char *a, size_t al, const char *b, size_t bl) {
+  return al && bl && a < b + bl && b < a + al;
+}
+
+static int big_reduce_scatter(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
+  cpu_comm_t *c = ctx->c;
+  tc_shm_t *s = c->shm;
+  const tc_backend_op_t *op = ctx->op;
+  tc_tp_op_t top = fp_top(ctx);
+  int r = ctx->rank, n = ctx->size, premul = op->redop.type == TC_PREMUL_SUM;
+  size_t es = ctx->es, part = part_bytes(tc__shm_half_bytes(s), n, es), pe = part / es;
+  tc_redop_type_t kop = cpu_kop(op);
+  size_t maxcnt = 0, mycnt;
+  for (int i = 0; i < n; i++) {
+    size_t cnt;
+    rs_in(ctx, i, &cnt);
+    if (cnt > maxcnt) maxcnt = cnt;
+  }
+  const char *myin = rs_in(ctx, r, &mycnt);
+  char *out = op->recvbuf, *own = NULL;
+  /* the own chunk goes through scratch when scaled or when the output
+   * overlaps the input */
+  int stage_own = premul || overlaps(out, mycnt * es, myin, mycnt * es);
+  if (stage_own) TC_CHECK(tc__cpu_scratch(ctx, part, (void **)&own));
+  for (;;) {
+    size_t off = st->off;
+    if (st->stage == 0) {
+      if (off >= maxcnt) {
+        if (op->redop.type == TC_AVG && mycnt) tc__divide(out, mycnt, op->dtype, (uint64_t)n);
+        return TC_OK;
+      }
+      uint64_t k;
+      FP_TRY(fp_begin(c, spin, off > 0, &top, &k));
+      st->s = k;
+      st->h = (int)(c->big_round++ & 1);
+      char *mine = tc__shm_half(s, r, st->h);
+      if (off == 0) fp_put_hdr(ctx, k, fp_bytes(c, op));
+      for (int q = 0; q < n; q++) {
+        size_t cnt;
+        const char *in = rs_in(ctx, q, &cnt);
+        if (off >= cnt || (q == r && !stage_own)) continue;
+        size_t len = cnt - off < pe ? cnt - off : pe;
+        char *d = q == r ? own : mine + (size_t)q * part;
+        if (premul) tc__scale(d, in + off * es, len, op->dtype, op->redop.factor);
+        else memcpy(d, in + off * es, len * es);
+      }
+      tc__shm_post(s, k);
+      st->stage = 1;
+    }
+    FP_TRY(fp_wait(c, -1, st->s, spin, 1, &top));
+    if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, -1));
+    if (off < mycnt) {
+      size_t len = mycnt - off < pe ? mycnt - off : pe;
+      const char *src[2];
+      for (int q = 0; q < 2; q++)
+        src[q] = q == r ? (stage_own ? own : myin + off * es)
+                        : tc__shm_half(s, q, st->h) + (size_t)r * part;
+      char *dst = out + off * es;
+      tc__reduce3(dst, src[0], src[1], len, op->dtype, kop);
+      for (int q = 2; q < n; q++) {
+        const char *sq = q == r ? (stage_own ? own : myin + off * es)
+                                : tc__shm_half(s, q, st->h) + (size_t)r * part;
+        tc__reduce(dst, sq, len, op->dtype, kop);
+      }
+    }
+    st->off += pe;
+    st->stage = 0;
+  }
+}
+
+static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
+  cpu_comm_t *c = ctx->c;
+  tc_shm_t *s = c->shm;
+  const tc_backend_op_t *op = ctx->op;
+  tc_tp_op_t top = fp_top(ctx);
+  int r = ctx->rank, n = ctx->size;
+  size_t es = ctx->es, bb = op->count * es, part = part_bytes(tc__shm_half_bytes(s), n, 1);
+  const char *send = op->sendbuf;
+  char *recv = op->recvbuf;
+  if (overlaps(send, (size_t)n * bb, recv, (size_t)n * bb)) { /* in place: staged */
+    char *sc;
+    TC_CHECK(tc__cpu_scratch(ctx, (size_t)n * bb, (void **)&sc));
+    if (!st->init) memcpy(sc, send, (size_t)n * bb);
+    send = sc;
+  }
+  if (!st->init) {
+    memmove(recv + (size_t)r * bb, send + (size_t)r * bb, bb);
+    st->init = 1;
+  }
+  for (;;) {
+    size_t off = st->off, len = bb - off < part ? bb - off : part;
+    if (st->stage == 0) {
+      if (off >= bb) return TC_OK;
+      uint64_t k;
+      FP_TRY(fp_begin(c, spin, off > 0, &top, &k));
+      st->s = k;
+      st->h = (int)(c->big_round++ & 1);
+      char *mine = tc__shm_half(s, r, st->h);
+      if (off == 0) fp_put_hdr(ctx, k, (size_t)n * bb);
+      for (int q = 0; q < n; q++)
+        if (q != r) memcpy(mine + (size_t)q * part, send + (size_t)q * bb + off, len);
+      tc__shm_post(s, k);
+      st->stage = 1;
+    }
+    FP_TRY(fp_wait(c, -1, st->s, spin, 1, &top));
+    if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, -1));
+    for (int q = 0; q < n; q++)
+      if (q != r)
+        memcpy(recv + (size_t)q * bb + off, tc__shm_half(s, q, st->h) + (size_t)r * part,
+               len);
+    st->off += part;
+    st->stage = 0;
+  }
+}
+
+int tc__cpu_fast_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
+  if (st->kind == CPU_FAST_SMALL) return small_run(ctx, st, spin);
+  switch (fam_of(ctx->op->type)) {
+  case FAM_AR: return big_all_reduce(ctx, st, spin);
+  case FAM_BCAST: return big_broadcast(ctx, st, spin);
+  case FAM_AG: return big_all_gather(ctx, st, spin);
+  case FAM_RS: return big_reduce_scatter(ctx, st, spin);
+  case FAM_A2A: return big_all_to_all(ctx, st, spin);
+  default:
+    return tc__cpu_fail(ctx, TC_ERR_INTERNAL, "internal error: no shared-memory path");
+  }
+}

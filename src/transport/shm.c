@@ -1,0 +1,476 @@
+/* shm.c -- the shared-memory transport's data path (shm.h): the exchange over
+ * per-pair single-producer / single-consumer byte rings, the waits (spin,
+ * then futex naps with abort, deadline and liveness checks), the sync flags
+ * of the collective area, goodbye and interrupt. Segments are set up in
+ * shm_setup.c. */
+#include "transport/shm_internal.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <sched.h>
+#include <linux/futex.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------------ */
+/* Messages, futex, doorbells                                                */
+/* ------------------------------------------------------------------------ */
+
+int tc__shm_fail(struct tc_shm *s, const tc_tp_op_t *op, int rc, const char *fmt, ...) {
+  if (!op->msg || !op->msglen) return rc;
+  int n = snprintf(op->msg, op->msglen, "torchcomms: %s on '%s' (rank %d of %d): ",
+                   op->opname, s->name, s->rank, s->size);
+  if (n < 0 || (size_t)n >= op->msglen) return rc;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(op->msg + n, op->msglen - (size_t)n, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+static void shm_futex_wait(_Atomic uint32_t *w, uint32_t val, double secs) {
+  if (secs <= 0) return;
+  struct timespec ts = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};
+  syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+static void shm_futex_wake(_Atomic uint32_t *w) {
+  syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Wakes rank q if it sleeps (or is about to). The caller published what q
+ * waits for before; the fence orders that store before the sleepers load
+ * (q does the mirror image: sleepers store, fence, re-check, sleep). */
+static inline void shm_ring_bell(shm_ctl_t *q) {
+  if (atomic_load_explicit(&q->sleepers, memory_order_relaxed)) {
+    atomic_fetch_add_explicit(&q->bell, 1, memory_order_seq_cst);
+    shm_futex_wake(&q->bell);
+  }
+}
+
+static inline void shm_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* ------------------------------------------------------------------------ */
+/* Waiting                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct shm_waiter {
+  double spin_until; /* 0: not started */
+  double yield_after;
+  double next_live;
+} shm_waiter_t;
+
+enum { SHM_RETRY = 0, SHM_NOT_YET = 1, SHM_DEADLINE = 2 };
+
+/* One round of waiting for ready(arg) once nothing could progress. Returns
+ * SHM_RETRY (look again), SHM_NOT_YET (spin budget spent and !may_sleep),
+ * SHM_DEADLINE (the caller formats the timeout), or a negative error. */
+static int shm_block(struct tc_shm *s, shm_waiter_t *w, double spin_s, int may_sleep,
+                     const tc_tp_op_t *op, int (*ready)(struct tc_shm *, void *),
+                     int (*check)(struct tc_shm *, void *, const tc_tp_op_t *),
+                     void *arg) {
+  if (atomic_load_explicit(s->aborted, memory_order_relaxed))
+    return tc__shm_fail(s, op, TC_ERR_ABORTED, "communicator was aborted");
+  double now = tc__now();
+  if (w->spin_until == 0) {
+    w->spin_until = now + spin_s;
+    w->yield_after = now + SHM_YIELD_S;
+    if (w->next_live == 0) w->next_live = now + SHM_LIVE_S;
+  }
+  if (now >= op->deadline) return SHM_DEADLINE;
+  if (now < w->spin_until) {
+    /* a long spin lets whatever else wants this core run (another rank,
+     * another job), so spinning never starves the peer it waits for */
+    if (now >= w->yield_after) sched_yield();
+    else
+      for (int i = 0; i < 8; i++) shm_pause();
+    return SHM_RETRY;
+  }
+  if (!may_sleep) return SHM_NOT_YET;
+  if (now >= w->next_live) {
+    int rc = check ? check(s, arg, op) : TC_OK;
+    if (rc == TC_OK) rc = tc__tcp_check_alive(s->tcp, op);
+    if (rc != TC_OK) return rc;
+    w->next_live = now + SHM_LIVE_S;
+  }
+  shm_ctl_t *me = s->me;
+  uint32_t b = atomic_load_explicit(&me->bell, memory_order_seq_cst);
+  atomic_fetch_add_explicit(&me->sleepers, 1, memory_order_seq_cst);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (!ready(s, arg) && !atomic_load(s->aborted)) {
+    double nap = w->next_live - now;
+    if (op->deadline - now < nap) nap = op->deadline - now;
+    if (nap > SHM_NAP_S) nap = SHM_NAP_S;
+    if (nap < 50e-6) nap = 50e-6;
+    shm_futex_wait(&me->bell, b, nap);
+  }
+  atomic_fetch_sub_explicit(&me->sleepers, 1, memory_order_relaxed);
+  return SHM_RETRY;
+}
+
+void tc__shm_interrupt(void *tp) {
+  struct tc_shm *s = tp;
+  atomic_fetch_add(&s->me->bell, 1);
+  shm_futex_wake(&s->me->bell);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sync flags                                                                */
+/* ------------------------------------------------------------------------ */
+
+uint64_t tc__shm_flag(tc_shm_t *s, int r) {
+  return atomic_load_explicit(&shm_ctl(s, r)->flag, memory_order_acquire);
+}
+
+void tc__shm_post(tc_shm_t *s, uint64_t v) {
+  atomic_store_explicit(&s->me->flag, v, memory_order_release);
+  atomic_thread_fence(memory_order_seq_cst);
+  for (int q = 0; q < s->size; q++)
+    if (q != s->rank) shm_ring_bell(shm_ctl(s, q));
+}
+
+typedef struct { int r; uint64_t v; } flag_arg_t;
+
+static int flag_ready(struct tc_shm *s, void *arg) {
+  flag_arg_t *a = arg;
+  return tc__shm_flag(s, a->r) >= a->v;
+}
+
+/* The peer we wait for is in finalize (its goodbye is the next message). */
+static int flag_check(struct tc_shm *s, void *arg, const tc_tp_op_t *op) {
+  flag_arg_t *a = arg;
+  int p = a->r;
+  uint32_t head = atomic_load_explicit(&shm_rctl(s, p, s->rank)->head, memory_order_acquire);
+  if (head == s->in_tail[p]) return TC_OK;
+  const char *h = shm_rdata(s, p, s->rank) + (s->in_tail[p] & (s->ring_bytes - 1));
+  uint32_t magic, kind;
+  memcpy(&magic, h, 4);
+  memcpy(&kind, h + 4, 4);
+  if (magic == SHM_MSG_MAGIC && kind == TC_XFER_GOODBYE)
+    return tc__shm_fail(s, op, TC_ERR_PROTOCOL,
+                        "peer %d is already in finalize while this rank is in %s "
+                        "(mismatched operations between ranks?)", p, op->opname);
+  return TC_OK;
+}
+
+int tc__shm_wait_flag(tc_shm_t *s, int r, uint64_t v, double spin_s, int may_sleep,
+                      const tc_tp_op_t *op) {
+  flag_arg_t a = {r, v};
+  if (flag_ready(s, &a)) return TC_OK;
+  shm_waiter_t w = {0, 0, 0};
+  double spin = s->spin_s > 0 ? spin_s : 0;
+  for (;;) {
+    int rc = shm_block(s, &w, spin, may_sleep, op, flag_ready, flag_check, &a);
+    if (rc < 0) return rc;
+    if (rc == SHM_NOT_YET) return 1;
+    if (rc == SHM_DEADLINE)
+      return tc__shm_fail(s, op, TC_ERR_TIMEOUT,
+                          "timed out after %g s; still waiting on peer %d (it has not "
+                          "joined this collective operation)", op->timeout_s, r);
+    if (flag_ready(s, &a)) return TC_OK;
+  }
+}
+
+double tc__shm_spin_s(const tc_shm_t *s) { return s->spin_s; }
+size_t tc__shm_slot_bytes(const tc_shm_t *s) { return s->slot_bytes; }
+size_t tc__shm_half_bytes(const tc_shm_t *s) { return s->half_bytes; }
+char *tc__shm_slot(tc_shm_t *s, int r, int i) {
+  return s->base[r] + s->off_slot + (size_t)i * s->slot_bytes;
+}
+char *tc__shm_half(tc_shm_t *s, int r, int i) {
+  return s->base[r] + s->off_half + (size_t)i * s->half_bytes;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Rings                                                                     */
+/* ------------------------------------------------------------------------ */
+
+static inline size_t al_unit(size_t n) { return (n + SHM_UNIT - 1) & ~(size_t)(SHM_UNIT - 1); }
+
+/* Ring footprint of a transfer: header unit + padded payload. */
+static inline size_t xf_total(const tc_xfer_t *x) { return SHM_UNIT + al_unit(x->len); }
+
+static void put_hdr(char *h, uint32_t kind, uint64_t len) {
+  uint32_t magic = SHM_MSG_MAGIC;
+  memcpy(h, &magic, 4);
+  memcpy(h + 4, &kind, 4);
+  memcpy(h + 8, &len, 8);
+}
+
+/* The same checks and texts as the TCP transport. */
+static int check_hdr(struct tc_shm *s, const tc_tp_op_t *op, const tc_xfer_t *x,
+                     const char *h) {
+  uint32_t magic, kind;
+  uint64_t len;
+  memcpy(&magic, h, 4);
+  memcpy(&kind, h + 4, 4);
+  memcpy(&len, h + 8, 8);
+  if (magic != SHM_MSG_MAGIC)
+    return tc__shm_fail(s, op, TC_ERR_PROTOCOL,
+                        "peer %d sent a corrupt message header (magic 0x%08x)", x->peer,
+                        magic);
+  if (kind != x->kind) {
+    if (kind == TC_XFER_GOODBYE)
+      return tc__shm_fail(s, op, TC_ERR_PROTOCOL,
+                          "peer %d is already in finalize while this rank is in "
+                          "%s (mismatched operations between ranks?)",
+                          x->peer, op->opname);
+    if (x->kind == TC_XFER_GOODBYE)
+      return tc__shm_fail(s, op, TC_ERR_PROTOCOL,
+                          "peer %d sent a %llu-byte message while this rank is in "
+                          "finalize (an operation issued on some ranks only?)",
+                          x->peer, (unsigned long long)len);
+    return tc__shm_fail(s, op, TC_ERR_PROTOCOL, "peer %d sent a message of unknown kind %u",
+                        x->peer, kind);
+  }
+  if (len != (uint64_t)x->len)
+    return tc__shm_fail(s, op, TC_ERR_PROTOCOL,
+                        "peer %d sent %llu bytes but %zu were expected (mismatched "
+                        "count or dtype between ranks?)",
+                        x->peer, (unsigned long long)len, x->len);
+  return TC_OK;
+}
+
+static inline void publish_head(struct tc_shm *s, int p, uint32_t head) {
+  atomic_store_explicit(&shm_rctl(s, s->rank, p)->head, head, memory_order_release);
+  s->out_head[p] = head;
+  atomic_thread_fence(memory_order_seq_cst);
+  shm_ring_bell(shm_ctl(s, p));
+}
+
+static inline void publish_tail(struct tc_shm *s, int p, uint32_t tail) {
+  atomic_store_explicit(&shm_rctl(s, p, s->rank)->tail, tail, memory_order_release);
+  s->in_tail[p] = tail;
+  atomic_thread_fence(memory_order_seq_cst);
+  shm_ring_bell(shm_ctl(s, p));
+}
+
+/* Copies as much of the send chain to peer p as the ring takes. */
+static void ring_send(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining,
+                      int *moved) {
+  int p = x[*hi].peer;
+  shm_ring_ctl_t *rc = shm_rctl(s, s->rank, p);
+  char *data = shm_rdata(s, s->rank, p);
+  size_t R = s->ring_bytes, mask = R - 1;
+  uint32_t head = s->out_head[p], start = head;
+  uint32_t tail = atomic_load_explicit(&rc->tail, memory_order_acquire);
+  size_t space = R - (uint32_t)(head - tail);
+  if (space == 0 && s->tcp->gone[p]) { /* it said goodbye: nothing to deliver */
+    while (*hi >= 0) {
+      (*remaining)--;
+      *hi = x[*hi].next;
+    }
+    return;
+  }
+  uint32_t pub = head;
+  while (*hi >= 0 && space > 0) {
+    tc_xfer_t *xf = &x[*hi];
+    size_t total = xf_total(xf);
+    if (xf->done == 0) {
+      put_hdr(data + (head & mask), xf->kind, xf->len);
+      head += SHM_UNIT;
+      space -= SHM_UNIT;
+      xf->done = SHM_UNIT;
+    }
+    while (xf->done < total && space > 0) {
+      size_t off = xf->done - SHM_UNIT, pos = head & mask;
+      size_t n = total - xf->done;
+      if (n > space) n = space;
+      if (n > R - pos) n = R - pos;
+      if (n > SHM_PUB_BYTES) n = SHM_PUB_BYTES;
+      if (off < xf->len) {
+        size_t c = xf->len - off < n ? xf->len - off : n;
+        memcpy(data + pos, (const char *)xf->buf + off, c);
+      }
+      head += (uint32_t)n;
+      space -= n;
+      xf->done += n;
+      if ((uint32_t)(head - pub) >= SHM_PUB_BYTES) {
+        publish_head(s, p, head);
+        pub = head;
+      }
+    }
+    if (xf->done < total) break;
+    (*remaining)--;
+    *hi = xf->next;
+  }
+  if (head != pub) publish_head(s, p, head);
+  if (head != start) *moved = 1;
+}
+
+/* Copies what has arrived from peer p into the receive chain. */
+static int ring_recv(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining,
+                     int *moved, const tc_tp_op_t *op) {
+  int p = x[*hi].peer;
+  shm_ring_ctl_t *rc = shm_rctl(s, p, s->rank);
+  const char *data = shm_rdata(s, p, s->rank);
+  size_t R = s->ring_bytes, mask = R - 1;
+  uint32_t tail = s->in_tail[p], start = tail;
+  uint32_t head = atomic_load_explicit(&rc->head, memory_order_acquire);
+  size_t avail = (uint32_t)(head - tail);
+  uint32_t pub = tail;
+  int err = TC_OK;
+  while (*hi >= 0 && avail > 0) {
+    tc_xfer_t *xf = &x[*hi];
+    size_t total = xf_total(xf);
+    if (xf->done == 0) {
+      if ((err = check_hdr(s, op, xf, data + (tail & mask))) != TC_OK) break;
+      if (xf->kind == TC_XFER_GOODBYE) s->tcp->gone[p] = 1;
+      tail += SHM_UNIT;
+      avail -= SHM_UNIT;
+      xf->done = SHM_UNIT;
+    }
+    while (xf->done < total && avail > 0) {
+      size_t off = xf->done - SHM_UNIT, pos = tail & mask;
+      size_t n = total - xf->done;
+      if (n > avail) n = avail;
+      if (n > R - pos) n = R - pos;
+      if (n > SHM_PUB_BYTES) n = SHM_PUB_BYTES;
+      if (off < xf->len) {
+        size_t c = xf->len - off < n ? xf->len - off : n;
+        memcpy((char *)xf->buf + off, data + pos, c);
+      }
+      tail += (uint32_t)n;
+      avail -= n;
+      xf->done += n;
+      if ((uint32_t)(tail - pub) >= SHM_PUB_BYTES) {
+        publish_tail(s, p, tail);
+        pub = tail;
+      }
+    }
+    if (xf->done < total) break;
+    (*remaining)--;
+    *hi = xf->next;
+  }
+  if (tail != pub) publish_tail(s, p, tail);
+  if (tail != start) *moved = 1;
+  return err;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Exchange                                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef struct { tc_xfer_t *x; } exch_arg_t;
+
+/* Could any chain progress now? (checked after announcing a sleep) */
+static int exch_ready(struct tc_shm *s, void *arg) {
+  (void)arg;
+  for (int p = 0; p < s->size; p++) {
+    if (s->recv_head[p] >= 0 &&
+        atomic_load_explicit(&shm_rctl(s, p, s->rank)->head, memory_order_acquire) !=
+            s->in_tail[p])
+      return 1;
+    if (s->send_head[p] >= 0) {
+      uint32_t tail = atomic_load_explicit(&shm_rctl(s, s->rank, p)->tail,
+                                           memory_order_acquire);
+      if ((uint32_t)(s->out_head[p] - tail) < s->ring_bytes || s->tcp->gone[p]) return 1;
+    }
+  }
+  return 0;
+}
+
+static int exch_timeout(struct tc_shm *s, tc_xfer_t *x, const tc_tp_op_t *op) {
+  char list[384] = "";
+  size_t l = 0;
+  int shown = 0, more = 0;
+  for (int p = 0; p < s->size; p++) {
+    for (int d = 0; d < 2; d++) {
+      int k = d ? s->send_head[p] : s->recv_head[p];
+      if (k < 0) continue;
+      if (shown == 4) {
+        more = 1;
+        continue;
+      }
+      size_t got = x[k].done > SHM_UNIT ? x[k].done - SHM_UNIT : 0;
+      if (got > x[k].len) got = x[k].len;
+      int w = snprintf(list + l, sizeof list - l, "%speer %d (%s, %zu of %zu bytes done)",
+                       shown ? ", " : "", p, d ? "sending" : "receiving", got, x[k].len);
+      if (w > 0 && (size_t)w < sizeof list - l) l += (size_t)w;
+      shown++;
+    }
+  }
+  return tc__shm_fail(s, op, TC_ERR_TIMEOUT, "timed out after %g s; still waiting on %s%s",
+                      op->timeout_s, list, more ? ", ..." : "");
+}
+
+/* A peer we wait on has entered a collective this rank has not: the ranks
+ * issued different operations (or counts that chose different algorithms). */
+static int exch_mismatch(struct tc_shm *s, void *arg, const tc_tp_op_t *op) {
+  (void)arg;
+  uint64_t mine = atomic_load_explicit(&s->me->flag, memory_order_relaxed);
+  for (int p = 0; p < s->size; p++) {
+    if (s->recv_head[p] < 0 && s->send_head[p] < 0) continue;
+    if (s->tcp->gone[p]) continue;
+    if (tc__shm_flag(s, p) > mine)
+      return tc__shm_fail(s, op, TC_ERR_PROTOCOL,
+                          "peer %d is in a different operation than this rank "
+                          "(mismatched operations, counts or dtypes between ranks?)",
+                          p);
+  }
+  return TC_OK;
+}
+
+int tc__shm_exchange(void *tp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) {
+  struct tc_shm *s = tp;
+  if (nx == 0) return TC_OK;
+  for (int p = 0; p < s->size; p++)
+    s->send_head[p] = s->send_tail[p] = s->recv_head[p] = s->recv_tail[p] = -1;
+  for (size_t i = 0; i < nx; i++) {
+    tc_xfer_t *xf = &x[i];
+    if (xf->peer < 0 || xf->peer >= s->size || xf->peer == s->rank)
+      return tc__shm_fail(s, op, TC_ERR_INTERNAL,
+                          "internal error: transfer to invalid peer %d", xf->peer);
+    xf->done = 0;
+    xf->next = -1;
+    int *head = xf->is_send ? s->send_head : s->recv_head;
+    int *tail = xf->is_send ? s->send_tail : s->recv_tail;
+    if (tail[xf->peer] < 0) head[xf->peer] = (int)i;
+    else x[tail[xf->peer]].next = (int)i;
+    tail[xf->peer] = (int)i;
+  }
+  size_t remaining = nx;
+  shm_waiter_t w = {0, 0, 0};
+  double spin = s->spin_s; /* once data moved, the peers are busy with this
+                            * exchange: spin longer (politely) before sleeping */
+  for (;;) {
+    int moved = 0, rc;
+    for (int p = 0; p < s->size; p++)
+      if (s->send_head[p] >= 0) ring_send(s, x, &s->send_head[p], &remaining, &moved);
+    for (int p = 0; p < s->size; p++)
+      if (s->recv_head[p] >= 0 &&
+          (rc = ring_recv(s, x, &s->recv_head[p], &remaining, &moved, op)) != TC_OK)
+        return rc;
+    if (remaining == 0) return TC_OK;
+    if (moved) {
+      w.spin_until = 0;
+      if (s->spin_s > 0 && spin < SHM_ACTIVE_SPIN_S) spin = SHM_ACTIVE_SPIN_S;
+      continue;
+    }
+    rc = shm_block(s, &w, spin, 1, op, exch_ready, exch_mismatch, NULL);
+    if (rc < 0) return rc;
+    if (rc == SHM_DEADLINE) return exch_timeout(s, x, op);
+  }
+}
+
+int tc__shm_goodbye(void *tp, const tc_tp_op_t *op) {
+  struct tc_shm *s = tp;
+  size_t n = 0;
+  for (int p = 0; p < s->size; p++) {
+    if (p == s->rank) continue;
+    s->bye[n] = tc__xfer_send(p, NULL, 0);
+    s->bye[n++].kind = TC_XFER_GOODBYE;
+    s->bye[n] = tc__xfer_recv(p, NULL, 0);
+    s->bye[n++].kind = TC_XFER_GOODBYE;
+  }
+  return tc__shm_exchange(s, s->bye, n, op);
+}

@@ -1,0 +1,59 @@
+/* shm.h -- the shared-memory transport of the cpu backend, for communicators
+ * whose ranks all run on one machine (same host name and boot id).
+ *
+ * Every rank owns one segment (shm_open + ftruncate + mmap, sized once at
+ * init: TORCHCOMMS_SHM_BYTES), which every other rank maps too; once all
+ * have mapped all, each unlinks its own name, so nothing is left in /dev/shm
+ * even if ranks are killed later. A segment holds:
+ *  - a control page: the owner's doorbell (a futex word others ring when the
+ *    owner sleeps) and its sync flag (see below);
+ *  - one single-producer / single-consumer byte ring per peer, carrying that
+ *    peer's messages to the owner: the exchange of transport.h, with the same
+ *    stream FIFO semantics and 16-byte length headers as TCP;
+ *  - a collective area for the backend's fast paths: two small slots and two
+ *    big halves, which peers read directly.
+ * The TCP mesh stays open as the liveness channel: a dead peer's sockets
+ * close, which every wait notices within milliseconds.
+ *
+ * Waiting: spin for the TCP transport's busy-poll time (only when the ranks
+ * on the machine are no more than its cores), then sleep on the own doorbell
+ * (FUTEX_WAIT, shared, at most SHM_NAP_S at a time), checking the abort
+ * flag, the deadline and the peers' sockets in between. */
+#ifndef TC_TRANSPORT_SHM_H
+#define TC_TRANSPORT_SHM_H
+
+#include "transport/transport.h"
+
+TC_INTERNAL extern const tc_transport_ops_t tc__shm_transport;
+
+/* ---- the collective area, for the backend's fast paths ---- */
+
+typedef struct tc_shm tc_shm_t;
+
+/* The shm transport behind (ops, tp), or NULL when it is another one. */
+TC_INTERNAL tc_shm_t *tc__shm_of(const tc_transport_ops_t *ops, void *tp);
+
+/* Geometry (identical on every rank). */
+TC_INTERNAL size_t tc__shm_slot_bytes(const tc_shm_t *s); /* each small slot */
+TC_INTERNAL size_t tc__shm_half_bytes(const tc_shm_t *s); /* each big half */
+/* Small slot i (0 or 1) and big half i of rank r's segment. 4 KiB aligned. */
+TC_INTERNAL char *tc__shm_slot(tc_shm_t *s, int r, int i);
+TC_INTERNAL char *tc__shm_half(tc_shm_t *s, int r, int i);
+
+/* Sync flags. Every rank has one monotonic counter, written only by itself;
+ * a collective sync point s is "rank r has reached s" (flag >= s). */
+TC_INTERNAL uint64_t tc__shm_flag(tc_shm_t *s, int r);
+/* Publishes the own flag (release: what was written before is visible to a
+ * reader that sees the flag) and wakes sleeping peers. */
+TC_INTERNAL void tc__shm_post(tc_shm_t *s, uint64_t v);
+/* Waits until rank r's flag >= v: spins up to spin_s (never when the
+ * machine is oversubscribed, see tc__shm_spin_s), then, if may_sleep,
+ * sleeps until the deadline; otherwise returns 1 (not yet). Fails with
+ * TC_ERR_ABORTED, TC_ERR_TIMEOUT or TC_ERR_REMOTE (a dead peer), op->msg
+ * filled in. */
+TC_INTERNAL int tc__shm_wait_flag(tc_shm_t *s, int r, uint64_t v, double spin_s,
+                                  int may_sleep, const tc_tp_op_t *op);
+/* The spin time the transport uses before sleeping (0 when oversubscribed). */
+TC_INTERNAL double tc__shm_spin_s(const tc_shm_t *s);
+
+#endif /* TC_TRANSPORT_SHM_H */

@@ -1,0 +1,92 @@
+/* shm_internal.h -- state shared by the two halves of the shared-memory
+ * transport: shm.c (rings, exchange, waits, flags) and shm_setup.c
+ * (segments, the choice of transport, close). Not for use outside
+ * src/transport/. */
+#ifndef TC_TRANSPORT_SHM_INTERNAL_H
+#define TC_TRANSPORT_SHM_INTERNAL_H
+
+#include "transport/shm.h"
+#include "transport/tcp_internal.h"
+
+#define SHM_MAGIC 0x314d48535443ull /* "CTSHM1" */
+#define SHM_VERSION 1u
+#define SHM_LINE 64u
+#define SHM_PAGE 4096u
+#define SHM_NAME_PREFIX "torchcomms-"
+/* Messages in a ring: a 64-byte header unit {magic, kind, length}, then the
+ * payload padded to 64 bytes, so that producer and consumer never write one
+ * cache line and payloads are aligned. */
+#define SHM_UNIT 64u
+#define SHM_MSG_MAGIC 0x314d5354u /* "TSM1" */
+#define SHM_NAP_S 0.005  /* longest futex sleep between liveness checks */
+#define SHM_LIVE_S 0.004 /* peers' sockets are checked at most this often */
+#define SHM_ACTIVE_SPIN_S 1e-3 /* spin of an exchange whose peers are active */
+#define SHM_YIELD_S 20e-6 /* spinning longer than this yields the core each round */
+#define SHM_PUB_BYTES (32u * 1024u) /* a ring position is published this often */
+#define SHM_DEFAULT_BYTES (4u * 1024u * 1024u) /* TORCHCOMMS_SHM_BYTES */
+#define SHM_MIN_BYTES (256u * 1024u)
+#define SHM_SLOT_BYTES (64u * 1024u)
+#define SHM_HALF_MIN (64u * 1024u)
+#define SHM_HALF_MAX (512u * 1024u)
+
+/* The control page at the start of every segment. */
+typedef struct shm_ctl {
+  /* written once by the owner before any peer maps the segment */
+  uint64_t magic;
+  uint32_t version, rank, size, pad0;
+  uint64_t total, ring_bytes, slot_bytes, half_bytes;
+  unsigned char token[16];
+  _Alignas(64) _Atomic uint32_t bell;     /* futex word; peers ring it */
+  _Alignas(64) _Atomic uint32_t sleepers; /* owner threads about to sleep */
+  _Alignas(64) _Atomic uint64_t flag;     /* the owner's sync flag */
+  _Alignas(64) char end[1];
+} shm_ctl_t;
+
+/* The two positions of the ring from one producer to the segment's owner
+ * (free-running byte counters, multiples of SHM_UNIT). */
+typedef struct shm_ring_ctl {
+  _Alignas(64) _Atomic uint32_t head; /* written by the producer */
+  _Alignas(64) _Atomic uint32_t tail; /* written by the owner (consumer) */
+} shm_ring_ctl_t;
+
+struct tc_shm {
+  tcp_t *tcp; /* the mesh: bootstrap barrier and liveness channel */
+  const tc_backend_host_t *host;
+  char name[128];
+  int rank, size;
+  atomic_int *aborted;
+  double spin_s;
+  size_t total, ring_bytes, slot_bytes, half_bytes;
+  size_t off_rctl, off_ring, off_slot, off_half; /* layout of every segment */
+  char **base;      /* [size] every rank's segment, mapped here */
+  shm_ctl_t *me;    /* == (shm_ctl_t *)base[rank] */
+  uint32_t *out_head; /* [size] our head of the ring to each peer */
+  uint32_t *in_tail;  /* [size] our tail of the ring from each peer */
+  int *send_head, *send_tail, *recv_head, *recv_tail; /* per exchange */
+  tc_xfer_t *bye;     /* [2 * size] */
+  char segname[200];  /* our own segment's name, until unlinked */
+  int created, unlinked;
+};
+
+/* Layout helpers. */
+static inline shm_ctl_t *shm_ctl(struct tc_shm *s, int r) {
+  return (shm_ctl_t *)s->base[r];
+}
+/* The ring from producer p to owner q: control and data (in q's segment). */
+static inline shm_ring_ctl_t *shm_rctl(struct tc_shm *s, int p, int q) {
+  return (shm_ring_ctl_t *)(s->base[q] + s->off_rctl) + p;
+}
+static inline char *shm_rdata(struct tc_shm *s, int p, int q) {
+  return s->base[q] + s->off_ring + (size_t)(p < q ? p : p - 1) * s->ring_bytes;
+}
+
+/* shm.c */
+TC_INTERNAL int tc__shm_fail(struct tc_shm *s, const tc_tp_op_t *op, int rc,
+                             const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+TC_INTERNAL int tc__shm_exchange(void *tp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op);
+TC_INTERNAL int tc__shm_goodbye(void *tp, const tc_tp_op_t *op);
+TC_INTERNAL void tc__shm_interrupt(void *tp);
+/* shm_setup.c */
+TC_INTERNAL void tc__shm_close(void *tp);
+
+#endif /* TC_TRANSPORT_SHM_INTERNAL_H */

@@ -1,0 +1,356 @@
+/* shm_setup.c -- the choice of transport and the shared-memory segments.
+ *
+ * tc__transport_open builds the TCP mesh first (tcp_connect.c: it also
+ * counts the ranks per machine, keyed by host name and boot id, and carries
+ * the communicator's random token). When every rank of the communicator is
+ * on this machine (and TORCHCOMMS_CPU_TRANSPORT is not "tcp"), each rank
+ * creates its segment "/torchcomms-<comm hash>-<token>-<rank>" (shm_open,
+ * ftruncate, posix_fallocate so that a full /dev/shm fails here and not
+ * with SIGBUS later, mmap); a one-byte all-to-all over the mesh tells every
+ * rank that every segment exists; each maps all the others and checks their
+ * geometry and token; a second all-to-all says all are mapped; then each
+ * rank unlinks its own name at once. From then on nothing of the
+ * communicator is left in /dev/shm, whatever happens to its processes.
+ * Any failure is seen by every rank in the all-to-alls, so all of them fall
+ * back to TCP together (or fail together, when shm was forced).
+ *
+ * Ranks on several machines use TCP for every pair for now (a hierarchical
+ * shm + TCP transport is future work). */
+#include "transport/shm_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static size_t pow2_floor(size_t v) {
+  size_t p = 1;
+  while (p <= v / 2) p *= 2;
+  return p;
+}
+
+static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+/* Segment geometry from TORCHCOMMS_SHM_BYTES (per rank) and the size. */
+static void shm_geometry(struct tc_shm *s, size_t budget) {
+  int n = s->size;
+  if (budget < SHM_MIN_BYTES) budget = SHM_MIN_BYTES;
+  if (budget > ((size_t)1 << 34)) budget = (size_t)1 << 34;
+  s->slot_bytes = SHM_SLOT_BYTES;
+  /* halves beyond a few hundred KiB only leave the caches (measured) */
+  s->half_bytes = pow2_floor(budget / 8);
+  if (s->half_bytes > SHM_HALF_MAX) s->half_bytes = SHM_HALF_MAX;
+  if (s->half_bytes < SHM_HALF_MIN) s->half_bytes = SHM_HALF_MIN;
+  size_t used = 2 * s->half_bytes + 2 * s->slot_bytes;
+  size_t rings = budget > used ? budget - used : 0;
+  size_t ring = n > 1 ? pow2_floor(rings / (size_t)(n - 1) + 1) : 0;
+  if (ring < 16 * 1024) ring = 16 * 1024;
+  if (ring > ((size_t)1 << 30)) ring = (size_t)1 << 30;
+  s->ring_bytes = ring;
+  s->off_rctl = SHM_PAGE;
+  s->off_ring = s->off_rctl + round_up((size_t)n * sizeof(shm_ring_ctl_t), SHM_PAGE);
+  s->off_slot = s->off_ring + (size_t)(n - 1) * ring;
+  s->off_half = s->off_slot + 2 * s->slot_bytes;
+  s->total = s->off_half + 2 * s->half_bytes;
+}
+
+static void shm_segname(const struct tc_shm *s, int r, char *buf, size_t len) {
+  uint32_t h = 2166136261u; /* FNV-1a of the communicator's name */
+  for (const char *p = s->name; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
+  char tok[33];
+  for (int i = 0; i < 16; i++) snprintf(tok + 2 * i, 3, "%02x", s->tcp->token[i]);
+  snprintf(buf, len, "/" SHM_NAME_PREFIX "%08x-%s-%d", h, tok, r);
+}
+
+static int setup_fail(struct tc_shm *s, char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int setup_fail(struct tc_shm *s, char *err, size_t errlen, int rc, const char *fmt, ...) {
+  if (!err || !errlen) return rc;
+  int n = snprintf(err, errlen, "cpu backend of communicator '%s' (rank %d of %d): ",
+                   s->name, s->rank, s->size);
+  if (n < 0 || (size_t)n >= errlen) return rc;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+/* Creates and maps the own segment; why[] gets the reason on failure. */
+static int shm_create_own(struct tc_shm *s, char *why, size_t wl) {
+  shm_segname(s, s->rank, s->segname, sizeof s->segname);
+  int fd = shm_open(s->segname, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    snprintf(why, wl, "shm_open(%s) failed: %s", s->segname, strerror(errno));
+    return -1;
+  }
+  s->created = 1;
+  int e = 0;
+  if (ftruncate(fd, (off_t)s->total) < 0) e = errno;
+  if (!e) {
+    int fe = posix_fallocate(fd, 0, (off_t)s->total);
+    if (fe && fe != EOPNOTSUPP && fe != EINVAL) e = fe;
+  }
+  void *p = MAP_FAILED;
+  if (!e && (p = mmap(NULL, s->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+    e = errno;
+  close(fd);
+  if (e) {
+    snprintf(why, wl, "could not allocate its %zu-byte segment in /dev/shm: %s "
+             "(TORCHCOMMS_SHM_BYTES sets the size)", s->total, strerror(e));
+    return -1;
+  }
+  s->base[s->rank] = p;
+  shm_ctl_t *c = p;
+  c->magic = SHM_MAGIC;
+  c->version = SHM_VERSION;
+  c->rank = (uint32_t)s->rank;
+  c->size = (uint32_t)s->size;
+  c->total = s->total;
+  c->ring_bytes = s->ring_bytes;
+  c->slot_bytes = s->slot_bytes;
+  c->half_bytes = s->half_bytes;
+  memcpy(c->token, s->tcp->token, sizeof c->token);
+  s->me = c;
+  return 0;
+}
+
+/* Maps peer r's segment and checks it. */
+static int shm_map_peer(struct tc_shm *s, int r, char *why, size_t wl) {
+  char name[200];
+  shm_segname(s, r, name, sizeof name);
+  int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) {
+    snprintf(why, wl, "could not open rank %d's segment %s: %s", r, name, strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  if (fstat(fd, &st) < 0 || (size_t)st.st_size != s->total) {
+    close(fd);
+    snprintf(why, wl, "rank %d's segment has %lld bytes instead of %zu "
+             "(TORCHCOMMS_SHM_BYTES must be the same on every rank)", r,
+             (long long)st.st_size, s->total);
+    return -1;
+  }
+  void *p = mmap(NULL, s->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int e = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    snprintf(why, wl, "could not map rank %d's segment: %s", r, strerror(e));
+    return -1;
+  }
+  s->base[r] = p;
+  shm_ctl_t *c = p;
+  if (c->magic != SHM_MAGIC || c->version != SHM_VERSION || c->rank != (uint32_t)r ||
+      c->size != (uint32_t)s->size || c->ring_bytes != s->ring_bytes ||
+      c->slot_bytes != s->slot_bytes || c->half_bytes != s->half_bytes ||
+      memcmp(c->token, s->tcp->token, sizeof c->token) != 0) {
+    snprintf(why, wl, "rank %d's segment does not match this rank's (another job, or "
+             "TORCHCOMMS_SHM_BYTES differs between ranks)", r);
+    return -1;
+  }
+  return 0;
+}
+
+/* One byte from every rank to every rank over the TCP mesh (a barrier that
+ * also tells everyone everyone's status). */
+static int shm_all_status(struct tc_shm *s, unsigned char mine, unsigned char *all,
+                          double deadline, char *err, size_t errlen) {
+  int n = s->size;
+  tc_xfer_t *x = s->bye; /* 2 * size transfers: free during setup */
+  size_t k = 0;
+  for (int p = 0; p < n; p++) {
+    all[p] = mine;
+    if (p == s->rank) continue;
+    x[k++] = tc__xfer_send(p, &mine, 1);
+    x[k++] = tc__xfer_recv(p, &all[p], 1);
+  }
+  char msg[768] = "";
+  tc_tp_op_t op = {.opname = "init (shared memory setup)", .deadline = deadline,
+                   .timeout_s = deadline - tc__now(), .msg = msg, .msglen = sizeof msg};
+  int rc = tc__tcp_transport.exchange(s->tcp, x, k, &op);
+  if (rc != TC_OK) {
+    if (err && errlen) snprintf(err, errlen, "%s", msg);
+    return rc;
+  }
+  return TC_OK;
+}
+
+static void shm_unlink_own(struct tc_shm *s) {
+  if (s->created && !s->unlinked) {
+    shm_unlink(s->segname);
+    s->unlinked = 1;
+  }
+}
+
+void tc__shm_close(void *tp) {
+  struct tc_shm *s = tp;
+  if (!s) return;
+  shm_unlink_own(s);
+  if (s->base)
+    for (int r = 0; r < s->size; r++)
+      if (s->base[r]) munmap(s->base[r], s->total);
+  if (s->tcp) tc__tcp_close(s->tcp);
+  free(s->base);
+  free(s->out_head);
+  free(s->in_tail);
+  free(s->send_head);
+  free(s->send_tail);
+  free(s->recv_head);
+  free(s->recv_tail);
+  free(s->bye);
+  free(s);
+}
+
+/* Unmaps and frees everything but the TCP mesh, which it returns. */
+static tcp_t *shm_dismantle(struct tc_shm *s) {
+  tcp_t *t = s->tcp;
+  s->tcp = NULL;
+  tc__shm_close(s);
+  return t;
+}
+
+static const char *status_text(unsigned char st) {
+  switch (st) {
+  case 0: return "is not on this machine (or TORCHCOMMS_CPU_TRANSPORT=tcp there)";
+  case 2: return "could not create its shared-memory segment";
+  case 3: return "could not map every segment";
+  default: return "failed";
+  }
+}
+
+int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
+                       const tc_transport_ops_t **ops, void **tp, char *err,
+                       size_t errlen) {
+  *tp = NULL;
+  *ops = &tc__tcp_transport;
+  void *tcpv = NULL;
+  int rc = tc__tcp_create(a, &tcpv, err, errlen);
+  if (rc != TC_OK) return rc;
+  tcp_t *t = tcpv;
+  double deadline = tc__now() + (a->timeout_s > 0 ? a->timeout_s : 600.0);
+  int here = t->local == a->size;
+  if (choice == TC_TP_TCP) {
+    *tp = t;
+    return TC_OK;
+  }
+  if (!here && choice == TC_TP_AUTO) {
+    a->host->log(3, "cpu backend '%s' rank %d: %d of %d ranks on this machine: TCP "
+                 "between every pair (no hierarchical shm + TCP yet)",
+                 a->comm_name, a->rank, t->local, a->size);
+    *tp = t;
+    return TC_OK;
+  }
+
+  struct tc_shm *s = calloc(1, sizeof *s);
+  size_t n = (size_t)a->size;
+  if (s) {
+    s->base = calloc(n, sizeof *s->base);
+    s->out_head = calloc(n, sizeof *s->out_head);
+    s->in_tail = calloc(n, sizeof *s->in_tail);
+    s->send_head = malloc(n * sizeof(int));
+    s->send_tail = malloc(n * sizeof(int));
+    s->recv_head = malloc(n * sizeof(int));
+    s->recv_tail = malloc(n * sizeof(int));
+    s->bye = malloc(2 * n * sizeof *s->bye);
+  }
+  unsigned char *all = malloc(n);
+  if (!s || !s->base || !s->out_head || !s->in_tail || !s->send_head || !s->send_tail ||
+      !s->recv_head || !s->recv_tail || !s->bye || !all) {
+    if (s) {
+      s->tcp = t;
+      tc__shm_close(s);
+    } else {
+      tc__tcp_close(t);
+    }
+    free(all);
+    snprintf(err, errlen, "cpu backend of communicator '%s' (rank %d of %d): out of memory",
+             a->comm_name, a->rank, a->size);
+    return TC_ERR_NOMEM;
+  }
+  s->tcp = t;
+  s->host = a->host;
+  snprintf(s->name, sizeof s->name, "%s", a->comm_name ? a->comm_name : "");
+  s->rank = a->rank;
+  s->size = a->size;
+  s->aborted = a->aborted;
+  s->spin_s = t->spin_s;
+  double want = tc__env_double("TORCHCOMMS_SHM_BYTES", (double)SHM_DEFAULT_BYTES);
+  shm_geometry(s, want > 0 ? (size_t)want : SHM_DEFAULT_BYTES);
+
+  /* 1. every rank creates its segment (if it is on this machine) */
+  char why[512] = "";
+  unsigned char st = 0;
+  if (here) st = shm_create_own(s, why, sizeof why) == 0 ? 1 : 2;
+  rc = shm_all_status(s, st, all, deadline, err, errlen);
+  int bad = -1;
+  for (int p = 0; p < a->size && rc == TC_OK; p++)
+    if (all[p] != 1 && bad < 0) bad = p;
+  /* 2. everyone maps everyone; 3. all mapped: unlink the own name */
+  if (rc == TC_OK && bad < 0) {
+    st = 1;
+    for (int p = 0; p < a->size && st == 1; p++)
+      if (p != s->rank && shm_map_peer(s, p, why, sizeof why) != 0) st = 3;
+    rc = shm_all_status(s, st, all, deadline, err, errlen);
+    for (int p = 0; p < a->size && rc == TC_OK; p++)
+      if (all[p] != 1 && bad < 0) bad = p;
+  }
+  shm_unlink_own(s);
+  if (rc != TC_OK) { /* the mesh failed: a peer died or the deadline passed */
+    free(all);
+    tc__shm_close(s);
+    return rc;
+  }
+  if (bad >= 0) {
+    char what[768];
+    if (bad == s->rank)
+      snprintf(what, sizeof what, "%s", why);
+    else
+      snprintf(what, sizeof what, "rank %d %s", bad, status_text(all[bad]));
+    unsigned char bst = all[bad];
+    free(all);
+    tcp_t *mesh = shm_dismantle(s);
+    if (choice == TC_TP_SHM) {
+      struct tc_shm tmp = {.rank = a->rank, .size = a->size};
+      snprintf(tmp.name, sizeof tmp.name, "%s", a->comm_name ? a->comm_name : "");
+      tc__tcp_close(mesh);
+      return setup_fail(&tmp, err, errlen, bst == 0 ? TC_ERR_INVALID_ARGUMENT : TC_ERR_SYSTEM,
+                        "TORCHCOMMS_CPU_TRANSPORT=shm but %s%s", what,
+                        bst == 0 ? " (shared memory needs every rank on one machine)" : "");
+    }
+    a->host->log(1, "cpu backend '%s' rank %d: shared memory unavailable (%s); using TCP",
+                 a->comm_name, a->rank, what);
+    *tp = mesh;
+    return TC_OK;
+  }
+  free(all);
+  a->host->log(3, "cpu backend '%s' rank %d: shared memory, %zu-byte segments "
+               "(rings %zu, slots %zu, halves %zu), spin %g us",
+               a->comm_name, a->rank, s->total, s->ring_bytes, s->slot_bytes,
+               s->half_bytes, s->spin_s * 1e6);
+  *ops = &tc__shm_transport;
+  *tp = s;
+  return TC_OK;
+}
+
+static int shm_create_forced(const tc_tp_args_t *a, void **tp, char *err, size_t errlen) {
+  const tc_transport_ops_t *ops;
+  return tc__transport_open(a, TC_TP_SHM, &ops, tp, err, errlen);
+}
+
+tc_shm_t *tc__shm_of(const tc_transport_ops_t *ops, void *tp) {
+  return ops == &tc__shm_transport ? tp : NULL;
+}
+
+const tc_transport_ops_t tc__shm_transport = {
+    .name = "shm",
+    .create = shm_create_forced,
+    .exchange = tc__shm_exchange,
+    .goodbye = tc__shm_goodbye,
+    .close = tc__shm_close,
+    .interrupt = tc__shm_interrupt,
+};

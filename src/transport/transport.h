@@ -1,0 +1,110 @@
+/* transport.h -- the transport seam of the cpu backend.
+ *
+ * A transport connects the ranks of one communicator and moves messages
+ * between them. Its one data primitive is the *exchange*: a set of transfers
+ * {peer, send|recv, buffer, length} progressed together until all are done,
+ * the deadline passes, the communicator is aborted, or a peer fails. The
+ * algorithms of the cpu backend are written only against this interface;
+ * two transports implement it: TCP (tcp.h) and shared memory (shm.h).
+ *
+ * Semantics every transport provides:
+ *  - Messages between a pair of ranks, in one direction, are matched in the
+ *    order they were posted (stream FIFO), within and across exchanges.
+ *  - Every message carries its length; a receive whose length differs from
+ *    the message's is reported as TC_ERR_PROTOCOL, naming the peer and both
+ *    sizes, instead of corrupting the stream.
+ *  - A zero-length message is a real message (header only).
+ *  - Waiting spins at most briefly, then sleeps (poll / futex); abort wakes
+ *    it at once; every wait has the operation's deadline.
+ *  - Error texts name the operation, the communicator, the rank, the world
+ *    size and the peer.
+ */
+#ifndef TC_TRANSPORT_H
+#define TC_TRANSPORT_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/internal.h"
+
+/* Message kinds on the wire. */
+#define TC_XFER_DATA 1u    /* a message of an operation */
+#define TC_XFER_GOODBYE 2u /* sent by finalize; nothing follows it */
+
+/* One transfer of an exchange. Fill the public fields (tc__xfer_send /
+ * tc__xfer_recv); the rest belongs to the transport. */
+typedef struct tc_xfer {
+  int peer;
+  int is_send;
+  uint32_t kind; /* TC_XFER_DATA, or TC_XFER_GOODBYE (len 0) */
+  void *buf;     /* read-only for sends */
+  size_t len;    /* bytes */
+  /* private to the transport */
+  size_t done;  /* bytes moved, header included */
+  int next;     /* next transfer of the same peer and direction, or -1 */
+  unsigned char hdr[16];
+} tc_xfer_t;
+
+static inline tc_xfer_t tc__xfer_send(int peer, const void *buf, size_t len) {
+  tc_xfer_t x = {.peer = peer, .is_send = 1, .kind = TC_XFER_DATA,
+                 .buf = (void *)(uintptr_t)buf, .len = len};
+  return x;
+}
+static inline tc_xfer_t tc__xfer_recv(int peer, void *buf, size_t len) {
+  tc_xfer_t x = {.peer = peer, .is_send = 0, .kind = TC_XFER_DATA,
+                 .buf = buf, .len = len};
+  return x;
+}
+
+/* What one exchange is done for: names for messages, and the deadline. */
+typedef struct tc_tp_op {
+  const char *opname; /* "all_reduce" */
+  double deadline;    /* absolute, on the tc__now() clock */
+  double timeout_s;   /* the operation's timeout, for messages */
+  char *msg;          /* out: one sentence on failure */
+  size_t msglen;
+} tc_tp_op_t;
+
+/* What a transport is created from (collective over the communicator). */
+typedef struct tc_tp_args {
+  const tc_backend_host_t *host;
+  tc_store_t *store; /* prefixed per communicator */
+  const char *comm_name;
+  int rank;
+  int size;
+  const char *advertise_addr; /* address peers connect to (NULL: 127.0.0.1) */
+  double timeout_s;           /* bootstrap deadline */
+  int wake_fd;                /* readable once aborted; in every poll set */
+  atomic_int *aborted;        /* nonzero once aborted */
+} tc_tp_args_t;
+
+typedef struct tc_transport_ops {
+  const char *name;
+  /* Connects every pair of ranks; on failure writes one sentence to err. */
+  int (*create)(const tc_tp_args_t *args, void **tp, char *err, size_t errlen);
+  /* Progresses x[0..nx) together. TC_OK, TC_ERR_TIMEOUT, TC_ERR_ABORTED,
+   * TC_ERR_REMOTE (a peer closed or reset its connection), TC_ERR_PROTOCOL
+   * (size or kind mismatch) or TC_ERR_SYSTEM, with op->msg filled in. */
+  int (*exchange)(void *tp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op);
+  /* The orderly close handshake: every rank sends a goodbye to every peer
+   * and receives one from each; a peer whose goodbye arrived may close. */
+  int (*goodbye)(void *tp, const tc_tp_op_t *op);
+  /* Closes every connection and frees the transport. */
+  void (*close)(void *tp);
+  /* Optional: wakes a wait of this transport at once (called by abort after
+   * *aborted was set; never concurrently with close). May be NULL. */
+  void (*interrupt)(void *tp);
+} tc_transport_ops_t;
+
+/* Which transport: TORCHCOMMS_CPU_TRANSPORT = "tcp" | "shm" | unset/"auto". */
+typedef enum { TC_TP_AUTO = 0, TC_TP_TCP, TC_TP_SHM } tc_tp_choice_t;
+
+/* Creates the transport of a communicator (shm.c): the TCP mesh, then, when
+ * every rank runs on this host (same host name and boot id) and the choice
+ * allows it, shared memory over it. *ops receives the table used. */
+TC_INTERNAL int tc__transport_open(const tc_tp_args_t *args, tc_tp_choice_t choice,
+                                   const tc_transport_ops_t **ops, void **tp,
+                                   char *err, size_t errlen);
+
+#endif /* TC_TRANSPORT_H */

@@ -1,0 +1,481 @@
+/* test_shm.c -- the shared-memory transport of the cpu backend: it is chosen
+ * by default for ranks on one machine (TORCHCOMMS_CPU_TRANSPORT=tcp and =shm
+ * force one), its segments leave nothing in /dev/shm from the end of init
+ * on (normal finalize, or ranks killed mid-loop), a dead peer is detected
+ * within 2 s in the futex waits, abort wakes them at once, and a long random
+ * mix of small and large collectives, synchronous and queued, with tiny
+ * segments (many rounds) gives exact results at 2, 3, 4 and 8 ranks. */
+#include <dirent.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backends/cpu/cpu.h"
+#include "coll_util.h"
+#include "core/core.h"
+
+/* ---- helpers ---- */
+
+typedef struct {
+  _Atomic double kill_time;
+  _Atomic int detected;
+  _Atomic int flag;
+  _Atomic int pids[8];
+  char name[64];
+} shm_shared_t;
+
+/* The shared-memory tests run over shared memory whatever the environment
+ * of the test run says (make test also runs with TORCHCOMMS_CPU_TRANSPORT=tcp). */
+static tc_comm_t *shm_comm(tc_ctx_t *ctx, const char *name) {
+  setenv("TORCHCOMMS_CPU_TRANSPORT", "shm", 1);
+  return tc_ctx_comm(ctx, name, NULL);
+}
+
+static shm_shared_t *shared_new(const char *stem) {
+  shm_shared_t *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE,
+                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  TC_ASSERT(s != MAP_FAILED);
+  memset(s, 0, sizeof *s);
+  snprintf(s->name, sizeof s->name, "%s%d", stem, (int)getpid());
+  return s;
+}
+
+static void wait_flag(_Atomic int *f, int v, double timeout_s) {
+  double dl = tc__now() + timeout_s;
+  while (*f < v) {
+    if (tc__now() > dl) tc_test_fail(__FILE__, __LINE__, "condition not reached");
+    usleep(1000);
+  }
+}
+
+/* Entries of /dev/shm that belong to communicator `name` (the segment names
+ * start with "torchcomms-" and the FNV-1a hash of the name). */
+static int shm_entries(const char *name, char *first, size_t len) {
+  uint32_t h = 2166136261u;
+  for (const char *p = name; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "torchcomms-%08x-", h);
+  DIR *d = opendir("/dev/shm");
+  if (!d) return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (!strncmp(e->d_name, prefix, strlen(prefix))) {
+      if (!n && first) snprintf(first, len, "%s", e->d_name);
+      n++;
+    }
+  closedir(d);
+  return n;
+}
+
+static void assert_no_entries(const char *name) {
+  char first[256] = "";
+  int n = shm_entries(name, first, sizeof first);
+  if (n) tc_test_fail(__FILE__, __LINE__, "%d entries left in /dev/shm, e.g. %s", n, first);
+}
+
+static tc_shm_t *comm_shm(tc_comm_t *c) {
+  return ((cpu_comm_t *)c->bcomm)->shm;
+}
+
+/* ---- choice of transport, and nothing left in /dev/shm ---- */
+
+static void choice_rank(tc_ctx_t *ctx) {
+  shm_shared_t *sh = ctx->arg;
+  const char *mode = sh->flag == 0 ? NULL : sh->flag == 1 ? "tcp" : "shm";
+  if (mode) setenv("TORCHCOMMS_CPU_TRANSPORT", mode, 1);
+  else unsetenv("TORCHCOMMS_CPU_TRANSPORT");
+  tc_comm_t *c = tc_ctx_comm(ctx, sh->name, NULL);
+  if (sh->flag == 1) TC_ASSERT(comm_shm(c) == NULL);
+  else TC_ASSERT(comm_shm(c) != NULL);
+  float x[3] = {1, 2, (float)ctx->rank};
+  TC_ASSERT_OK(tc_all_reduce(c, x, 3, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL));
+  assert_no_entries(sh->name); /* every rank unlinked its own during init */
+  TC_ASSERT_DBL_NEAR(x[0], ctx->size, 0);
+  TC_ASSERT_DBL_NEAR(x[2], ctx->size * (ctx->size - 1) / 2, 0);
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+  assert_no_entries(sh->name);
+}
+
+static void choice_test(int mode, int n) {
+  shm_shared_t *sh = shared_new("shmchoice");
+  sh->flag = mode;
+  tc_spawn(n, choice_rank, sh, 60);
+  assert_no_entries(sh->name);
+}
+
+TC_TEST(shm_default_when_local) { choice_test(0, 2); }
+TC_TEST(shm_env_tcp) { choice_test(1, 2); }
+TC_TEST(shm_env_shm_w3) { choice_test(2, 3); }
+
+/* ---- a rank killed mid-loop: detection, and /dev/shm stays clean ---- */
+
+#define VICTIM 1
+
+static void kill_rank(tc_ctx_t *ctx) {
+  shm_shared_t *sh = ctx->arg;
+  tc_comm_t *c = shm_comm(ctx, sh->name);
+  TC_ASSERT(comm_shm(c) != NULL);
+  size_t big = 300000, small = 5;
+  float *buf = tc_xmalloc(big * sizeof *buf);
+  for (int it = 0;; it++) {
+    if (ctx->rank == VICTIM && it == 40) {
+      sh->kill_time = tc__now();
+      raise(SIGKILL);
+    }
+    size_t count = it % 3 == 2 ? small : big;
+    for (size_t i = 0; i < count; i++) buf[i] = 1.0f;
+    int rc = tc_all_reduce(c, buf, count, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL);
+    if (rc != TC_OK) {
+      double dt = tc__now() - sh->kill_time;
+      const char *msg = tc_last_error();
+      if (getenv("TC_TEST_VERBOSE")) fprintf(stderr, "  rank %d after %.3f s: %s\n", ctx->rank, dt, msg);
+      TC_ASSERT(sh->kill_time > 0);
+      TC_ASSERT(dt < 2.0);
+      TC_ASSERT_EQ(rc, TC_ERR_REMOTE);
+      TC_ASSERT_CONTAINS(msg, "peer 1");
+      sh->detected++;
+      wait_flag(&sh->detected, ctx->size - 1, 20);
+      break;
+    }
+    TC_ASSERT_DBL_NEAR(buf[0], (double)ctx->size, 0);
+    TC_ASSERT_DBL_NEAR(buf[count - 1], (double)ctx->size, 0);
+    TC_ASSERT(it < 100000);
+  }
+  TC_ASSERT_OK(tc_comm_destroy(c));
+  free(buf);
+}
+
+static void kill_test(int n) {
+  shm_shared_t *sh = shared_new("shmkill");
+  int st[8];
+  tc_spawn_status(n, kill_rank, sh, 60, st);
+  for (int r = 0; r < n; r++) {
+    if (r == VICTIM) TC_ASSERT(WIFSIGNALED(st[r]) && WTERMSIG(st[r]) == SIGKILL);
+    else TC_ASSERT(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0);
+  }
+  TC_ASSERT_EQ(sh->detected, n - 1);
+  assert_no_entries(sh->name);
+}
+
+TC_TEST(shm_killed_rank_w2) { kill_test(2); }
+TC_TEST(shm_killed_rank_w3) { kill_test(3); }
+TC_TEST(shm_killed_rank_w8) { kill_test(8); }
+
+/* Every rank killed (by the test) while in a loop: nothing is left. */
+static void loop_rank(tc_ctx_t *ctx) {
+  shm_shared_t *sh = ctx->arg;
+  tc_comm_t *c = shm_comm(ctx, sh->name);
+  float x[1000];
+  sh->pids[ctx->rank] = (int)getpid();
+  sh->detected++;
+  for (;;) {
+    for (int i = 0; i < 1000; i++) x[i] = 1;
+    if (tc_all_reduce(c, x, 1000, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL) != TC_OK) break;
+  }
+  _exit(3);
+}
+
+TC_TEST(shm_all_killed_leave_nothing) {
+  shm_shared_t *sh = shared_new("shmallkill");
+  pid_t helper = fork();
+  if (helper == 0) {
+    int st[3];
+    tc_spawn_status(3, loop_rank, sh, 30, st);
+    for (int r = 0; r < 3; r++) TC_ASSERT(WIFSIGNALED(st[r]) && WTERMSIG(st[r]) == SIGKILL);
+    _exit(0);
+  }
+  wait_flag(&sh->detected, 3, 20); /* all in the loop */
+  usleep(50 * 1000);
+  for (int r = 0; r < 3; r++) kill((pid_t)sh->pids[r], SIGKILL);
+  int hs;
+  waitpid(helper, &hs, 0);
+  TC_ASSERT(WIFEXITED(hs) && WEXITSTATUS(hs) == 0);
+  assert_no_entries(sh->name);
+}
+
+/* ---- abort wakes a futex wait at once ---- */
+
+static void *abort_later(void *arg) {
+  usleep(300 * 1000);
+  tc_comm_abort(arg);
+  return NULL;
+}
+
+static void abort_rank(tc_ctx_t *ctx) {
+  shm_shared_t *sh = ctx->arg;
+  tc_comm_t *c = shm_comm(ctx, sh->name);
+  if (ctx->rank == 0) {
+    size_t count = 1 << 20;
+    float *buf = tc_xmalloc(count * sizeof *buf);
+    tc_work_t *w;
+    TC_ASSERT_OK(tc_all_reduce(c, buf, count, TC_FLOAT32, TC_OP(TC_SUM), NULL, &w));
+    pthread_t th;
+    pthread_create(&th, NULL, abort_later, c);
+    double t0 = tc__now();
+    int rc = tc_work_wait(w);
+    double dt = tc__now() - t0;
+    pthread_join(th, NULL);
+    TC_ASSERT_EQ(rc, TC_ERR_ABORTED);
+    TC_ASSERT(dt < 1.0);
+    TC_ASSERT_OK(tc_work_release(w));
+    free(buf);
+    sh->flag = 1;
+  } else {
+    wait_flag(&sh->flag, 1, 30); /* never joins */
+  }
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(shm_abort_wakes_wait) { tc_spawn(2, abort_rank, shared_new("shmabort"), 60); }
+
+/* ---- a random mix of collectives, checked exactly ---- */
+
+static uint64_t rng_next(uint64_t *s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+#define MIX_OPS 8
+
+static double fillv(int rank, size_t i, int seed) {
+  return (double)(((unsigned)(i * 2654435761u) ^ (unsigned)(rank * 40503 + seed * 977)) % 7) - 3;
+}
+
+static void fill(float *p, size_t cnt, int rank, int seed) {
+  for (size_t i = 0; i < cnt; i++) p[i] = (float)fillv(rank, i, seed);
+}
+
+static void expect(const float *got, size_t cnt, double (*ref)(size_t, void *), void *arg,
+                   const char *what, int seed) {
+  for (size_t i = 0; i < cnt; i++) {
+    double e = ref(i, arg);
+    if ((double)got[i] != e)
+      tc_test_fail(__FILE__, __LINE__, "%s (seed %d): [%zu] = %g, expected %g", what, seed,
+                   i, (double)got[i], e);
+  }
+}
+
+typedef struct { int n, seed, rank, off; size_t cnt; } refarg_t;
+static double ref_sum(size_t i, void *a) {
+  refarg_t *r = a;
+  double s = 0;
+  for (int q = 0; q < r->n; q++) s += fillv(q, i + (size_t)r->off, r->seed);
+  return s;
+}
+static double ref_one(size_t i, void *a) {
+  refarg_t *r = a;
+  return fillv(r->rank, i + (size_t)r->off, r->seed);
+}
+
+typedef struct {
+  float *in, *out;
+  int type, seed, root, inplace;
+  size_t count;
+  size_t counts[8];
+  tc_work_t *w;
+} mix_op_t;
+
+static void mix_issue(tc_comm_t *c, mix_op_t *m, int rank, int n, int async) {
+  tc_work_t **wp = async ? &m->w : NULL;
+  m->w = NULL;
+  size_t cnt = m->count;
+  int rc = TC_OK;
+  switch (m->type) {
+  case 0:
+    fill(m->out, cnt, rank, m->seed);
+    rc = tc_all_reduce(c, m->out, cnt, TC_FLOAT32, TC_OP(TC_SUM), NULL, wp);
+    break;
+  case 1:
+    if (rank == m->root) fill(m->out, cnt, rank, m->seed);
+    else memset(m->out, 0, cnt * 4);
+    rc = tc_broadcast(c, m->out, cnt, TC_FLOAT32, m->root, NULL, wp);
+    break;
+  case 2: rc = tc_barrier(c, NULL, wp); break;
+  case 3: { /* all_gather_single, maybe in place */
+    float *src = m->inplace ? m->out + (size_t)rank * cnt : m->in;
+    fill(src, cnt, rank, m->seed);
+    rc = tc_all_gather_single(c, m->out, src, cnt, TC_FLOAT32, NULL, wp);
+    break;
+  }
+  case 4: { /* all_gather_v */
+    void *bufs[8];
+    size_t off = 0;
+    for (int q = 0; q < n; q++) {
+      bufs[q] = m->out + off;
+      off += m->counts[q];
+    }
+    fill(m->in, m->counts[rank], rank, m->seed);
+    rc = tc_all_gather_v(c, bufs, m->counts, m->in, m->counts[rank], TC_FLOAT32, NULL, wp);
+    break;
+  }
+  case 5:
+    fill(m->in, cnt * (size_t)n, rank, m->seed);
+    rc = tc_reduce_scatter_single(c, m->out, m->in, cnt, TC_FLOAT32, TC_OP(TC_SUM), NULL, wp);
+    break;
+  case 6: {
+    const void *bufs[8];
+    size_t off = 0;
+    for (int q = 0; q < n; q++) {
+      bufs[q] = m->in + off;
+      off += m->counts[q];
+    }
+    fill(m->in, off, rank, m->seed);
+    rc = tc_reduce_scatter_v(c, m->out, m->counts[rank], bufs, m->counts, TC_FLOAT32,
+                             TC_OP(TC_SUM), NULL, wp);
+    break;
+  }
+  case 7:
+    fill(m->in, cnt * (size_t)n, rank, m->seed);
+    if (m->inplace) {
+      memcpy(m->out, m->in, cnt * (size_t)n * 4);
+      rc = tc_all_to_all_single(c, m->out, m->out, cnt, TC_FLOAT32, NULL, wp);
+    } else {
+      rc = tc_all_to_all_single(c, m->out, m->in, cnt, TC_FLOAT32, NULL, wp);
+    }
+    break;
+  }
+  if (rc != TC_OK)
+    tc_test_fail(__FILE__, __LINE__, "op %d count %zu: %s", m->type, cnt, tc_last_error());
+}
+
+static void mix_check(mix_op_t *m, int rank, int n) {
+  if (m->w) {
+    if (tc_work_wait(m->w) != TC_OK)
+      tc_test_fail(__FILE__, __LINE__, "op %d: %s", m->type, tc_last_error());
+    TC_ASSERT_OK(tc_work_release(m->w));
+    m->w = NULL;
+  }
+  size_t cnt = m->count;
+  refarg_t a = {.n = n, .seed = m->seed, .rank = rank, .cnt = cnt};
+  char what[64];
+  snprintf(what, sizeof what, "op %d count %zu", m->type, cnt);
+  switch (m->type) {
+  case 0: expect(m->out, cnt, ref_sum, &a, what, m->seed); break;
+  case 1:
+    a.rank = m->root;
+    expect(m->out, cnt, ref_one, &a, what, m->seed);
+    break;
+  case 3:
+    for (int q = 0; q < n; q++) {
+      a.rank = q;
+      expect(m->out + (size_t)q * cnt, cnt, ref_one, &a, what, m->seed);
+    }
+    break;
+  case 4: {
+    size_t off = 0;
+    for (int q = 0; q < n; q++) {
+      a.rank = q;
+      expect(m->out + off, m->counts[q], ref_one, &a, what, m->seed);
+      off += m->counts[q];
+    }
+    break;
+  }
+  case 5:
+    a.off = (int)((size_t)rank * cnt);
+    expect(m->out, cnt, ref_sum, &a, what, m->seed);
+    break;
+  case 6: {
+    size_t off = 0;
+    for (int q = 0; q < rank; q++) off += m->counts[q];
+    a.off = (int)off;
+    expect(m->out, m->counts[rank], ref_sum, &a, what, m->seed);
+    break;
+  }
+  case 7:
+    for (int q = 0; q < n; q++) {
+      a.rank = q;
+      a.off = (int)((size_t)rank * cnt);
+      expect(m->out + (size_t)q * cnt, cnt, ref_one, &a, what, m->seed);
+    }
+    break;
+  }
+}
+
+static void mix_rank(tc_ctx_t *ctx) {
+  shm_shared_t *sh = ctx->arg;
+  setenv("TORCHCOMMS_SHM_BYTES", "262144", 1); /* 64 KiB halves: many rounds */
+  tc_comm_t *c = shm_comm(ctx, sh->name);
+  TC_ASSERT(comm_shm(c) != NULL);
+  int n = ctx->size, rank = ctx->rank;
+  static const size_t sizes[] = {1, 3, 64, 1000, 4095, 4097, 16384, 40000, 150001};
+  const size_t nsizes = sizeof sizes / sizeof sizes[0];
+  size_t maxcount = n >= 8 ? 40000 : 150001, maxc = maxcount + 64;
+  enum { DEPTH = 4 };
+  mix_op_t ops[DEPTH];
+  for (int d = 0; d < DEPTH; d++) {
+    ops[d].in = tc_xmalloc(maxc * (size_t)n * 4);
+    ops[d].out = tc_xmalloc(maxc * (size_t)n * 4);
+  }
+  uint64_t rs = 0x9e3779b97f4a7c15ull;
+  int iters = n >= 8 ? 60 : 200;
+  for (int it = 0; it < iters; it++) {
+    int depth = (int)(rng_next(&rs) % DEPTH) + 1; /* queued async ops, then waits */
+    int async = rng_next(&rs) % 2;
+    if (!async) depth = 1;
+    for (int d = 0; d < depth; d++) {
+      mix_op_t *m = &ops[d];
+      m->type = (int)(rng_next(&rs) % MIX_OPS);
+      m->count = sizes[rng_next(&rs) % nsizes];
+      if (m->count > maxcount) m->count = maxcount;
+      m->seed = it * 16 + d;
+      m->root = (int)(rng_next(&rs) % (uint64_t)n);
+      m->inplace = (int)(rng_next(&rs) % 2);
+      for (int q = 0; q < n; q++) m->counts[q] = m->count + (size_t)q * 7;
+      if (rng_next(&rs) % 4 == 0) m->counts[rng_next(&rs) % (uint64_t)n] = 0;
+      mix_issue(c, m, rank, n, async);
+    }
+    for (int d = 0; d < depth; d++) mix_check(&ops[d], rank, n);
+  }
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+  for (int d = 0; d < DEPTH; d++) {
+    free(ops[d].in);
+    free(ops[d].out);
+  }
+}
+
+TC_TEST(shm_mixed_w2) { tc_spawn(2, mix_rank, shared_new("shmmix"), 300); }
+TC_TEST(shm_mixed_w3) { tc_spawn(3, mix_rank, shared_new("shmmix"), 300); }
+TC_TEST(shm_mixed_w4) { tc_spawn(4, mix_rank, shared_new("shmmix"), 300); }
+TC_TEST(shm_mixed_w8) { tc_spawn(8, mix_rank, shared_new("shmmix"), 300); }
+
+/* ---- mismatched sizes through the slots are reported, not hung on ---- */
+
+static void mismatch_rank(tc_ctx_t *ctx) {
+  shm_shared_t *sh = ctx->arg;
+  tc_comm_t *c = shm_comm(ctx, sh->name);
+  float buf[2000] = {0};
+  size_t cnt = ctx->rank == 0 ? 100 : 200;
+  int rc = tc_all_reduce(c, buf, cnt, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL);
+  TC_ASSERT_EQ(rc, TC_ERR_PROTOCOL);
+  TC_ASSERT_CONTAINS(tc_last_error(), ctx->rank == 0 ? "peer 1 sent 800 bytes but 400"
+                                                     : "peer 0 sent 400 bytes but 800");
+  /* one rank in broadcast, the other in all_reduce */
+  sh->flag++;
+  wait_flag(&sh->flag, 2, 20);
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(shm_count_mismatch) { tc_spawn(2, mismatch_rank, shared_new("shmmism"), 60); }
+
+static void opmismatch_rank(tc_ctx_t *ctx) {
+  shm_shared_t *sh = ctx->arg;
+  tc_comm_t *c = shm_comm(ctx, sh->name);
+  float buf[16] = {0};
+  int rc = ctx->rank == 0 ? tc_all_reduce(c, buf, 16, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL)
+                          : tc_broadcast(c, buf, 16, TC_FLOAT32, 0, NULL, NULL);
+  TC_ASSERT_EQ(rc, TC_ERR_PROTOCOL);
+  TC_ASSERT_CONTAINS(tc_last_error(), "mismatched operations");
+  sh->flag++;
+  wait_flag(&sh->flag, 2, 20);
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(shm_op_mismatch) { tc_spawn(2, opmismatch_rank, shared_new("shmopmis"), 60); }
