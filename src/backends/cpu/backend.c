@@ -289,11 +289,14 @@ static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work) {
     c->running = 1;
     pthread_mutex_unlock(&c->mu);
     /* after a hand-off the peers may be waking up on their threads, which
-     * takes longer than the usual spin: wait longer once, so that the
-     * ranks fall back into step instead of handing off every operation */
+     * takes longer than the usual spin: wait longer for a while, so that
+     * the ranks fall back into step instead of handing off every other
+     * operation; a peer late even so is slow, not waking: stop */
     double base = tc__shm_spin_s(c->shm);
-    int done = cpu_exec(c, &e, c->inline_boost ? CPU_INLINE_BOOST * base : base);
-    c->inline_boost = done ? 0 : !c->inline_boost;
+    int boosted = c->inline_boost > 0;
+    int done = cpu_exec(c, &e, boosted ? CPU_INLINE_BOOST * base : base);
+    if (done) c->inline_boost -= boosted;
+    else c->inline_boost = boosted ? 0 : CPU_INLINE_BOOST_OPS; /* late even so: a slow peer */
     pthread_mutex_lock(&c->mu);
     c->running = 0;
     if (!done) { /* first in line: posts during the attempt queued behind it */

@@ -31,9 +31,10 @@ TC_INTERNAL extern const tc_backend_ops_t tc__cpu_backend;
  * before sleeping, unless the machine is oversubscribed. */
 #define CPU_SHM_ROUND_SPIN 1e-3
 
-/* An inline attempt right after one that handed its operation to the thread
- * spins this many times the usual spin. */
+/* After an inline attempt handed its operation to the thread, the next
+ * CPU_INLINE_BOOST_OPS attempts spin CPU_INLINE_BOOST times longer. */
 #define CPU_INLINE_BOOST 5.0
+#define CPU_INLINE_BOOST_OPS 64
 
 /* Return codes of the shared-memory paths besides TC_OK and errors. */
 #define CPU_PENDING 1 /* not finished: resume later */
@@ -85,7 +86,7 @@ typedef struct cpu_comm {
 
   int running;           /* an operation is executing (thread or inline) */
   atomic_int reporting;  /* the thread is reporting an op it finished */
-  int inline_boost;      /* the last inline attempt handed off (mu held) */
+  int inline_boost;      /* inline attempts left with a longer spin (inline only) */
   pthread_cond_t idle_cv; /* signalled when running drops to 0 */
 
   pthread_t thread;
