@@ -46,6 +46,9 @@ TC_INTERNAL const char *tc__env_str(const char *name); /* NULL if unset/empty */
     if ((rc) != TC_OK) goto label;                                             \
   } while (0)
 
+/* Name of an operation type ("all_reduce"), for messages (src/core/ops.c). */
+TC_INTERNAL const char *tc__op_name(tc_op_type_t type);
+
 /* ---- reduction kernels (src/reduce/) ---- */
 
 /* 1 if `op` is allowed on `dtype` (bitwise ops: integers and bool only). */

@@ -37,32 +37,6 @@
 /* Helpers used by the algorithms                                            */
 /* ------------------------------------------------------------------------ */
 
-const char *tc__cpu_opname(tc_op_type_t type) {
-  static const char *const names[TC_OP_TYPE_COUNT] = {
-      [TC_OP_SEND] = "send",
-      [TC_OP_RECV] = "recv",
-      [TC_OP_BROADCAST] = "broadcast",
-      [TC_OP_ALL_REDUCE] = "all_reduce",
-      [TC_OP_REDUCE] = "reduce",
-      [TC_OP_ALL_GATHER] = "all_gather",
-      [TC_OP_ALL_GATHER_V] = "all_gather_v",
-      [TC_OP_ALL_GATHER_SINGLE] = "all_gather_single",
-      [TC_OP_REDUCE_SCATTER] = "reduce_scatter",
-      [TC_OP_REDUCE_SCATTER_V] = "reduce_scatter_v",
-      [TC_OP_REDUCE_SCATTER_SINGLE] = "reduce_scatter_single",
-      [TC_OP_ALL_TO_ALL_SINGLE] = "all_to_all_single",
-      [TC_OP_ALL_TO_ALL_V_SINGLE] = "all_to_all_v_single",
-      [TC_OP_ALL_TO_ALL] = "all_to_all",
-      [TC_OP_BARRIER] = "barrier",
-      [TC_OP_SCATTER] = "scatter",
-      [TC_OP_GATHER] = "gather",
-      [TC_OP_GATHER_SINGLE] = "gather_single",
-      [TC_OP_BATCH] = "batch_op_issue",
-  };
-  if ((int)type < 0 || type >= TC_OP_TYPE_COUNT) return "unknown operation";
-  return names[type];
-}
-
 static int cpu_vfail(const cpu_comm_t *c, const char *opname, char *buf,
                      size_t len, int rc, const char *fmt, va_list ap) {
   int n = snprintf(buf, len, "torchcomms: %s on '%s' (rank %d of %d): ", opname,
@@ -174,7 +148,7 @@ static int cpu_on_thread(const cpu_comm_t *c) {
  * long; returns 0 then (e keeps its progress, the work is not reported),
  * 1 once the work was reported. */
 static int cpu_exec(cpu_comm_t *c, cpu_qent_t *e, double inline_spin) {
-  cpu_ctx_t ctx = {.c = c, .op = e->op, .opname = tc__cpu_opname(e->op->type),
+  cpu_ctx_t ctx = {.c = c, .op = e->op, .opname = tc__op_name(e->op->type),
                    .rank = c->rank, .size = c->size,
                    .es = tc_dtype_size(e->op->dtype)};
   int rc;
@@ -269,14 +243,14 @@ static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work) {
     int aborted = atomic_load(&c->aborted);
     pthread_mutex_unlock(&c->mu);
     if (aborted)
-      return cpu_set_error(c, tc__cpu_opname(op->type), TC_ERR_ABORTED,
+      return cpu_set_error(c, tc__op_name(op->type), TC_ERR_ABORTED,
                            "communicator was aborted");
-    return cpu_set_error(c, tc__cpu_opname(op->type), TC_ERR_INVALID_USAGE,
+    return cpu_set_error(c, tc__op_name(op->type), TC_ERR_INVALID_USAGE,
                          "communicator was finalized");
   }
   if (cpu_queue_room(c) != TC_OK) {
     pthread_mutex_unlock(&c->mu);
-    return cpu_set_error(c, tc__cpu_opname(op->type), TC_ERR_NOMEM,
+    return cpu_set_error(c, tc__op_name(op->type), TC_ERR_NOMEM,
                          "out of memory growing the operation queue");
   }
   size_t bytes;

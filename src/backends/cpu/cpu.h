@@ -127,7 +127,6 @@ typedef struct cpu_ctx {
 } cpu_ctx_t;
 
 /* The name of an operation in messages ("all_reduce"). */
-TC_INTERNAL const char *tc__cpu_opname(tc_op_type_t type);
 /* Runs one operation to completion (progress thread). On failure fills
  * ctx->msg and returns the code. */
 TC_INTERNAL int tc__cpu_run(cpu_ctx_t *ctx);
