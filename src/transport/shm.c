@@ -380,27 +380,11 @@ static int exch_ready(struct tc_shm *s, void *arg) {
 }
 
 static int exch_timeout(struct tc_shm *s, tc_xfer_t *x, const tc_tp_op_t *op) {
-  char list[384] = "";
-  size_t l = 0;
-  int shown = 0, more = 0;
-  for (int p = 0; p < s->size; p++) {
-    for (int d = 0; d < 2; d++) {
-      int k = d ? s->send_head[p] : s->recv_head[p];
-      if (k < 0) continue;
-      if (shown == 4) {
-        more = 1;
-        continue;
-      }
-      size_t got = x[k].done > SHM_UNIT ? x[k].done - SHM_UNIT : 0;
-      if (got > x[k].len) got = x[k].len;
-      int w = snprintf(list + l, sizeof list - l, "%speer %d (%s, %zu of %zu bytes done)",
-                       shown ? ", " : "", p, d ? "sending" : "receiving", got, x[k].len);
-      if (w > 0 && (size_t)w < sizeof list - l) l += (size_t)w;
-      shown++;
-    }
-  }
-  return tc__shm_fail(s, op, TC_ERR_TIMEOUT, "timed out after %g s; still waiting on %s%s",
-                      op->timeout_s, list, more ? ", ..." : "");
+  char list[400];
+  tc__xfer_pending_text(list, sizeof list, x, s->send_head, s->recv_head, s->size,
+                        SHM_UNIT);
+  return tc__shm_fail(s, op, TC_ERR_TIMEOUT, "timed out after %g s; still waiting on %s",
+                      op->timeout_s, list);
 }
 
 /* A peer we wait on has entered a collective this rank has not: the ranks

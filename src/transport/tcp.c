@@ -221,30 +221,38 @@ static int tcp_progress(tcp_t *t, tc_xfer_t *x, int *head, int is_send,
   return TC_OK;
 }
 
-static int tcp_timeout(tcp_t *t, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) {
-  char list[384] = "";
+void tc__xfer_pending_text(char *list, size_t len, const tc_xfer_t *x,
+                           const int *send_head, const int *recv_head, int size,
+                           size_t hdr) {
   size_t l = 0;
-  int shown = 0, more = 0;
-  for (int p = 0; p < t->size; p++) {
+  int shown = 0;
+  list[0] = 0;
+  for (int p = 0; p < size; p++) {
     for (int d = 0; d < 2; d++) {
-      int k = d ? t->send_head[p] : t->recv_head[p];
+      int k = d ? send_head[p] : recv_head[p];
       if (k < 0) continue;
       if (shown == 4) {
-        more = 1;
-        continue;
+        snprintf(list + l, len - l, ", ...");
+        return;
       }
-      size_t got = x[k].done > TCP_HDR ? x[k].done - TCP_HDR : 0;
-      int w = snprintf(list + l, sizeof list - l, "%speer %d (%s, %zu of %zu bytes done)",
+      size_t got = x[k].done > hdr ? x[k].done - hdr : 0;
+      if (got > x[k].len) got = x[k].len;
+      int w = snprintf(list + l, len - l, "%speer %d (%s, %zu of %zu bytes done)",
                        shown ? ", " : "", p, d ? "sending" : "receiving", got,
                        x[k].len);
-      if (w > 0 && (size_t)w < sizeof list - l) l += (size_t)w;
+      if (w > 0 && (size_t)w < len - l) l += (size_t)w;
       shown++;
     }
   }
+}
+
+static int tcp_timeout(tcp_t *t, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) {
+  char list[400];
   (void)nx;
-  return tcp_fail(t, op, TC_ERR_TIMEOUT,
-                  "timed out after %g s; still waiting on %s%s", op->timeout_s,
-                  list, more ? ", ..." : "");
+  tc__xfer_pending_text(list, sizeof list, x, t->send_head, t->recv_head,
+                        t->size, TCP_HDR);
+  return tcp_fail(t, op, TC_ERR_TIMEOUT, "timed out after %g s; still waiting on %s",
+                  op->timeout_s, list);
 }
 
 static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) {

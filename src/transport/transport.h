@@ -107,4 +107,13 @@ TC_INTERNAL int tc__transport_open(const tc_tp_args_t *args, tc_tp_choice_t choi
                                    const tc_transport_ops_t **ops, void **tp,
                                    char *err, size_t errlen);
 
+/* Writes "peer 1 (receiving, 10 of 64 bytes done), ..." for the transfers
+ * still at the head of each peer's queues (at most four, then ", ...") into
+ * buf, for timeout messages. hdr: header bytes counted in x[k].done. Shared
+ * by every transport (tcp.c). */
+TC_INTERNAL void tc__xfer_pending_text(char *buf, size_t len, const tc_xfer_t *x,
+                                       const int *send_head,
+                                       const int *recv_head, int size,
+                                       size_t hdr);
+
 #endif /* TC_TRANSPORT_H */
