@@ -5,6 +5,8 @@
 #   make check-asan  the C tests under ASan+UBSan
 #   make build       configure and build (build/)
 #   make venv        the project-local Python environment (.venv)
+#   make bench       our cpu backend against Gloo, Open MPI and memcpy, 2 then
+#                    4 ranks, side by side (bench/run_bench.py; BENCH_RUNS=3)
 
 SHELL      := /bin/bash
 PYTHON     ?= python3
@@ -15,7 +17,7 @@ VPY        := $(VENV)/bin/python
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 TORCH_VERSION := 2.13.0
 
-.PHONY: all build demo test test-c test-py pyinstall check-asan venv deps clean install
+.PHONY: all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan venv deps clean install bench bench-deps
 
 all: build
 
@@ -54,7 +56,26 @@ pyinstall: venv
 test-py: build venv pyinstall
 	TC_BUILD_DIR=$(abspath $(BUILD)) $(VPY) -m pytest -q tests/py
 
-test: test-c test-py
+# The same suites with the cpu backend forced onto TCP (the default on one
+# host is shared memory).
+test-c-tcp: build
+	TORCHCOMMS_CPU_TRANSPORT=tcp ./$(BUILD)/tc_test
+
+test-py-tcp: build venv pyinstall
+	TORCHCOMMS_CPU_TRANSPORT=tcp TC_BUILD_DIR=$(abspath $(BUILD)) $(VPY) -m pytest -q tests/py
+
+test: test-c test-py test-c-tcp test-py-tcp
+
+# Open MPI (the anchor) from Debian when missing; matplotlib for the plot.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+bench-deps: venv
+	@command -v mpicc >/dev/null && command -v mpirun >/dev/null || \
+	  { $(SUDO) apt-get install -y -q openmpi-bin libopenmpi-dev || \
+	    { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q openmpi-bin libopenmpi-dev; }; }
+	@$(VPY) -c "import matplotlib" 2>/dev/null || $(VPY) -m pip install --quiet matplotlib
+
+bench: build pyinstall bench-deps
+	TC_BUILD_DIR=$(abspath $(BUILD)) $(VPY) bench/run_bench.py
 
 check-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTC_SANITIZE=ON >/dev/null

@@ -13,7 +13,9 @@
  *       all_gather, reduce_scatter and all_to_all the per-rank count is
  *       size / (element size * N); the size column shows the bytes moved
  *       after rounding down to whole elements (at least one per rank).
- *   -n  timed iterations (default 20); -w  warm-up iterations (default 5)
+ *   -n  timed iterations (default 20; 0: by size, as the anchor benchmarks
+ *       in bench/ do: 1000 below 64 KiB, 100 below 4 MiB, 10 from 4 MiB);
+ *   -w  warm-up iterations (default 5)
  *   -d  float32 (default) float64 float16 bfloat16 int8 uint8 int16 int32
  *       int64 bool;  -o  sum (default) prod min max avg band bor bxor
  *       premul_sum (factor 0.5);  -r  root of broadcast / reduce (default 0)
@@ -214,8 +216,8 @@ static void parse_args(int argc, char **argv, args_t *a) {
       break;
     case 'n':
     case 'w':
-      if (parse_int(optarg, opt == 'n' ? 1 : 0, 1000000000, &v))
-        die_usage(opt == 'n' ? "bad iteration count '%s' (>= 1)"
+      if (parse_int(optarg, 0, 1000000000, &v))
+        die_usage(opt == 'n' ? "bad iteration count '%s' (>= 0; 0: by size)"
                              : "bad warm-up count '%s' (>= 0)", optarg);
       *(opt == 'n' ? &a->iters : &a->warmup) = (int)v;
       break;
@@ -509,27 +511,34 @@ static int cmp_double(const void *x, const void *y) {
   return (a > b) - (a < b);
 }
 
+/* Timed iterations at `bytes`: -n, or by size when -n 0. */
+static int iters_for(const args_t *a, size_t bytes) {
+  if (a->iters) return a->iters;
+  return bytes < ((size_t)64 << 10) ? 1000 : bytes < ((size_t)4 << 20) ? 100 : 10;
+}
+
 /* Seconds per iteration on this rank. */
-static double time_size(bench_t *B, double *samples) {
+static double time_size(bench_t *B, double *samples, size_t bytes) {
   const args_t *a = B->a;
+  const int iters = iters_for(a, bytes);
   int rc;
   for (int i = 0; i < a->warmup; i++)
     if ((rc = run_once(B))) fail_op(B, "a warm-up iteration", rc);
   if ((rc = tc_barrier(B->comm, NULL, NULL))) fail_op(B, "tc_barrier", rc);
   if (!a->median) {
     double t0 = now_s();
-    for (int i = 0; i < a->iters; i++)
+    for (int i = 0; i < iters; i++)
       if ((rc = run_once(B))) fail_op(B, "a timed iteration", rc);
-    return (now_s() - t0) / a->iters;
+    return (now_s() - t0) / iters;
   }
-  for (int i = 0; i < a->iters; i++) {
+  for (int i = 0; i < iters; i++) {
     double t0 = now_s();
     if ((rc = run_once(B))) fail_op(B, "a timed iteration", rc);
     samples[i] = now_s() - t0;
   }
-  qsort(samples, (size_t)a->iters, sizeof *samples, cmp_double);
-  int m = a->iters / 2;
-  return a->iters % 2 ? samples[m] : 0.5 * (samples[m - 1] + samples[m]);
+  qsort(samples, (size_t)iters, sizeof *samples, cmp_double);
+  int m = iters / 2;
+  return iters % 2 ? samples[m] : 0.5 * (samples[m - 1] + samples[m]);
 }
 
 static void *xalloc(size_t bytes) {
@@ -572,7 +581,7 @@ int main(int argc, char **argv) {
   }
   B.in = xalloc(maxin * B.es);
   B.out = xalloc(maxout * B.es);
-  double *samples = calloc((size_t)a.iters, sizeof *samples);
+  double *samples = calloc((size_t)(a.iters ? a.iters : 1000), sizeof *samples);
   FILE *csv = NULL;
   int rooted = a.coll == C_BROADCAST || a.coll == C_REDUCE;
   const char *opname = is_reduction(a.coll) ? op_name(a.op) : "none";
@@ -588,8 +597,11 @@ int main(int argc, char **argv) {
     printf("# tcperf: collective %s, ranks %d, dtype %s, op %s, backend %s "
            "(%s)\n", coll_names[a.coll], B.n, tc_dtype_name(a.dtype), opname,
            a.backend, tc_comm_backend_version(B.comm));
-    printf("# iters %d, warmup %d, timing %s (max over ranks), check %s, "
-           "libtorchcomms %s\n", a.iters, a.warmup,
+    char itbuf[24];
+    if (a.iters) snprintf(itbuf, sizeof itbuf, "%d", a.iters);
+    else snprintf(itbuf, sizeof itbuf, "by size");
+    printf("# iters %s, warmup %d, timing %s (max over ranks), check %s, "
+           "libtorchcomms %s\n", itbuf, a.warmup,
            a.median ? "median per iteration" : "average of back-to-back loop",
            a.check ? "on" : "off", tc_version());
     printf("#\n# %10s %12s %9s %6s %5s %12s %12s %12s %7s\n", "size", "count",
@@ -604,7 +616,7 @@ int main(int argc, char **argv) {
     size_t bytes = layout(&B, b);
     if (a.coll == C_SEND_RECV) setup_batch(&B);
     fill(&B, B.in, B.in_elems, B.rank);
-    double t = max_over_ranks(&B, time_size(&B, samples));
+    double t = max_over_ranks(&B, time_size(&B, samples, b));
     int64_t wrong = 0;
     if (a.check) {
       wrong = verify(&B);

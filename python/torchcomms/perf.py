@@ -16,7 +16,9 @@ their difference is the cost of the Python layer:
       default 8 and 64M); -f  size multiplier (default 4). Sizes are those of
       the whole array (nccl-tests): all_gather, reduce_scatter and all_to_all
       use size / (element size * N) elements per rank.
-  -n  timed iterations (default 20); -w  warm-up iterations (default 5)
+  -n  timed iterations (default 20; 0: by size, 1000 below 64 KiB, 100 below
+      4 MiB, 10 from 4 MiB, as the anchors in bench/ do); -w  warm-up iterations
+      (default 5)
   -d  float32 (default) float64 float16 bfloat16 int8 uint8 int16 int32
       int64 bool;  -o  sum prod min max avg band bor bxor premul_sum (0.5)
   -r  root of broadcast / reduce;  -z  check every output element exactly
@@ -49,6 +51,11 @@ OPS = {"sum": "SUM", "prod": "PRODUCT", "product": "PRODUCT", "min": "MIN",
        "premul_sum": "PREMUL_SUM"}
 FLOATS = ("float32", "float64", "float16", "bfloat16")
 PREMUL_FACTOR = 0.5  # exact in every float type
+
+
+def iters_by_size(nbytes):
+    """Timed iterations for -n 0, as the anchor benchmarks in bench/ choose."""
+    return 1000 if nbytes < 64 << 10 else (100 if nbytes < 4 << 20 else 10)
 
 
 def parse_size(s):
@@ -84,8 +91,8 @@ def parse_args(argv=None):
         p.error(f"unknown dtype '{a.dtype}' (one of {', '.join(DTYPES)})")
     if a.factor < 2:
         p.error(f"bad factor {a.factor} (an integer >= 2)")
-    if a.iters < 1 or a.warmup < 0:
-        p.error("-n must be >= 1 and -w >= 0")
+    if a.iters < 0 or a.warmup < 0:
+        p.error("-n must be >= 0 (0: by size) and -w >= 0")
     if a.root < 0:
         p.error(f"bad root {a.root}")
     if a.timeout is not None and not a.timeout > 0:
@@ -242,19 +249,20 @@ class Bench:
         batch.recv(self.out, (self.rank - 1) % self.n)
         return p(batch.issue, False)
 
-    def time_one_size(self):
+    def time_one_size(self, nbytes):
         a, fn, clock = self.a, self.fn, time.perf_counter
+        iters = a.iters or iters_by_size(nbytes)
         for _ in range(a.warmup):
             fn()
         self.comm.barrier(False)
         if a.mode == "avg":
             t0 = clock()
-            for _ in range(a.iters):
+            for _ in range(iters):
                 fn()
-            t = (clock() - t0) / a.iters
+            t = (clock() - t0) / iters
         else:
             s = []
-            for _ in range(a.iters):
+            for _ in range(iters):
                 t0 = clock()
                 fn()
                 s.append(clock() - t0)
@@ -320,7 +328,7 @@ def main(argv=None):
         print(f"# torchcomms.perf: collective {a.coll}, ranks {n}, dtype {a.dtype}, "
               f"op {opname}, backend {a.backend} ({B.comm.get_backend_version()})")
         timing = "median per iteration" if a.mode == "median" else "average of back-to-back loop"
-        print(f"# iters {a.iters}, warmup {a.warmup}, timing {timing} (max over ranks), "
+        print(f"# iters {a.iters or 'by size'}, warmup {a.warmup}, timing {timing} (max over ranks), "
               f"check {'on' if a.check else 'off'}, torch {torch.__version__}, "
               f"python {sys.version.split()[0]}")
         print(f"#\n# {'size':>10} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} "
@@ -330,7 +338,7 @@ def main(argv=None):
     b = a.minb
     while b <= a.maxb:
         moved = B.setup(b)
-        t = B.time_one_size()
+        t = B.time_one_size(b)
         wrong = "N/A"
         if a.check:
             w = torch.tensor([B.verify()], dtype=torch.int64)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -90,9 +91,12 @@ static int shm_block(struct tc_shm *s, shm_waiter_t *w, double spin_s, int may_s
   if (now < w->spin_until) {
     /* a long spin lets whatever else wants this core run (another rank,
      * another job), so spinning never starves the peer it waits for */
-    if (now >= w->yield_after) sched_yield();
-    else
-      for (int i = 0; i < 8; i++) shm_pause();
+    if (now >= w->yield_after) {
+      sched_yield();
+      return SHM_RETRY;
+    }
+    /* look often (a pause is ~10-140 cycles), read the clock rarely */
+    for (int i = 0; i < 32 && !ready(s, arg); i++) shm_pause();
     return SHM_RETRY;
   }
   if (!may_sleep) return SHM_NOT_YET;
@@ -181,6 +185,28 @@ int tc__shm_wait_flag(tc_shm_t *s, int r, uint64_t v, double spin_s, int may_sle
 }
 
 double tc__shm_spin_s(const tc_shm_t *s) { return s->spin_s; }
+int tc__shm_cma(const tc_shm_t *s) { return s->cma; }
+
+int tc__shm_read_peer(tc_shm_t *s, int q, void *dst, uint64_t remote, size_t len,
+                      const tc_tp_op_t *op) {
+  char *d = dst;
+  while (len > 0) {
+    struct iovec l = {d, len}, r = {(void *)(uintptr_t)remote, len};
+    ssize_t got = process_vm_readv(s->pids[q], &l, 1, &r, 1, 0);
+    if (got <= 0) {
+      int e = got < 0 ? errno : EFAULT;
+      if (e == EINTR) continue;
+      return tc__shm_fail(s, op, TC_ERR_REMOTE,
+                          "could not read peer %d's buffer (process_vm_readv: %s; "
+                          "peer exited or freed the buffer during the operation?)",
+                          q, strerror(e));
+    }
+    d += got;
+    remote += (uint64_t)got;
+    len -= (size_t)got;
+  }
+  return TC_OK;
+}
 size_t tc__shm_slot_bytes(const tc_shm_t *s) { return s->slot_bytes; }
 size_t tc__shm_half_bytes(const tc_shm_t *s) { return s->half_bytes; }
 char *tc__shm_slot(tc_shm_t *s, int r, int i) {

@@ -53,6 +53,14 @@ TC_INTERNAL void tc__shm_post(tc_shm_t *s, uint64_t v);
  * filled in. */
 TC_INTERNAL int tc__shm_wait_flag(tc_shm_t *s, int r, uint64_t v, double spin_s,
                                   int may_sleep, const tc_tp_op_t *op);
+/* 1 if every rank of the communicator can read every other's memory with
+ * process_vm_readv (probed once at setup; TORCHCOMMS_CPU_CMA=0: never). */
+TC_INTERNAL int tc__shm_cma(const tc_shm_t *s);
+/* Copies len bytes at `remote` in rank q's address space to dst (single
+ * copy). Fails with TC_ERR_REMOTE (the peer is gone or its memory cannot be
+ * read), op->msg filled in. */
+TC_INTERNAL int tc__shm_read_peer(tc_shm_t *s, int q, void *dst, uint64_t remote, size_t len,
+                                  const tc_tp_op_t *op);
 /* The spin time the transport uses before sleeping (0 when oversubscribed). */
 TC_INTERNAL double tc__shm_spin_s(const tc_shm_t *s);
 

@@ -36,6 +36,9 @@ typedef struct shm_ctl {
   uint32_t version, rank, size, pad0;
   uint64_t total, ring_bytes, slot_bytes, half_bytes;
   unsigned char token[16];
+  uint64_t self_addr; /* where the owner mapped this segment (CMA probe) */
+  int32_t pid;        /* the owner's process id (CMA) */
+  uint32_t pad1;
   _Alignas(64) _Atomic uint32_t bell;     /* futex word; peers ring it */
   _Alignas(64) _Atomic uint32_t sleepers; /* owner threads about to sleep */
   _Alignas(64) _Atomic uint64_t flag;     /* the owner's sync flag */
@@ -66,6 +69,8 @@ struct tc_shm {
   tc_xfer_t *bye;     /* [2 * size] */
   char segname[200];  /* our own segment's name, until unlinked */
   int created, unlinked;
+  int cma;          /* every rank can read every rank's memory (process_vm_readv) */
+  int *pids;        /* [size] every rank's process id, for process_vm_readv */
 };
 
 /* Layout helpers. */

@@ -24,7 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 static size_t pow2_floor(size_t v) {
@@ -115,8 +117,30 @@ static int shm_create_own(struct tc_shm *s, char *why, size_t wl) {
   c->slot_bytes = s->slot_bytes;
   c->half_bytes = s->half_bytes;
   memcpy(c->token, s->tcp->token, sizeof c->token);
+  c->self_addr = (uint64_t)(uintptr_t)p;
+  c->pid = (int32_t)getpid();
   s->me = c;
   return 0;
+}
+
+/* Single copy between processes: can this rank read every peer's memory with
+ * process_vm_readv? Each peer allowed it (PR_SET_PTRACER where Yama asks for
+ * it) before the mapping barrier; the probe reads each peer's segment header
+ * through the peer's own address and compares it with the mapped copy.
+ * TORCHCOMMS_CPU_CMA=0 turns it off. Returns 1 if every peer can be read. */
+static int shm_probe_cma(struct tc_shm *s) {
+  if (tc__env_double("TORCHCOMMS_CPU_CMA", 1.0) == 0) return 0;
+  for (int p = 0; p < s->size; p++) {
+    const shm_ctl_t *c = shm_ctl(s, p);
+    s->pids[p] = c->pid;
+    if (p == s->rank) continue;
+    uint64_t got[2] = {0, 0};
+    struct iovec l = {got, sizeof got}, r = {(void *)(uintptr_t)c->self_addr, sizeof got};
+    if (process_vm_readv(c->pid, &l, 1, &r, 1, 0) != (ssize_t)sizeof got ||
+        memcmp(got, c, sizeof got) != 0)
+      return 0;
+  }
+  return 1;
 }
 
 /* Maps peer r's segment and checks it. */
@@ -203,6 +227,7 @@ void tc__shm_close(void *tp) {
   free(s->recv_head);
   free(s->recv_tail);
   free(s->bye);
+  free(s->pids);
   free(s);
 }
 
@@ -257,10 +282,11 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
     s->recv_head = malloc(n * sizeof(int));
     s->recv_tail = malloc(n * sizeof(int));
     s->bye = malloc(2 * n * sizeof *s->bye);
+    s->pids = calloc(n, sizeof *s->pids);
   }
   unsigned char *all = malloc(n);
   if (!s || !s->base || !s->out_head || !s->in_tail || !s->send_head || !s->send_tail ||
-      !s->recv_head || !s->recv_tail || !s->bye || !all) {
+      !s->recv_head || !s->recv_tail || !s->bye || !s->pids || !all) {
     if (s) {
       s->tcp = t;
       tc__shm_close(s);
@@ -286,6 +312,10 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   char why[512] = "";
   unsigned char st = 0;
   if (here) st = shm_create_own(s, why, sizeof why) == 0 ? 1 : 2;
+#ifdef PR_SET_PTRACER
+  if (st == 1 && tc__env_double("TORCHCOMMS_CPU_CMA", 1.0) != 0)
+    (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); /* EINVAL without Yama */
+#endif
   rc = shm_all_status(s, st, all, deadline, err, errlen);
   int bad = -1;
   for (int p = 0; p < a->size && rc == TC_OK; p++)
@@ -300,6 +330,12 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
       if (all[p] != 1 && bad < 0) bad = p;
   }
   shm_unlink_own(s);
+  if (rc == TC_OK && bad < 0) { /* 4. single copy only if every rank can */
+    rc = shm_all_status(s, (unsigned char)(shm_probe_cma(s) ? 1 : 4), all, deadline, err, errlen);
+    s->cma = rc == TC_OK;
+    for (int p = 0; p < a->size && rc == TC_OK; p++)
+      if (all[p] != 1) s->cma = 0;
+  }
   if (rc != TC_OK) { /* the mesh failed: a peer died or the deadline passed */
     free(all);
     tc__shm_close(s);
@@ -329,9 +365,9 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   }
   free(all);
   a->host->log(3, "cpu backend '%s' rank %d: shared memory, %zu-byte segments "
-               "(rings %zu, slots %zu, halves %zu), spin %g us",
+               "(rings %zu, slots %zu, halves %zu), spin %g us, single copy %s",
                a->comm_name, a->rank, s->total, s->ring_bytes, s->slot_bytes,
-               s->half_bytes, s->spin_s * 1e6);
+               s->half_bytes, s->spin_s * 1e6, s->cma ? "on" : "off");
   *ops = &tc__shm_transport;
   *tp = s;
   return TC_OK;

@@ -403,6 +403,10 @@ static void mix_rank(tc_ctx_t *ctx) {
   setenv("TORCHCOMMS_SHM_BYTES", "262144", 1); /* 64 KiB halves: many rounds */
   tc_comm_t *c = shm_comm(ctx, sh->name);
   TC_ASSERT(comm_shm(c) != NULL);
+  const char *cma_env = getenv("TORCHCOMMS_CPU_CMA");
+  if (cma_env && !strcmp(cma_env, "0")) TC_ASSERT(!tc__shm_cma(comm_shm(c)));
+  else if (!tc__shm_cma(comm_shm(c)) && ctx->rank == 0)
+    fprintf(stderr, "  note: process_vm_readv is not allowed here: single copy not tested\n");
   int n = ctx->size, rank = ctx->rank;
   static const size_t sizes[] = {1, 3, 64, 1000, 4095, 4097, 16384, 40000, 150001};
   const size_t nsizes = sizeof sizes / sizeof sizes[0];
@@ -441,6 +445,17 @@ static void mix_rank(tc_ctx_t *ctx) {
   }
 }
 
+/* The same mix with single copy (process_vm_readv) turned off: broadcast,
+ * all_gather and all_to_all of 16 KiB and more then go through the halves.
+ * With it on (the default) the mix checks that single copy is in use where
+ * the machine allows it. */
+static void mix_rank_nocma(tc_ctx_t *ctx) {
+  setenv("TORCHCOMMS_CPU_CMA", "0", 1);
+  mix_rank(ctx);
+}
+
+TC_TEST(shm_mixed_nocma_w2) { tc_spawn(2, mix_rank_nocma, shared_new("shmmixnc"), 300); }
+TC_TEST(shm_mixed_nocma_w3) { tc_spawn(3, mix_rank_nocma, shared_new("shmmixnc"), 300); }
 TC_TEST(shm_mixed_w2) { tc_spawn(2, mix_rank, shared_new("shmmix"), 300); }
 TC_TEST(shm_mixed_w3) { tc_spawn(3, mix_rank, shared_new("shmmix"), 300); }
 TC_TEST(shm_mixed_w4) { tc_spawn(4, mix_rank, shared_new("shmmix"), 300); }

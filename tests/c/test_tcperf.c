@@ -201,7 +201,7 @@ TC_TEST(tcperf_bad_args_exit_2) {
       "-c all_reduce -b 0",                /* zero size */
       "-c all_reduce -b 1K -e 8",          /* max < min */
       "-c all_reduce -f 1",                /* factor < 2 */
-      "-c all_reduce -n 0",                /* no iterations */
+      "-c all_reduce -n -1",               /* negative iterations */
       "-c all_reduce -d float128",         /* unknown dtype */
       "-c all_reduce -o nope",             /* unknown op */
       "-c all_reduce -o band",             /* bitwise op on float32 */

@@ -90,7 +90,7 @@ def test_perf_csv(tmp_path):
     [], ["-c", "bogus"], ["-c", "all_reduce", "-b", "1X"], ["-c", "all_reduce", "-b", "1K", "-e", "8"],
     ["-c", "all_reduce", "-f", "1"], ["-c", "all_reduce", "-d", "float128"],
     ["-c", "all_reduce", "-o", "band"], ["-c", "all_reduce", "-d", "int32", "-o", "premul_sum"],
-    ["-c", "all_reduce", "-n", "0"], ["-c", "all_reduce", "--bogus"],
+    ["-c", "all_reduce", "-n", "-1"], ["-c", "all_reduce", "--bogus"],
 ])
 def test_perf_bad_args_exit_2(args):
     p = run([sys.executable, "-m", "torchcomms.perf", *args], timeout=60)

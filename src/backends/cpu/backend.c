@@ -387,6 +387,9 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
     c->small_ar = small >= 0 ? (size_t)small : CPU_SHM_SMALL_AR;
     double inl = tc__env_double("TORCHCOMMS_CPU_INLINE_BYTES", CPU_INLINE_MAX_BYTES);
     c->inline_max = inl >= 0 ? (size_t)inl : CPU_INLINE_MAX_BYTES;
+    double cma = tc__env_double("TORCHCOMMS_CPU_CMA_BYTES", CPU_CMA_MIN_BYTES);
+    c->cma_min = c->shm && tc__shm_cma(c->shm) ? (cma >= 0 ? (size_t)cma : CPU_CMA_MIN_BYTES)
+                                               : SIZE_MAX;
   }
   /* the progress thread takes no asynchronous signals: they belong to the
    * application's threads */

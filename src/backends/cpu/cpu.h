@@ -42,6 +42,17 @@ TC_INTERNAL extern const tc_backend_ops_t tc__cpu_backend;
 /* Operations on the shared segments (shm_algos.c): kinds. */
 #define CPU_FAST_SMALL 1 /* one sync through the slots */
 #define CPU_FAST_BIG 2   /* rounds through the big halves */
+#define CPU_FAST_CMA 3   /* single copy from the peers' buffers (process_vm_readv) */
+
+/* Shared memory with single copy: broadcast, all_gather* and
+ * all_to_all_single of at least this many bytes (per rank for all_gather)
+ * read the peers' buffers directly (TORCHCOMMS_CPU_CMA_BYTES overrides; the
+ * same on every rank). Broadcasts above CPU_CMA_MAX_BCAST go through the
+ * halves instead: there the root's copy in and the receivers' copies out
+ * overlap, which measured faster on a 2-core machine than one reader
+ * streaming the root's buffer from memory. */
+#define CPU_CMA_MIN_BYTES (16u * 1024u)
+#define CPU_CMA_MAX_BCAST (1024u * 1024u)
 /* ...run on the caller's thread when the communicator is idle up to this
  * many bytes (larger ones are handed to the thread at once, so that an
  * asynchronous call returns at once); TORCHCOMMS_CPU_INLINE_BYTES
@@ -107,6 +118,7 @@ typedef struct cpu_comm {
   uint64_t big_round;
   size_t small_ar;    /* CPU_SHM_SMALL_AR or its override */
   size_t inline_max;  /* CPU_INLINE_MAX_BYTES or its override */
+  size_t cma_min;     /* CPU_CMA_MIN_BYTES or its override; SIZE_MAX: off */
 
   /* scratch, grown on demand, reused (executing thread only) */
   void *scratch;

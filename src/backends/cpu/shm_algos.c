@@ -42,6 +42,7 @@ typedef struct fp_hdr {
   int32_t root;
   uint64_t bytes; /* this rank's contribution */
   uint32_t dtype, pad;
+  uint64_t addr; /* single copy: where this rank's data lies, in its own address space */
 } fp_hdr_t;
 
 static int fam_of(tc_op_type_t t) {
@@ -198,6 +199,9 @@ int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, size_t *by
   if (b == SIZE_MAX || (b == 0 && op->type != TC_OP_BARRIER)) return 0;
   *bytes = b;
   int fam = fam_of(op->type);
+  if ((fam == FAM_AG || fam == FAM_A2A || (fam == FAM_BCAST && b <= CPU_CMA_MAX_BCAST)) &&
+      b >= c->cma_min)
+    return CPU_FAST_CMA;
   if (b + FP_HDR <= tc__shm_slot_bytes(c->shm) && (fam != FAM_AR || b <= c->small_ar))
     return CPU_FAST_SMALL;
   if (fam == FAM_AR && op->count < (size_t)c->size) return 0;
@@ -662,8 +666,89 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   }
 }
 
+/* ------------------------------------------------------------------------ */
+/* Single copy: straight from the peers' buffers (process_vm_readv)          */
+/* ------------------------------------------------------------------------ */
+
+/* broadcast, all_gather, all_gather_single, all_to_all_single. At sync k
+ * every rank publishes where its data lies in its own address space (the
+ * root's buffer; the own block of the output; the send buffer); each reader
+ * copies what it needs from there into its output; sync k+1 says "done
+ * reading": only after every peer posted it may a rank return, because
+ * until then its buffers are being read. */
+static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
+  cpu_comm_t *c = ctx->c;
+  tc_shm_t *s = c->shm;
+  const tc_backend_op_t *op = ctx->op;
+  tc_tp_op_t top = fp_top(ctx);
+  int r = ctx->rank, n = ctx->size, fam = fam_of(op->type);
+  size_t es = ctx->es, bb = op->count * es;
+  if (st->stage == 0) {
+    uint64_t k;
+    FP_TRY(fp_begin(c, spin, 0, &top, &k));
+    const char *src = op->recvbuf;
+    size_t mine = bb;
+    if (fam == FAM_AG) {
+      char *d;
+      ag_block(op, es, r, &d, &mine);
+      /* peers read the send buffer (clean lines read faster than the ones
+       * this core just wrote), unless it lies where peers' blocks go */
+      src = op->sendbuf;
+      for (int q = 0; q < n && src != d; q++) {
+        char *qd;
+        size_t ql;
+        ag_block(op, es, q, &qd, &ql);
+        if (q != r && overlaps(src, mine, qd, ql)) src = d;
+      }
+      if (mine && d != (const char *)op->sendbuf) memmove(d, op->sendbuf, mine);
+    } else if (fam == FAM_A2A) {
+      const char *send = op->sendbuf;
+      char *recv = op->recvbuf;
+      mine = (size_t)n * bb;
+      if (overlaps(send, mine, recv, mine)) { /* in place: peers read a copy */
+        char *sc;
+        TC_CHECK(tc__cpu_scratch(ctx, mine, (void **)&sc));
+        memcpy(sc, send, mine);
+        send = sc;
+      }
+      memmove(recv + (size_t)r * bb, send + (size_t)r * bb, bb);
+      src = send;
+    }
+    fp_put_hdr(ctx, k, mine);
+    ((fp_hdr_t *)tc__shm_slot(s, r, (int)(k & 1)))->addr = (uint64_t)(uintptr_t)src;
+    tc__shm_post(s, k);
+    st->s = k;
+    st->stage = 1;
+  }
+  if (st->stage == 1) {
+    uint64_t k = st->s;
+    int only = fam == FAM_BCAST ? op->root : -1;
+    if (!(fam == FAM_BCAST && r == op->root)) {
+      FP_TRY(fp_wait(c, only, k, spin, 0, &top));
+      TC_CHECK(fp_check_hdrs(ctx, k, only));
+    }
+    for (int q = 0; q < n; q++) {
+      if (q == r || (only >= 0 && q != only) || (fam == FAM_BCAST && r == op->root)) continue;
+      uint64_t a = ((const fp_hdr_t *)tc__shm_slot(s, q, (int)(k & 1)))->addr;
+      char *dst;
+      size_t len = bb;
+      if (fam == FAM_AG) ag_block(op, es, q, &dst, &len);
+      else if (fam == FAM_A2A) dst = (char *)op->recvbuf + (size_t)q * bb, a += (uint64_t)r * bb;
+      else dst = op->recvbuf;
+      TC_CHECK(tc__shm_read_peer(s, q, dst, a, len, &top));
+    }
+    st->s = ++c->sync;
+    tc__shm_post(s, st->s);
+    st->stage = 2;
+  }
+  /* done reading everywhere: the own buffers are free again */
+  FP_TRY(fp_wait(c, -1, st->s, spin, 1, &top));
+  return TC_OK;
+}
+
 int tc__cpu_fast_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   if (st->kind == CPU_FAST_SMALL) return small_run(ctx, st, spin);
+  if (st->kind == CPU_FAST_CMA) return cma_run(ctx, st, spin);
   switch (fam_of(ctx->op->type)) {
   case FAM_AR: return big_all_reduce(ctx, st, spin);
   case FAM_BCAST: return big_broadcast(ctx, st, spin);
