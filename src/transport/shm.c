@@ -142,11 +142,12 @@ void tc__shm_post(tc_shm_t *s, uint64_t v) {
     if (q != s->rank) shm_ring_bell(shm_ctl(s, q));
 }
 
-typedef struct { int r; uint64_t v; } flag_arg_t;
+typedef struct { int r; uint64_t v; const _Atomic uint64_t *w; } flag_arg_t;
 
 static int flag_ready(struct tc_shm *s, void *arg) {
+  (void)s;
   flag_arg_t *a = arg;
-  return tc__shm_flag(s, a->r) >= a->v;
+  return atomic_load_explicit(a->w, memory_order_acquire) >= a->v;
 }
 
 /* The peer we wait for is in finalize (its goodbye is the next message). */
@@ -166,9 +167,9 @@ static int flag_check(struct tc_shm *s, void *arg, const tc_tp_op_t *op) {
   return TC_OK;
 }
 
-int tc__shm_wait_flag(tc_shm_t *s, int r, uint64_t v, double spin_s, int may_sleep,
-                      const tc_tp_op_t *op) {
-  flag_arg_t a = {r, v};
+int tc__shm_wait_word(tc_shm_t *s, int r, const _Atomic uint64_t *word, uint64_t v,
+                      double spin_s, int may_sleep, const tc_tp_op_t *op) {
+  flag_arg_t a = {r, v, word};
   if (flag_ready(s, &a)) return TC_OK;
   shm_waiter_t w = {0, 0, 0};
   double spin = s->spin_s > 0 ? spin_s : 0;
@@ -182,6 +183,11 @@ int tc__shm_wait_flag(tc_shm_t *s, int r, uint64_t v, double spin_s, int may_sle
                           "joined this collective operation)", op->timeout_s, r);
     if (flag_ready(s, &a)) return TC_OK;
   }
+}
+
+int tc__shm_wait_flag(tc_shm_t *s, int r, uint64_t v, double spin_s, int may_sleep,
+                      const tc_tp_op_t *op) {
+  return tc__shm_wait_word(s, r, &shm_ctl(s, r)->flag, v, spin_s, may_sleep, op);
 }
 
 double tc__shm_spin_s(const tc_shm_t *s) { return s->spin_s; }

@@ -61,6 +61,12 @@ TC_INTERNAL int tc__shm_cma(const tc_shm_t *s);
  * read), op->msg filled in. */
 TC_INTERNAL int tc__shm_read_peer(tc_shm_t *s, int q, void *dst, uint64_t remote, size_t len,
                                   const tc_tp_op_t *op);
+/* tc__shm_wait_flag on any word of rank r's segment that r writes before it
+ * posts (release) its flag: a waiter that sees the word need not fetch the
+ * flag's cache line too. The word must not decrease. */
+TC_INTERNAL int tc__shm_wait_word(tc_shm_t *s, int r, const _Atomic uint64_t *word,
+                                  uint64_t v, double spin_s, int may_sleep,
+                                  const tc_tp_op_t *op);
 /* The spin time the transport uses before sleeping (0 when oversubscribed). */
 TC_INTERNAL double tc__shm_spin_s(const tc_shm_t *s);
 

@@ -32,18 +32,27 @@
 
 #include <string.h>
 
-#define FP_HDR 64u /* header at the start of a small slot */
+
 
 enum { FAM_AR = 1, FAM_BCAST, FAM_BARRIER, FAM_AG, FAM_RS, FAM_A2A };
 
 typedef struct fp_hdr {
-  uint64_t sync;
+  _Atomic uint64_t sync; /* written last (release): the rest is then valid */
   uint32_t fam;
   int32_t root;
   uint64_t bytes; /* this rank's contribution */
   uint32_t dtype, pad;
   uint64_t addr; /* single copy: where this rank's data lies, in its own address space */
 } fp_hdr_t;
+
+/* Header at the start of a small slot, data from FP_HDR on (cache-line
+ * aligned); data that fits beside the header follows it at once instead, so
+ * that a tiny operation's sync word, header and data share one cache line. */
+#define FP_HDR 64u
+_Static_assert(sizeof(fp_hdr_t) % 8 == 0 && sizeof(fp_hdr_t) <= FP_HDR, "slot header");
+static size_t fp_data_off(size_t bytes) {
+  return bytes + sizeof(fp_hdr_t) <= FP_HDR ? sizeof(fp_hdr_t) : FP_HDR;
+}
 
 static int fam_of(tc_op_type_t t) {
   switch (t) {
@@ -218,11 +227,29 @@ int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, size_t *by
 static void fp_put_hdr(cpu_ctx_t *ctx, uint64_t s, size_t bytes) {
   const tc_backend_op_t *op = ctx->op;
   fp_hdr_t *h = (fp_hdr_t *)tc__shm_slot(ctx->c->shm, ctx->rank, (int)(s & 1));
-  h->sync = s;
   h->fam = (uint32_t)fam_of(op->type);
   h->root = op->root;
   h->bytes = bytes;
   h->dtype = (uint32_t)op->dtype;
+  atomic_store_explicit(&h->sync, s, memory_order_release);
+}
+
+/* Small operations: waits on the peers' slot headers (sync, header and
+ * data share the slot's first cache lines: one transfer instead of three)
+ * rather than on their flags; q < 0: every peer. Seeing header s of a peer
+ * means it began the operation of sync s, i.e. its flag is (or is about to
+ * be) >= s, which is what known_all records. */
+static int fp_wait_hdr(cpu_comm_t *c, int q, uint64_t v, double spin, const tc_tp_op_t *top) {
+  double sp = spin >= 0 ? spin : tc__shm_spin_s(c->shm);
+  int sleep = spin < 0, si = (int)(v & 1);
+  for (int p = q < 0 ? 0 : q; p < (q < 0 ? c->size : q + 1); p++) {
+    if (p == c->rank) continue;
+    const fp_hdr_t *h = (const fp_hdr_t *)tc__shm_slot(c->shm, p, si);
+    int rc = tc__shm_wait_word(c->shm, p, &h->sync, v, sp, sleep, top);
+    if (rc != TC_OK) return rc;
+  }
+  if (q < 0 && c->known_all < v) c->known_all = v;
+  return TC_OK;
 }
 
 static int fp_mismatch(cpu_ctx_t *ctx, int q, const fp_hdr_t *h, uint32_t fam, size_t bytes) {
@@ -321,7 +348,8 @@ static int fp_read(cpu_ctx_t *ctx, uint64_t s) {
   tc_redop_type_t kop = cpu_kop(op);
   /* headers first: nothing is written on a mismatch */
   TC_CHECK(fp_check_hdrs(ctx, s, fam == FAM_BCAST ? op->root : -1));
-#define SLOT(q) (tc__shm_slot(c->shm, (q), si) + FP_HDR)
+  const size_t doff = fp_data_off(fp_bytes(c, op));
+#define SLOT(q) (tc__shm_slot(c->shm, (q), si) + doff)
   switch (fam) {
   case FAM_AR: {
     char *out = op->recvbuf;
@@ -378,15 +406,16 @@ static int small_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     uint64_t s;
     FP_TRY(fp_begin(c, spin, 0, &top, &s));
     st->s = s;
-    size_t b = fp_write(ctx, tc__shm_slot(c->shm, ctx->rank, (int)(s & 1)) + FP_HDR);
+    size_t b = fp_write(ctx, tc__shm_slot(c->shm, ctx->rank, (int)(s & 1)) +
+                                 fp_data_off(fp_bytes(c, op)));
     fp_put_hdr(ctx, s, b);
     tc__shm_post(c->shm, s);
     st->stage = 1;
   }
   if (fam_of(op->type) == FAM_BCAST) {
-    if (ctx->rank != op->root) FP_TRY(fp_wait(c, op->root, st->s, spin, 0, &top));
+    if (ctx->rank != op->root) FP_TRY(fp_wait_hdr(c, op->root, st->s, spin, &top));
   } else {
-    FP_TRY(fp_wait(c, -1, st->s, spin, 0, &top));
+    FP_TRY(fp_wait_hdr(c, -1, st->s, spin, &top));
   }
   st->stage = 2;
   return fp_read(ctx, st->s);
