@@ -83,8 +83,9 @@ static int shm_block(struct tc_shm *s, shm_waiter_t *w, double spin_s, int may_s
     return tc__shm_fail(s, op, TC_ERR_ABORTED, "communicator was aborted");
   double now = tc__now();
   if (w->spin_until == 0) {
+    if (s->yield_poll && spin_s > s->spin_s) spin_s = s->spin_s;
     w->spin_until = now + spin_s;
-    w->yield_after = now + SHM_YIELD_S;
+    w->yield_after = s->yield_poll ? now : now + SHM_YIELD_S;
     if (w->next_live == 0) w->next_live = now + SHM_LIVE_S;
   }
   if (now >= op->deadline) return SHM_DEADLINE;

@@ -21,6 +21,7 @@
 #define SHM_NAP_S 0.005  /* longest futex sleep between liveness checks */
 #define SHM_LIVE_S 0.004 /* peers' sockets are checked at most this often */
 #define SHM_ACTIVE_SPIN_S 1e-3 /* spin of an exchange whose peers are active */
+#define SHM_YIELD_POLL_US 200.0 /* oversubscribed: sched_yield polling budget */
 #define SHM_YIELD_S 20e-6 /* spinning longer than this yields the core each round */
 #define SHM_PUB_BYTES (32u * 1024u) /* a ring position is published this often */
 #define SHM_DEFAULT_BYTES (4u * 1024u * 1024u) /* TORCHCOMMS_SHM_BYTES */
@@ -58,7 +59,8 @@ struct tc_shm {
   char name[128];
   int rank, size;
   atomic_int *aborted;
-  double spin_s;
+  double spin_s;    /* polling budget before sleeping (seconds) */
+  int yield_poll;   /* oversubscribed: poll with sched_yield only, at most spin_s */
   size_t total, ring_bytes, slot_bytes, half_bytes;
   size_t off_rctl, off_ring, off_slot, off_half; /* layout of every segment */
   char **base;      /* [size] every rank's segment, mapped here */

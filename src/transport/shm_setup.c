@@ -305,6 +305,17 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   s->size = a->size;
   s->aborted = a->aborted;
   s->spin_s = t->spin_s;
+  if (s->spin_s <= 0 && !tc__env_str("TORCHCOMMS_CPU_SPIN_US")) {
+    /* more ranks than cores: a waiter that sleeps at once costs a futex
+     * wake-up and a context switch per sync point; polling with
+     * sched_yield hands the core straight to the ranks it waits for, and
+     * stops after TORCHCOMMS_CPU_YIELD_US (default 200 us) */
+    double us = tc__env_double("TORCHCOMMS_CPU_YIELD_US", SHM_YIELD_POLL_US);
+    if (us > 0) {
+      s->spin_s = us * 1e-6;
+      s->yield_poll = 1;
+    }
+  }
   double want = tc__env_double("TORCHCOMMS_SHM_BYTES", (double)SHM_DEFAULT_BYTES);
   shm_geometry(s, want > 0 ? (size_t)want : SHM_DEFAULT_BYTES);
 
@@ -365,9 +376,10 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   }
   free(all);
   a->host->log(3, "cpu backend '%s' rank %d: shared memory, %zu-byte segments "
-               "(rings %zu, slots %zu, halves %zu), spin %g us, single copy %s",
+               "(rings %zu, slots %zu, halves %zu), %s %g us, single copy %s",
                a->comm_name, a->rank, s->total, s->ring_bytes, s->slot_bytes,
-               s->half_bytes, s->spin_s * 1e6, s->cma ? "on" : "off");
+               s->half_bytes, s->yield_poll ? "yield-poll" : "spin", s->spin_s * 1e6,
+               s->cma ? "on" : "off");
   *ops = &tc__shm_transport;
   *tp = s;
   return TC_OK;
