@@ -104,11 +104,18 @@ typedef struct tc_backend_op {
   const tc_p2p_t *p2p;
   size_t num_p2p;
   double timeout_s; /* effective deadline: start of execution + timeout_s */
-  const tc_hint_t *hints;
-  size_t num_hints;
+  const tc_hint_t *hints; /* valid during the op entry's call only: copy */
+  size_t num_hints;       /* what the backend needs before returning */
   void *stream; /* device stream, or NULL */
   uint64_t seq; /* 1, 2, ... in issue order on this communicator */
+  /* Appended (read only when `size` covers it): TC_BACKEND_OP_* bits. */
+  uint32_t flags;
 } tc_backend_op_t;
+
+/* The caller holds a work object (asynchronous call); without it the core
+ * waits for the operation before returning. A device backend may use it to
+ * order the caller's stream after a synchronous operation only. */
+#define TC_BACKEND_OP_ASYNC 0x1u
 
 /* Opaque to backends: the core's work object. */
 typedef struct tc_work tc_work_t;
@@ -130,6 +137,11 @@ typedef struct tc_backend_host {
   void (*free)(void *ptr);
   /* Logs a line at level 0 (error) .. 3 (debug), gated by TORCHCOMMS_LOG. */
   void (*log)(int level, const char *fmt, ...);
+  /* Appended (check `size` before use): sets the calling thread's last
+   * error (tc_last_error) to `message` and returns status; for an op entry,
+   * finalize or split that returns an error, so that the caller sees the
+   * backend's own sentence. */
+  int (*set_error)(int status, const char *message);
 } tc_backend_host_t;
 
 /* What a backend's init receives. */
@@ -187,7 +199,10 @@ typedef struct tc_backend_ops {
   tc_backend_op_fn gather_single;
   tc_backend_op_fn batch;
   /* Optional native split; NULL: the core splits with init on a child store.
-   * ranks: the new group in parent ranks (caller included). */
+   * ranks: the new group in parent ranks (caller included). Collective over
+   * the parent: the core calls it on every rank of the parent, after the
+   * ranks agreed on the groups; a rank joining no group gets ranks == NULL,
+   * nranks == 0 and child_args == NULL and must set *child = NULL. */
   int (*split)(void *parent, const int *ranks, size_t nranks,
                const tc_backend_init_args_t *child_args, void **child,
                char *err, size_t errlen);

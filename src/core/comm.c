@@ -107,6 +107,12 @@ static void tc__free_hints(tc_hint_t *h, size_t n) {
   free(h);
 }
 
+/* 1 if the backend has a native split (and its table is that long). */
+static int tc__has_split(const tc_backend_ops_t *ops) {
+  return ops->size >= offsetof(tc_backend_ops_t, split) + sizeof ops->split &&
+         ops->split != NULL;
+}
+
 /* Common tail of create and split: backend init on a prefixed store. */
 static int tc__comm_start(tc_comm_t *c, const tc_comm_t *parent,
                           const int *ranks, size_t nranks) {
@@ -121,7 +127,7 @@ static int tc__comm_start(tc_comm_t *c, const tc_comm_t *parent,
       .world_size = c->size, .timeout_s = c->timeout_s, .store = c->store,
       .advertise_addr = addr, .hints = c->hints, .num_hints = c->num_hints};
   char err[512] = "";
-  if (parent && c->ops->split)
+  if (parent && tc__has_split(c->ops))
     rc = c->ops->split(parent->bcomm, ranks, nranks, &args, &c->bcomm, err,
                        sizeof err);
   else
@@ -247,6 +253,7 @@ int tc_comm_finalize(tc_comm_t *c) {
   if (state == TC_STATE_ACTIVE) c->state = TC_STATE_FINALIZED;
   pthread_mutex_unlock(&c->mu);
   if (state != TC_STATE_ACTIVE) return TC_OK; /* twice is harmless */
+  tc__set_error_text(TC_OK, ""); /* only the backend's own message counts */
   int rc = c->ops->finalize(c->bcomm);
   c->ops->destroy(c->bcomm);
   c->bcomm = NULL;
@@ -415,7 +422,18 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
     }
   }
   free(all);
-  if (nranks == 0) return TC_OK;
+  if (nranks == 0) {
+    /* a native split is collective over the parent (ncclCommSplit): the
+     * ranks joining no group take part too */
+    if (!tc__has_split(c->ops)) return TC_OK;
+    char err[512] = "";
+    void *none = NULL;
+    rc = c->ops->split(c->bcomm, NULL, 0, NULL, &none, err, sizeof err);
+    if (rc != TC_OK)
+      return tc__comm_error(c, rc, fn, "backend '%s' failed to split: %s",
+                            c->backend_name, err[0] ? err : tc_strerror(rc));
+    return TC_OK;
+  }
 
   tc_comm_t *child = tc__comm_new();
   if (!child) return tc__comm_error(c, TC_ERR_NOMEM, fn, "out of memory");

@@ -231,6 +231,7 @@ int tc__op_issue(tc_comm_t *c, const char *fn, tc_backend_op_t *op,
   }
   op->size = sizeof *op;
   op->timeout_s = timeout;
+  op->flags = work ? TC_BACKEND_OP_ASYNC : 0;
   if (opts) {
     op->hints = opts->hints; /* borrowed for the post call only */
     op->num_hints = opts->num_hints;
@@ -248,11 +249,19 @@ int tc__op_issue(tc_comm_t *c, const char *fn, tc_backend_op_t *op,
                         c->state == TC_STATE_ABORTED ? "aborted" : "finalized");
   } else {
     w->op.seq = ++c->seq;
+    /* a refusal must not show an old message; success keeps it */
+    char before[1024];
+    const int had = tc_last_error()[0] != 0;
+    if (had) {
+      snprintf(before, sizeof before, "%s", tc_last_error());
+      tc__set_error_text(TC_OK, "");
+    }
     rc = f(c->bcomm, &w->op, w);
+    if (rc == TC_OK && had) tc__set_error_text(TC_OK, before);
   }
   pthread_mutex_unlock(&c->mu);
-  w->op.hints = NULL;
-  w->op.num_hints = 0;
+  /* w->op now belongs to the backend (its thread may be reading it): the
+   * hints stay as they were, documented as valid during the post call only */
   if (rc != TC_OK) {
     char saved[1024];
     snprintf(saved, sizeof saved, "%s", tc_last_error());

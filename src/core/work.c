@@ -149,6 +149,10 @@ static void tc__host_log(int level, const char *fmt, ...) {
 
 static void tc__host_free(void *p) { free(p); }
 
+static int tc__host_set_error(int status, const char *message) {
+  return tc__set_error_text(status, message ? message : tc_strerror(status));
+}
+
 const tc_backend_host_t tc__host = {
     .size = sizeof(tc_backend_host_t),
     .work_started = tc__host_work_started,
@@ -158,6 +162,7 @@ const tc_backend_host_t tc__host = {
     .store_add = tc_store_add,
     .free = tc__host_free,
     .log = tc__host_log,
+    .set_error = tc__host_set_error,
 };
 
 /* ---- public work API ---- */

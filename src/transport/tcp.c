@@ -308,8 +308,8 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
     int ms = (int)(left * 1000.0) + 1;
     if (ms > TCP_POLL_CAP_MS) ms = TCP_POLL_CAP_MS;
     int r = 0;
-    if (t->spin_s > 0) { /* a short busy poll saves the sleep/wake-up */
-      double until = tc__now() + t->spin_s;
+    if (t->poll_spin_s > 0) { /* a short busy poll may save the sleep/wake-up */
+      double until = tc__now() + t->poll_spin_s;
       while ((r = poll(t->pfd, (nfds_t)np, 0)) == 0 && tc__now() < until) {
       }
     }

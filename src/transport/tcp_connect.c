@@ -576,6 +576,14 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
   /* 5. every peer has counted itself before it could connect */
   if (local >= 0 && a->host->store_add(a->store, hkey, 0, &local) != TC_OK) local = -1;
   t->spin_s = spin_policy(a, (int)local);
+  /* TCP busy-polls the sockets as long, unless TORCHCOMMS_CPU_TCP_SPIN_US
+   * says otherwise (0: sleep in poll at once; on a loaded VM, whose loopback
+   * packets are delivered by ksoftirqd, spinning delays them) */
+  t->poll_spin_s = t->spin_s;
+  if (tc__env_str("TORCHCOMMS_CPU_TCP_SPIN_US")) {
+    double tsp = tc__env_double("TORCHCOMMS_CPU_TCP_SPIN_US", 0);
+    t->poll_spin_s = tsp > 0 ? tsp * 1e-6 : 0;
+  }
   t->local = (int)local;
   memcpy(t->token, s.token, sizeof t->token);
 

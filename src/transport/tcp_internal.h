@@ -29,7 +29,9 @@ typedef struct tcp {
   tc_xfer_t *bye;         /* [2 * size] goodbye transfers */
   int wake_fd;
   atomic_int *aborted;
-  double spin_s; /* busy-poll this long before sleeping in poll */
+  double spin_s;      /* shared memory's busy-wait budget (see spin_policy) */
+  double poll_spin_s; /* TCP: busy-poll the sockets this long before sleeping
+                       * in poll (TORCHCOMMS_CPU_TCP_SPIN_US, default spin_s) */
   int local;     /* ranks of this communicator on this machine (-1: unknown) */
   unsigned char token[16]; /* the communicator's random token */
 } tcp_t;

@@ -151,8 +151,11 @@ static dcomm_t *d_init(tc_ctx_t *ctx, const char *name, double timeout_s) {
 /* The table's op entries are indexed like tc_op_type_t (the ABI says so). */
 static tc_backend_op_fn d_fn(tc_op_type_t t) { return (&tc__cpu_backend.send)[t]; }
 
+/* Posts as the core posts an asynchronous call (the caller holds the work
+ * and waits later): a synchronous one may run to completion inside post. */
 static void d_post(dcomm_t *d, tc_backend_op_t *op, twork_t *w) {
   op->size = sizeof *op;
+  op->flags |= TC_BACKEND_OP_ASYNC;
   if (op->timeout_s <= 0) op->timeout_s = d->timeout_s;
   twork_init(w);
   TC_ASSERT_OK(d_fn(op->type)(d->b, op, (tc_work_t *)w));

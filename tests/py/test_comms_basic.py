@@ -505,7 +505,10 @@ def test_finalize_and_abort():
     assert w.is_completed()
 
 
-def test_async_lifetime_world1():
+def test_async_lifetime_world1(monkeypatch):
+    # on the progress thread (world size 1 otherwise runs operations on the
+    # caller's thread, complete before the call returns)
+    monkeypatch.setenv("TORCHCOMMS_CPU_INLINE_BYTES", "0")
     c = torchcomms.new_comm("cpu", "cpu", name="life")
     t = torch.full((1 << 14,), 2.0)
     ref = weakref.ref(t)

@@ -283,6 +283,25 @@ static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work) {
     pthread_mutex_unlock(&c->mu);
     return TC_OK;
   }
+  if (!e.fst.kind && c->qlen == 0 && !c->running && !cpu_on_thread(c) &&
+      c->inline_max > 0 &&
+      (c->size == 1 || (!c->shm && op->size >= offsetof(tc_backend_op_t, flags) +
+                                                  sizeof op->flags &&
+                        !(op->flags & TC_BACKEND_OP_ASYNC)))) {
+    /* idle, and either nothing to wait for (world size 1) or a synchronous
+     * operation over TCP (its caller waits for it anyway): run it here,
+     * sparing two thread hand-offs; abort still interrupts it through the
+     * wake-up descriptor the sockets are polled with */
+    c->running = 1;
+    pthread_mutex_unlock(&c->mu);
+    cpu_exec(c, &e, 0.0);
+    pthread_mutex_lock(&c->mu);
+    c->running = 0;
+    if (c->qlen) pthread_cond_signal(&c->cv);
+    pthread_cond_broadcast(&c->idle_cv);
+    pthread_mutex_unlock(&c->mu);
+    return TC_OK;
+  }
   c->q[(c->qhead + c->qlen) % c->qcap] = e;
   c->qlen++;
   pthread_cond_signal(&c->cv);
@@ -374,6 +393,8 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
     rc = c->wake_fd < 0 ? TC_ERR_SYSTEM : TC_ERR_NOMEM;
     goto fail;
   }
+  double inl = tc__env_double("TORCHCOMMS_CPU_INLINE_BYTES", CPU_INLINE_MAX_BYTES);
+  c->inline_max = inl >= 0 ? (size_t)inl : CPU_INLINE_MAX_BYTES;
   if (c->size > 1) {
     tc_tp_args_t ta = {.host = a->host, .store = a->store, .comm_name = cname,
                        .rank = c->rank, .size = c->size,
@@ -385,8 +406,6 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
     c->shm = tc__shm_of(c->tp_ops, c->tp);
     double small = tc__env_double("TORCHCOMMS_CPU_SHM_SMALL_BYTES", CPU_SHM_SMALL_AR);
     c->small_ar = small >= 0 ? (size_t)small : CPU_SHM_SMALL_AR;
-    double inl = tc__env_double("TORCHCOMMS_CPU_INLINE_BYTES", CPU_INLINE_MAX_BYTES);
-    c->inline_max = inl >= 0 ? (size_t)inl : CPU_INLINE_MAX_BYTES;
     double cma = tc__env_double("TORCHCOMMS_CPU_CMA_BYTES", CPU_CMA_MIN_BYTES);
     c->cma_min = c->shm && tc__shm_cma(c->shm) ? (cma >= 0 ? (size_t)cma : CPU_CMA_MIN_BYTES)
                                                : SIZE_MAX;
