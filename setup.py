@@ -1,6 +1,9 @@
 """Builds torchcomms._comms: the extension's own python/torchcomms/_comms*.c
 plus every library source under src/ (except src/backends/nccl/, a plugin),
-compiled into the one module with hidden visibility. Metadata: pyproject.toml.
+compiled into the one module with hidden visibility; and the nccl backend
+(src/backends/nccl/) as torchcomms/libtorchcomms-nccl.so beside it, where the
+loader looks for backends ("beside libtorchcomms": here, beside the
+extension). Metadata: pyproject.toml.
 """
 import os
 import shutil
@@ -20,6 +23,9 @@ def rel(paths):
 lib_sources = [p for p in (ROOT / "src").rglob("*.c")
                if "backends/nccl" not in p.relative_to(ROOT).as_posix()]
 ext_sources = list((ROOT / "python" / "torchcomms").glob("_comms*.c"))
+nccl_sources = sorted((ROOT / "src" / "backends" / "nccl").glob("*.c"))
+CFLAGS = ["-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
+          "-Wno-unused-parameter"]
 headers = list((ROOT / "src").rglob("*.h")) + list((ROOT / "include").glob("*.h")) + \
     list((ROOT / "python" / "torchcomms").glob("_comms*.h"))
 
@@ -31,6 +37,31 @@ class BuildExt(build_ext):
         super().finalize_options()
         if not self.parallel:
             self.parallel = os.cpu_count() or 1
+
+    def run(self):
+        super().run()
+        self.build_nccl_backend()
+
+    def build_nccl_backend(self):
+        """libtorchcomms-nccl.so beside the extension. It links neither the
+        library nor CUDA (NCCL and the CUDA runtime are dlopen'd), so it
+        builds everywhere."""
+        if not nccl_sources:
+            return
+        target = Path(self.get_ext_fullpath("torchcomms._comms")).parent / \
+            "libtorchcomms-nccl.so"
+        deps = nccl_sources + list((ROOT / "include").glob("*.h"))
+        if (not self.force and target.exists() and
+                all(p.stat().st_mtime <= target.stat().st_mtime for p in deps)):
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        objects = self.compiler.compile(
+            rel(nccl_sources), output_dir=os.path.join(self.build_temp, "nccl"),
+            macros=[("_GNU_SOURCE", None)], include_dirs=["include"],
+            extra_postargs=CFLAGS)
+        self.compiler.link_shared_object(
+            objects, str(target), libraries=["dl", "pthread"],
+            extra_postargs=["-Wl,--no-undefined"])
 
 
 class BuildPy(build_py):
@@ -52,8 +83,7 @@ comms = Extension(
     depends=rel(headers),
     include_dirs=["include", "src"],
     define_macros=[("_GNU_SOURCE", None)],
-    extra_compile_args=["-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra",
-                        "-Werror", "-Wno-unused-parameter"],
+    extra_compile_args=CFLAGS,
     libraries=["dl", "m", "pthread"],
 )
 

@@ -161,6 +161,9 @@ TCPY_HIDDEN int tcpy_row_elems(const char *op, const char *arg, PyObject *obj,
 TCPY_HIDDEN const char *tcpy_dtype_name(tc_dtype_t dt);
 /* A new torch.device(type[, index]). */
 TCPY_HIDDEN PyObject *tcpy_torch_device(const char *type, int index);
+/* torch.cuda.current_stream(index).cuda_stream (index < 0: the current
+ * device) as a cudaStream_t; 0 on success, -1 with an exception set. */
+TCPY_HIDDEN int tcpy_cuda_stream(int index, void **out);
 
 /* ---- store adapter (_comms_store.c) ---- */
 /* Wraps a Python store object; the tc store holds a reference to it. */

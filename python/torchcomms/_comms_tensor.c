@@ -56,6 +56,29 @@ fail:
   return -1;
 }
 
+int tcpy_cuda_stream(int index, void **out) {
+  static PyObject *current_stream; /* torch.cuda.current_stream */
+  *out = NULL;
+  if (!current_stream) {
+    PyObject *cuda = PyImport_ImportModule("torch.cuda");
+    if (!cuda) return -1;
+    current_stream = PyObject_GetAttrString(cuda, "current_stream");
+    Py_DECREF(cuda);
+    if (!current_stream) return -1;
+  }
+  PyObject *s = index >= 0 ? PyObject_CallFunction(current_stream, "i", index)
+                           : PyObject_CallNoArgs(current_stream);
+  if (!s) return -1;
+  PyObject *handle = PyObject_GetAttrString(s, "cuda_stream");
+  Py_DECREF(s);
+  if (!handle) return -1;
+  void *p = PyLong_AsVoidPtr(handle);
+  Py_DECREF(handle);
+  if (!p && PyErr_Occurred()) return -1;
+  *out = p; /* 0: the legacy default stream */
+  return 0;
+}
+
 PyObject *tcpy_torch_device(const char *type, int index) {
   if (tcpy_torch_load() < 0) return NULL;
   if (index >= 0) return PyObject_CallFunction(tcpy_device_cls, "si", type, index);
