@@ -4,7 +4,8 @@ Everything public lives in the C extension ``torchcomms._comms`` and is
 re-exported here. This module must stay cheap and side-effect free:
 ``torch.distributed`` imports it while torch itself is still importing, so it
 never imports torch or torch.distributed, and it raises only ImportError.
-Submodules (``objcol``, ``perf``, ...) load on first attribute access.
+Submodules (``objcol``, ``perf``, ``device_mesh``, ``hooks``) and
+``register_c10d_backend`` load on first attribute access.
 """
 
 try:
@@ -17,16 +18,26 @@ except Exception as _e:  # pragma: no cover - a broken build
 
 __all__ = list(_comms_all) + ["__version__"]
 
-_SUBMODULES = frozenset({"objcol", "perf", "device_mesh"})
+_SUBMODULES = frozenset({"objcol", "perf", "device_mesh", "hooks"})
+
+
+# Loaded on first use (they import torch.distributed): register_c10d_backend()
+# registers the "torchcomms" c10d backend, so that
+# torch.distributed.init_process_group(backend="torchcomms") and
+# new_group(..., backend="torchcomms") make groups over TorchComms.
+_LAZY = {"register_c10d_backend": ("_backend_wrapper", "register_backend")}
 
 
 def __getattr__(name):
-    if name in _SUBMODULES:
-        import importlib
+    import importlib
 
+    if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
+    if name in _LAZY:
+        mod, attr = _LAZY[name]
+        return getattr(importlib.import_module(f"{__name__}.{mod}"), attr)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | _SUBMODULES)
+    return sorted(set(globals()) | _SUBMODULES | set(_LAZY))

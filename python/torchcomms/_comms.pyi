@@ -239,10 +239,17 @@ def new_comm(
     enable_reconfigure: bool = False,
     hints: Dict[str, str] | None = None,
     high_priority_stream: bool | None = None,
+    *,
+    rank: int | None = None,
+    size: int | None = None,
 ) -> TorchComm:
-    """Rank and size come from the environment. For compatibility with
-    upstream's newer signature, a str third positional argument is taken as
-    `name`."""
+    """Rank and size come from the environment, unless `rank` and `size`
+    (ours, keyword-only, given together) say otherwise: a communicator over
+    some of the job's processes (torch.distributed.new_group over the
+    "torchcomms" c10d backend). On device cpu, the c10d backend names "gloo"
+    and "torchcomms" select the native "cpu" backend (torch.distributed's
+    use_torchcomms path passes them). For compatibility with upstream's newer
+    signature, a str third positional argument is taken as `name`."""
 
 def _store_call(
     store: Any, op: str, key: str | Sequence[str], arg: Any = None, timeout: float = 1.0

@@ -11,6 +11,7 @@
 #include "_comms.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define TCPY_ERRBUF 1024
@@ -117,6 +118,10 @@ PyObject *tcpy_issue_opts(TorchCommObject *self, const char *op,
                           tcpy_call_t *call, int async_op, tcpy_opts_t *opts,
                           PyObject *refs) {
   if (tcpy_comm_live(self, op) < 0) return NULL;
+  /* CUDA tensors: the operation is ordered after torch's current stream */
+  if (!opts->o.stream && !strcmp(self->dev.type, "cuda") &&
+      tcpy_cuda_stream(self->dev.index, &opts->o.stream) < 0)
+    return NULL;
   tcpy_comm_reap(self);
   tc_comm_t *c = self->comm;
   tc_work_t *work = NULL;
@@ -238,14 +243,19 @@ PyObject *tcpy_new_comm(PyObject *module, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"backend", "device",
                            "abort_process_on_timeout_or_error", "timeout",
                            "store", "name", "enable_reconfigure", "hints",
-                           "high_priority_stream", NULL};
+                           "high_priority_stream", "rank", "size", NULL};
   PyObject *backend, *device, *abort_obj = Py_None, *timeout = Py_None,
                               *store = Py_None, *name = Py_None,
                               *reconf = Py_False, *hints = Py_None,
-                              *hps = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOOOOO:new_comm", kwlist,
+                              *hps = Py_None, *rank_obj = Py_None,
+                              *size_obj = Py_None;
+  /* rank / size (keyword-only, ours): explicit rank and world size instead of
+   * the environment's, for communicators over a subset of the job's
+   * processes (torch.distributed.new_group over our c10d backend). */
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOOOOO$OO:new_comm", kwlist,
                                    &backend, &device, &abort_obj, &timeout,
-                                   &store, &name, &reconf, &hints, &hps))
+                                   &store, &name, &reconf, &hints, &hps,
+                                   &rank_obj, &size_obj))
     return NULL;
   /* upstream's newer signature: new_comm(backend, device, name, ...) */
   if (PyUnicode_Check(abort_obj) && name == Py_None) {
@@ -263,6 +273,28 @@ PyObject *tcpy_new_comm(PyObject *module, PyObject *args, PyObject *kw) {
     return NULL;
   }
   tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  if ((rank_obj == Py_None) != (size_obj == Py_None)) {
+    PyErr_SetString(PyExc_ValueError, "new_comm: 'rank' and 'size' must be "
+                    "given together");
+    return NULL;
+  }
+  if (rank_obj != Py_None) {
+    if (!PyLong_Check(rank_obj) || !PyLong_Check(size_obj) ||
+        PyBool_Check(rank_obj) || PyBool_Check(size_obj)) {
+      PyErr_SetString(PyExc_TypeError, "new_comm: 'rank' and 'size' must be "
+                      "ints");
+      return NULL;
+    }
+    long r = PyLong_AsLong(rank_obj), n = PyLong_AsLong(size_obj);
+    if ((r == -1 || n == -1) && PyErr_Occurred()) return NULL;
+    if (n < 1 || n > INT_MAX || r < 0 || r >= n) {
+      PyErr_Format(PyExc_ValueError, "new_comm: rank %ld out of range for "
+                   "size %ld", r, n);
+      return NULL;
+    }
+    o.rank = (int)r;
+    o.world_size = (int)n;
+  }
   if (abort_obj != Py_None) {
     if (!PyBool_Check(abort_obj) && !PyLong_Check(abort_obj)) {
       PyErr_Format(PyExc_TypeError, "new_comm: argument "
@@ -286,6 +318,16 @@ PyObject *tcpy_new_comm(PyObject *module, PyObject *args, PyObject *kw) {
   tc_store_t *cstore = NULL;
   if (tcpy_parse_device(device, &dev, &device_obj) < 0) return NULL;
   o.device_index = dev.index;
+  /* torch.distributed's own switch to torchcomms (use_torchcomms) calls
+   * new_comm with its c10d backend name: "gloo" for CPU tensors, or the name
+   * a c10d backend was registered under ("torchcomms"). On CPU our native
+   * backend "cpu" serves both, unless a gloo plugin is named explicitly
+   * through TORCHCOMMS_BACKEND_LIB_PATH_GLOO. */
+  if (strcmp(dev.type, "cpu") == 0 &&
+      ((strcmp(cbackend, "gloo") == 0 &&
+        !getenv("TORCHCOMMS_BACKEND_LIB_PATH_GLOO")) ||
+       strcmp(cbackend, "torchcomms") == 0))
+    cbackend = "cpu";
   if (tcpy_hints(hints, fn, small, 8, &h, &nh, &hint_keep) < 0) goto out;
   o.hints = h;
   o.num_hints = nh;

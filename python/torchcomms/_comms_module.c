@@ -308,12 +308,16 @@ static int tcpy_intern_names(void) {
 PyDoc_STRVAR(tcpy_new_comm_doc,
 "new_comm(backend, device, abort_process_on_timeout_or_error=None,\n"
 "         timeout=None, store=None, name=None, enable_reconfigure=False,\n"
-"         hints=None, high_priority_stream=None) -> TorchComm\n\n"
+"         hints=None, high_priority_stream=None, *, rank=None, size=None)\n"
+"         -> TorchComm\n\n"
 "Creates a communicator over every rank of the job (collective). Rank and\n"
 "world size come from the environment (TORCHCOMM_RANK/TORCHCOMM_SIZE,\n"
-"torchrun's RANK/WORLD_SIZE, ...). `store` may be any\n"
-"torch.distributed.Store; None bootstraps from MASTER_ADDR/MASTER_PORT\n"
-"(or in-process for world size 1).");
+"torchrun's RANK/WORLD_SIZE, ...) unless `rank` and `size` are given\n"
+"(together; for a communicator over some of the job's processes). `store`\n"
+"may be any torch.distributed.Store; None bootstraps from\n"
+"MASTER_ADDR/MASTER_PORT (or in-process for world size 1). On device cpu the\n"
+"c10d backend names \"gloo\" and \"torchcomms\" select the native \"cpu\"\n"
+"backend (torch.distributed's use_torchcomms path passes them).");
 
 static PyMethodDef tcpy_module_methods[] = {
     {"new_comm", (PyCFunction)(void (*)(void))tcpy_new_comm,

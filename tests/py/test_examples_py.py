@@ -1,7 +1,8 @@
 """The Python examples (examples/python/*.py), each launched as torchrun
-launches it in the README: 4 ranks (the training loop: 2), on CPU. Every
-example checks its own results and exits non-zero on a mismatch; the quick
-start's output lines are checked here too.
+launches it in the README: 4 ranks (the training loop: 2; DDP and FSDP2
+training: 2 and 4), on CPU. Every example checks its own results and exits
+non-zero on a mismatch; the quick start's output lines and the training
+examples' loss per step are checked here too.
 
 The launches run a few at a time (they mostly wait on interpreter start-up),
 once per session, in a module fixture.
@@ -34,7 +35,10 @@ RUNS = [
     ("AllReduceSync.py", 4), ("AllReduceAsync.py", 4), ("SendRecvSync.py", 4),
     ("SendRecvAsync.py", 4), ("AllGather.py", 4), ("Broadcast.py", 4),
     ("ObjectCollectives.py", 4), ("BatchSendRecv.py", 4), ("TrainingLoop.py", 2),
+    ("train_ddp.py", 2), ("train_ddp.py", 4), ("train_fsdp.py", 2), ("train_fsdp.py", 4),
 ]
+# ours, over torch.distributed (DDP, FSDP2): not upstream's seed examples
+TORCH_TRAINING = {"train_ddp.py", "train_fsdp.py"}
 PARALLEL = 3
 TIMEOUT = 180
 
@@ -90,6 +94,14 @@ def test_example(finished, script, n):
     if script == "TrainingLoop.py":
         assert f"parameters identical on all {n} ranks" in out, out
         assert "step   0  loss" in out
+    elif script in TORCH_TRAINING:
+        # rank 0 prints the loss of every step, then the verdict
+        steps = re.findall(r"^step +(\d+) +loss ([0-9.]+)", out, re.M)
+        assert [int(s) for s, _ in steps] == list(range(20)), out
+        assert float(steps[-1][1]) < float(steps[0][1]), out
+        verdict = (f"parameters identical on all {n} ranks" if script == "train_ddp.py"
+                   else f"matches the unsharded reference on {n} ranks")
+        assert verdict in out, out
     elif script != "AllReduceSync.py":
         for r in range(n):
             assert f"Rank {r}:" in out, out
@@ -121,8 +133,11 @@ def test_every_example_is_tested():
 
 def test_examples_only_change_backend_and_device():
     """The examples are upstream's with the backend and device changed: they
-    create their communicator as new_comm("cpu", device, name="main_comm")."""
+    create their communicator as new_comm("cpu", device, name="main_comm").
+    (Not the DDP / FSDP2 training examples: ours, over torch.distributed.)"""
     for p in EXAMPLES.glob("*.py"):
+        if p.name in TORCH_TRAINING:
+            continue
         src = p.read_text()
         assert 'new_comm("cpu", device, name="main_comm")' in src, p.name
         assert 'torch.device("cpu")' in src, p.name

@@ -1,0 +1,763 @@
+"""A torch.distributed process group over a TorchComm: ``_BackendWrapper``.
+
+``_BackendWrapper(comm)`` is a ``torch.distributed.ProcessGroup`` whose every
+operation runs on the communicator ``comm``. It serves what DDP, FSDP2
+(``fully_shard``), DTensor and the functional collectives call, under the
+names torch 2.13 dispatches to: from Python (``torch.distributed.*`` calls
+``group.<name>(...)``) and from C++ (the reducer of DDP, ``_c10d_functional``
+ops), which reach Python through torch's ``PyProcessGroup`` trampoline
+(``allreduce``, ``allreduce_coalesced``, ``allgather``, ``all_gather_single``,
+``all_gather_single_coalesced``, ``reduce_scatter``, ``reduce_scatter_single``,
+``reduce_scatter_single_coalesced``, ``all_to_all_single``, ``barrier``,
+``broadcast``, ``send``, ``recv``, ``getBackendName``). The older names
+(``_allgather_base``, ``allgather_into_tensor_coalesced``,
+``_reduce_scatter_base``, ``reduce_scatter_tensor_coalesced``,
+``alltoall_base``) are aliases.
+
+Why a ProcessGroup and not a c10d ``Backend`` (as upstream's C++
+``BackendWrapper`` is): torch binds no trampoline for ``Backend``, so a Python
+class can only implement collectives as a ``ProcessGroup`` subclass.
+``init_process_group`` accepts one as is (a backend creator that returns a
+ProcessGroup subclass becomes the group). ``_get_backend(device)`` returns the
+wrapper itself and ``_device_types`` the communicator's device, so torch's
+torchcomms paths (``backend.get_comm()``, ``split_group``) work.
+
+Semantics:
+
+- Ranks are the communicator's ranks; torch.distributed translates global
+  ranks to group ranks before calling, and the groups made here (new_group,
+  split_group, DeviceMesh) number their ranks as the communicator does.
+- ReduceOp: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR and PREMUL_SUM with
+  its factor (``ReduceOp.factor`` of ``_make_nccl_premul_sum(x)`` /
+  ``ReduceOp.PREMUL_SUM(x)``: a float or a one-element tensor).
+- Work objects (``_WorkWrapper``, a ``torch.distributed.Work``): ``wait()``,
+  ``is_completed()``, ``result()`` and ``get_future()``, whose value is the
+  list of output tensors (what DDP's reducer reads). The future of an
+  operation still in flight is completed by one helper thread per group,
+  which waits on the group's operations in issue order; shutdown(), abort()
+  and interpreter exit wait for it (a daemon thread caught inside torch's
+  C++ at finalization aborts the process).
+- Point to point: ``send``/``recv`` are posted lazily and together: every
+  send and recv issued in a row is one batch (``TorchComm.batch_op_create``),
+  posted when any of their works is waited on, tested or asked for its
+  future, or when the group issues any other operation. So ``isend`` then
+  ``irecv`` between two ranks (``batch_isend_irecv``, rings) cannot deadlock
+  on large messages, whatever the order.
+- Non-contiguous tensors are staged through contiguous copies.
+"""
+
+import atexit
+import hashlib
+import threading
+import weakref
+from datetime import timedelta
+
+from torch._C._distributed_c10d import ProcessGroup as _ProcessGroup
+from torch._C._distributed_c10d import Work as _Work
+
+from torchcomms import hooks as _hooks
+from torchcomms._comms import ReduceOp as _TcReduceOp
+from torchcomms._comms import new_comm as _new_comm
+
+__all__ = ["_BackendWrapper", "_WorkWrapper", "register_backend", "BACKEND_NAME"]
+
+BACKEND_NAME = "torchcomms"
+
+
+# --------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------
+
+_OPS = None
+
+
+def _tc_op(op):
+    """torch.distributed ReduceOp (or RedOpType) -> torchcomms.ReduceOp."""
+    global _OPS
+    if _OPS is None:
+        _OPS = {name: getattr(_TcReduceOp, name)
+                for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")}
+    if isinstance(op, _TcReduceOp):
+        return op
+    kind = getattr(op, "op", op)  # ReduceOp -> its RedOpType
+    name = getattr(kind, "name", None)
+    if name == "PREMUL_SUM":
+        try:
+            factor = op.factor
+        except (AttributeError, RuntimeError):
+            raise ValueError("ReduceOp.PREMUL_SUM needs a factor: use "
+                             "torch.distributed._make_nccl_premul_sum(factor)") from None
+        return _TcReduceOp.PREMUL_SUM(factor)
+    try:
+        return _OPS[name]
+    except KeyError:
+        raise ValueError(f"torchcomms: unsupported reduce op {op!r}") from None
+
+
+def _timeout(opts):
+    """The operation's timeout: None when unset (c10d's kUnsetTimeout is -1 ms)."""
+    t = getattr(opts, "timeout", None)
+    if t is None or t <= timedelta(0):
+        return None
+    return t
+
+
+def _async(opts):
+    return bool(getattr(opts, "asyncOp", True))
+
+
+def _src(t):
+    """An input: contiguous (a copy when it is not)."""
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _dst(t, post):
+    """An output (or in-place buffer): t itself when contiguous, else a
+    contiguous copy written back to t once the operation completes."""
+    if t.is_contiguous():
+        return t
+    buf = t.contiguous()
+    post.append(lambda: t.copy_(buf))
+    return buf
+
+
+def _one(tensors, what):
+    if not isinstance(tensors, (list, tuple)):
+        return tensors
+    if len(tensors) != 1:
+        raise ValueError(f"torchcomms: {what} takes exactly one tensor, got {len(tensors)}")
+    return tensors[0]
+
+
+def _opts(opts, cls_name, **fields):
+    """opts as given, or a default c10d options object (with fields set)."""
+    if opts is not None and not isinstance(opts, (int, float)) and hasattr(opts, "timeout"):
+        return opts
+    import torch._C._distributed_c10d as c10d
+
+    o = getattr(c10d, cls_name)()
+    for k, v in fields.items():
+        setattr(o, k, v)
+    return o
+
+
+# --------------------------------------------------------------------------
+# work objects
+# --------------------------------------------------------------------------
+
+class _WorkWrapper(_Work):
+    """A torch.distributed Work over TorchWork(s) of one operation."""
+
+    def __init__(self, pg, works, result, post=(), deps=(), entries=(), p2p=False):
+        super().__init__()
+        self._pg = pg
+        self._works = list(works)
+        self._result = result
+        self._post = list(post)
+        self._deps = list(deps)
+        self._entries = list(entries)
+        self._p2p_pending = p2p
+        self._lock = threading.Lock()
+        self._done = False
+        self._exc = None
+        self._fut = None
+        self._fut_set = False
+
+    # the one place where completion happens (idempotent, thread-safe)
+    def _complete(self):
+        if not self._done:
+            with self._lock:
+                if not self._done:
+                    try:
+                        if self._p2p_pending:
+                            self._pg._flush_p2p()
+                        for d in self._deps:
+                            d._complete()
+                        for w in self._works:
+                            w.wait()
+                        for f in self._post:
+                            f()
+                    except BaseException as e:  # noqa: BLE001  re-raised below
+                        self._exc = e
+                    for e in self._entries:
+                        _hooks.FlightRecorderHook._completed(e, self._exc is None)
+                    self._post = []
+                    self._done = True
+        if self._exc is not None:
+            raise self._exc
+
+    def _ready(self):
+        """True when every part finished (never blocks)."""
+        if self._done:
+            return True
+        if self._p2p_pending:
+            self._pg._flush_p2p()
+        return all(d._ready() for d in self._deps) and all(w.is_completed() for w in self._works)
+
+    def _set_future(self):
+        with self._lock:
+            if self._fut_set:
+                return
+            self._fut_set = True
+        try:
+            self._complete()
+        except BaseException as e:  # noqa: BLE001
+            self._fut.set_exception(e)
+        else:
+            self._fut.set_result(self._result)
+
+    # -- torch.distributed.Work API --
+    def wait(self, timeout=None):
+        if timeout is not None and timeout > timedelta(0):
+            import time
+
+            deadline = time.monotonic() + timeout.total_seconds()
+            while not self._ready():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"torchcomms: Work.wait timed out after {timeout}")
+                time.sleep(0.0005)
+        self._complete()
+        if self._fut is not None and not self._fut_set:
+            self._set_future()
+        return True
+
+    def synchronize(self):
+        self.wait()
+
+    def is_completed(self):
+        if self._ready():
+            try:
+                self._complete()
+            except BaseException:  # noqa: BLE001  reported by wait() / exception()
+                pass
+            return True
+        return False
+
+    def is_success(self):
+        return self.is_completed() and self._exc is None
+
+    def exception(self):
+        return self._exc
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def get_future(self):
+        if self._fut is None:
+            import torch.futures
+
+            self._fut = torch.futures.Future()
+            if self._ready():
+                self._set_future()
+            else:
+                self._pg._completer_submit(self)
+        return self._fut
+
+    def get_future_result(self):
+        return self.get_future()
+
+
+_COMPLETERS = weakref.WeakSet()
+_atexit_registered = False
+
+
+def _stop_completers():
+    """At exit: let every helper thread finish what it is doing. A daemon
+    thread still inside torch's C++ (Future.set_result) when the interpreter
+    finalizes is unwound from a noexcept frame: std::terminate."""
+    for c in list(_COMPLETERS):
+        c.stop(join_timeout=10.0)
+
+
+class _Completer:
+    """One daemon thread that completes futures in issue order (started on
+    demand, exits when idle for 5 s or on stop())."""
+
+    def __init__(self, name):
+        self._name = name
+        self._cv = threading.Condition()
+        self._queue = []
+        self._thread = None
+
+    def submit(self, work):
+        global _atexit_registered
+        with self._cv:
+            self._queue.append(work)
+            if self._thread is None or not self._thread.is_alive():
+                if not _atexit_registered:
+                    atexit.register(_stop_completers)
+                    _atexit_registered = True
+                _COMPLETERS.add(self)
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name=f"torchcomms-futures-{self._name}")
+                self._thread.start()
+            self._cv.notify()
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while not self._queue:
+                    if not self._cv.wait(timeout=5.0) and not self._queue:
+                        self._thread = None  # idle: exit; the next submit starts another
+                        return
+                work = self._queue.pop(0)
+                if work is None:  # stop(): exit, unless work came in after it
+                    if self._queue:
+                        continue
+                    self._thread = None
+                    return
+            work._set_future()
+
+    def stop(self, join_timeout=None):
+        """Asks the thread to exit once its queue is done; with join_timeout,
+        waits for it (at most that many seconds)."""
+        with self._cv:
+            t = self._thread
+            if t is not None:
+                self._queue.append(None)
+                self._cv.notify()
+        if join_timeout is not None and t is not None and t is not threading.current_thread():
+            t.join(join_timeout)
+
+
+# --------------------------------------------------------------------------
+# the process group
+# --------------------------------------------------------------------------
+
+class _BackendWrapper(_ProcessGroup):
+    """A torch.distributed ProcessGroup whose operations run on a TorchComm."""
+
+    def __init__(self, comm, store=None):
+        if store is None:
+            try:
+                store = comm.get_options().store
+            except Exception:  # noqa: BLE001
+                store = None
+        # torch binds ProcessGroup(store, rank, size) as a factory, which a
+        # Python subclass cannot use: the store is kept here instead
+        super().__init__(comm.get_rank(), comm.get_size())
+        self._comm = comm
+        self._store = store
+        self._group_name = ""
+        self._device = comm.get_device()
+        self._p2p = []
+        self._p2p_lock = threading.Lock()
+        self._coalescing = None
+        self._splits = 0
+        self._split_names = {}
+        self._completer = _Completer(comm.get_name())
+        self._futures_deferred = 0
+
+    # -- identity --
+    def get_comm(self):
+        return self._comm
+
+    def getBackendName(self):
+        return BACKEND_NAME
+
+    def get_group_store(self):
+        return self._store
+
+    # A ProcessGroup keeps its name in its c10d backends, and this one has
+    # none: the name lives here (C++ reads it through the trampoline).
+    def setGroupName(self, name):
+        self._group_name = str(name)
+
+    def getGroupName(self):
+        if not self._group_name:
+            raise RuntimeError("ProcessGroup name not set")
+        return self._group_name
+
+    def _set_group_name(self, name):
+        self._group_name = str(name)
+
+    @property
+    def group_name(self):
+        return self.getGroupName()
+
+    def _get_backend(self, device=None):
+        # torch's torchcomms paths call backend.get_comm() on what this returns
+        return self
+
+    @property
+    def _device_types(self):
+        return [self._device]
+
+    @property
+    def supports_splitting(self):
+        return True
+
+    @property
+    def supports_coalescing(self):
+        return False
+
+    @property
+    def supports_time_estimate(self):
+        return False
+
+    def supports_tensor_alloc(self, device):
+        return False
+
+    def eager_connect_single_device(self, device=None):
+        pass  # the communicator is connected when it is created
+
+    def comm_split_count(self):
+        return self._splits
+
+    def _set_default_timeout(self, timeout):
+        self._comm.set_timeout(timeout)
+
+    def set_timeout(self, timeout):
+        self._comm.set_timeout(timeout)
+
+    def abort(self):
+        self._comm.abort()  # pending waits return at once
+        self._completer.stop(join_timeout=10.0)
+
+    def shutdown(self):
+        if not self._comm.is_aborted():
+            self._flush_p2p()
+        # the futures of operations still in flight complete first
+        self._completer.stop(join_timeout=self._join_timeout())
+        if not self._comm.is_aborted():
+            self._comm.finalize()  # collective; a second finalize is harmless
+
+    def _join_timeout(self):
+        try:
+            return self._comm.get_options().timeout.total_seconds() + 5.0
+        except Exception:  # noqa: BLE001  (a finalized communicator)
+            return 10.0
+
+    # -- plumbing --
+    def _completer_submit(self, work):
+        self._futures_deferred += 1  # futures completed by the helper thread
+        self._completer.submit(work)
+
+    def _work(self, op, works, result, post, inputs, outputs, opts=None, deps=(), p2p=False):
+        entries = ()
+        recorders = _hooks._recorders_for(self._comm)
+        if recorders:
+            t = _timeout(opts)
+            ms = int(t.total_seconds() * 1000) if t is not None else None
+            name = self._comm.get_name()
+            entries = [e for e in (r._record(name, op, inputs, outputs, p2p, ms)
+                                   for r in recorders) if e is not None]
+        w = _WorkWrapper(self, works, result, post, deps, entries, p2p)
+        if not p2p and (not _async(opts) if opts is not None else False):
+            w._complete()  # synchronous: done; run the copy-backs now
+        if self._coalescing is not None:
+            self._coalescing.append(w)
+        return w
+
+    def _flush_p2p(self):
+        """Posts the sends and recvs issued so far, as one batch."""
+        if not self._p2p:
+            return
+        with self._p2p_lock:
+            ops, self._p2p = self._p2p, []
+        if not ops:
+            return
+        if len(ops) == 1:
+            is_send, t, peer, w = ops[0]
+            tw = (self._comm.send if is_send else self._comm.recv)(t, peer, async_op=True)
+        else:
+            batch = self._comm.batch_op_create()
+            for is_send, t, peer, _ in ops:
+                (batch.send if is_send else batch.recv)(t, peer)
+            tw = batch.issue(async_op=True)
+        for _, _, _, w in ops:
+            w._works = [tw]
+            w._p2p_pending = False
+
+    # -- collectives --
+    def broadcast(self, tensors, opts=None):
+        opts = _opts(opts, "BroadcastOptions")
+        self._flush_p2p()
+        post = []
+        t = _one(tensors, "broadcast")
+        tw = self._comm.broadcast(_dst(t, post), int(opts.rootRank), _async(opts),
+                                  timeout=_timeout(opts))
+        return self._work("broadcast", [tw], [t], post, [t], [t], opts)
+
+    def allreduce(self, tensors, opts=None):
+        if not isinstance(tensors, (list, tuple)):
+            tensors = [tensors]
+        opts = _opts(opts, "AllreduceOptions", **(
+            {"reduceOp": opts} if opts is not None and not hasattr(opts, "timeout") else {}))
+        self._flush_p2p()
+        op, post = _tc_op(opts.reduceOp), []
+        tws = [self._comm.all_reduce(_dst(t, post), op, _async(opts), timeout=_timeout(opts))
+               for t in tensors]
+        return self._work("all_reduce", tws, list(tensors), post, tensors, tensors, opts)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = _opts(opts, "AllreduceCoalescedOptions")
+        self._flush_p2p()
+        op, post = _tc_op(opts.reduceOp), []
+        tws = [self._comm.all_reduce(_dst(t, post), op, True, timeout=_timeout(opts))
+               for t in tensors]
+        return self._work("all_reduce_coalesced", tws, list(tensors), post, tensors,
+                          tensors, opts)
+
+    def reduce(self, tensors, opts=None):
+        opts = _opts(opts, "ReduceOptions")
+        self._flush_p2p()
+        post = []
+        t = _one(tensors, "reduce")
+        tw = self._comm.reduce(_dst(t, post), int(opts.rootRank), _tc_op(opts.reduceOp),
+                               _async(opts), timeout=_timeout(opts))
+        return self._work("reduce", [tw], [t], post, [t], [t], opts)
+
+    def _gather_into(self, outs, inp, post, async_op, timeout):
+        """all_gather into a list (all_gather_v when the sizes differ)."""
+        bufs = [_dst(o, post) for o in outs]
+        fn = self._comm.all_gather
+        if len({o.numel() for o in outs}) > 1:
+            fn = self._comm.all_gather_v
+        return fn(bufs, _src(inp), async_op, timeout=timeout)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = _opts(opts, "AllgatherOptions")
+        self._flush_p2p()
+        outs, inp, post = _one(output_tensors, "allgather"), _one(input_tensors, "allgather"), []
+        tw = self._gather_into(outs, inp, post, _async(opts), _timeout(opts))
+        return self._work("all_gather", [tw], list(outs), post, [inp], outs, opts)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        # output_lists[r][j]: input j of rank r
+        opts = _opts(opts, "AllgatherOptions")
+        self._flush_p2p()
+        post, tws = [], []
+        for j, inp in enumerate(input_list):
+            tws.append(self._gather_into([lst[j] for lst in output_lists], inp, post, True,
+                                         _timeout(opts)))
+        flat = [t for lst in output_lists for t in lst]
+        return self._work("all_gather_coalesced", tws, flat, post, list(input_list), flat,
+                          opts)
+
+    def all_gather_single(self, output, input, opts=None):
+        opts = _opts(opts, "AllgatherOptions")
+        self._flush_p2p()
+        post = []
+        tw = self._comm.all_gather_single(_dst(output, post), _src(input), _async(opts),
+                                          timeout=_timeout(opts))
+        return self._work("all_gather_single", [tw], [output], post, [input], [output], opts)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        opts = _opts(opts, "AllgatherOptions")
+        self._flush_p2p()
+        post = []
+        tws = [self._comm.all_gather_single(_dst(o, post), _src(i), True, timeout=_timeout(opts))
+               for o, i in zip(outputs, inputs, strict=True)]
+        return self._work("all_gather_single_coalesced", tws, list(outputs), post,
+                          list(inputs), list(outputs), opts)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = _opts(opts, "GatherOptions")
+        self._flush_p2p()
+        root, inp, post = int(opts.rootRank), _one(input_tensors, "gather"), []
+        outs = list(output_tensors[0]) if output_tensors and output_tensors[0] else []
+        if self.rank() != root:
+            outs = []
+        elif len(output_tensors) != 1:
+            raise ValueError("torchcomms: gather takes one output list at the root")
+        tw = self._comm.gather([_dst(o, post) for o in outs], _src(inp), root, _async(opts),
+                               timeout=_timeout(opts))
+        return self._work("gather", [tw], outs, post, [inp], outs, opts)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = _opts(opts, "ScatterOptions")
+        self._flush_p2p()
+        root, out, post = int(opts.rootRank), _one(output_tensors, "scatter"), []
+        ins = []
+        if self.rank() == root:
+            if len(input_tensors) != 1:
+                raise ValueError("torchcomms: scatter takes one input list at the root")
+            ins = [_src(i) for i in input_tensors[0]]
+        tw = self._comm.scatter(_dst(out, post), ins, root, _async(opts), timeout=_timeout(opts))
+        return self._work("scatter", [tw], [out], post, ins, [out], opts)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = _opts(opts, "ReduceScatterOptions")
+        self._flush_p2p()
+        out, ins, post = (_one(output_tensors, "reduce_scatter"),
+                          _one(input_tensors, "reduce_scatter"), [])
+        fn = self._comm.reduce_scatter
+        if len({i.numel() for i in ins}) > 1:
+            fn = self._comm.reduce_scatter_v
+        tw = fn(_dst(out, post), [_src(i) for i in ins], _tc_op(opts.reduceOp), _async(opts),
+                timeout=_timeout(opts))
+        return self._work("reduce_scatter", [tw], [out], post, list(ins), [out], opts)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = _opts(opts, "ReduceScatterOptions")
+        self._flush_p2p()
+        post = []
+        tw = self._comm.reduce_scatter_single(_dst(output, post), _src(input),
+                                              _tc_op(opts.reduceOp), _async(opts),
+                                              timeout=_timeout(opts))
+        return self._work("reduce_scatter_single", [tw], [output], post, [input], [output],
+                          opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = _opts(opts, "ReduceScatterOptions")
+        self._flush_p2p()
+        op, post = _tc_op(opts.reduceOp), []
+        tws = [self._comm.reduce_scatter_single(_dst(o, post), _src(i), op, True,
+                                                timeout=_timeout(opts))
+               for o, i in zip(outputs, inputs, strict=True)]
+        return self._work("reduce_scatter_single_coalesced", tws, list(outputs), post,
+                          list(inputs), list(outputs), opts)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
+                          opts=None):
+        opts = _opts(opts, "AllToAllOptions")
+        self._flush_p2p()
+        post = []
+        outs = [int(s) for s in (output_split_sizes or [])]
+        ins = [int(s) for s in (input_split_sizes or [])]
+        if not outs and not ins:
+            tw = self._comm.all_to_all_single(_dst(output, post), _src(input), _async(opts),
+                                              timeout=_timeout(opts))
+        else:
+            tw = self._comm.all_to_all_v_single(_dst(output, post), _src(input), outs, ins,
+                                                _async(opts), timeout=_timeout(opts))
+        return self._work("all_to_all_single", [tw], [output], post, [input], [output], opts)
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = _opts(opts, "AllToAllOptions")
+        self._flush_p2p()
+        post = []
+        tw = self._comm.all_to_all([_dst(o, post) for o in output_tensors],
+                                   [_src(i) for i in input_tensors], _async(opts),
+                                   timeout=_timeout(opts))
+        return self._work("all_to_all", [tw], list(output_tensors), post, list(input_tensors),
+                          list(output_tensors), opts)
+
+    def barrier(self, opts=None):
+        opts = _opts(opts, "BarrierOptions")
+        self._flush_p2p()
+        tw = self._comm.barrier(_async(opts), timeout=_timeout(opts))
+        return self._work("barrier", [tw], [], [], [], [], opts)
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        self._flush_p2p()
+        self._comm.barrier(False, timeout=timeout)
+
+    # -- point to point (posted lazily, together; see the module docstring) --
+    def _p2p_op(self, is_send, tensors, peer):
+        t = _one(tensors, "send" if is_send else "recv")
+        if not t.is_contiguous():
+            raise ValueError("torchcomms: send/recv need a contiguous tensor")
+        w = self._work("send" if is_send else "recv", [], [t], [], [t] if is_send else [],
+                       [] if is_send else [t], None, p2p=True)
+        with self._p2p_lock:
+            self._p2p.append((is_send, t, int(peer), w))
+        return w
+
+    def send(self, tensors, dstRank, tag=0):
+        return self._p2p_op(True, tensors, dstRank)
+
+    def recv(self, tensors, srcRank, tag=0):
+        return self._p2p_op(False, tensors, srcRank)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise NotImplementedError("torchcomms: recv from any source is not supported")
+
+    # -- coalescing (torch.distributed._coalescing_manager with a device) --
+    def _start_coalescing(self, device=None):
+        if self._coalescing is not None:
+            raise RuntimeError("torchcomms: coalescing already started")
+        self._coalescing = []
+
+    def _end_coalescing(self, device=None):
+        works, self._coalescing = self._coalescing or [], None
+        self._flush_p2p()
+        result = [t for w in works for t in w._result]
+        return _WorkWrapper(self, [], result, deps=works)
+
+    # -- subgroups --
+    def split_group(self, new_ranks, timeout=None, opts=None, group_name=None,
+                    group_desc=None, device_types=None):
+        """Collective over every rank of this group: members pass their group's
+        ranks (in this group), and get a group of their own; the others get None."""
+        ranks = sorted(int(r) for r in new_ranks)
+        self._splits += 1
+        name = group_name or f"{self._group_name or self._comm.get_name()}:split:{self._splits}"
+        if self.rank() not in ranks:
+            self._comm.split([], str(name), timeout=timeout)
+            return None
+        # torch names a split group after its ranks and the number of groups
+        # the calling process knows, which differs between processes; the
+        # communicator gets a name every member agrees on: the parent's, the
+        # ranks and how many times this process split those ranks from it.
+        key = tuple(ranks)
+        nth = self._split_names.get(key, 0)
+        self._split_names[key] = nth + 1
+        text = f"{self._comm.get_name()}|{'_'.join(map(str, ranks))}|{nth}"
+        digest = hashlib.sha1(text.encode()).hexdigest()[:24]
+        sub = self._comm.split(ranks, f"split-{digest}", timeout=timeout)
+        store = None
+        if self._store is not None:
+            import torch.distributed as dist
+
+            store = dist.PrefixStore(f"{name}/", self._store)
+        pg = _BackendWrapper(sub, store=store)
+        pg._set_group_name(str(name))
+        if group_desc:
+            pg._set_group_desc(group_desc)
+        return pg
+
+
+# --------------------------------------------------------------------------
+# registration with torch.distributed
+# --------------------------------------------------------------------------
+
+def _create_backend(dist_opts, pg_options=None):
+    """Backend creator for torch.distributed (extended API): a communicator
+    over the group's ranks, bootstrapped through the group's store."""
+    import torch
+
+    timeout = dist_opts.timeout
+    comm = _new_comm("cpu", torch.device("cpu"), store=dist_opts.store,
+                     name=str(dist_opts.group_id) or "default_pg",
+                     timeout=timeout if timeout and timeout > timedelta(0) else None,
+                     rank=int(dist_opts.group_rank), size=int(dist_opts.group_size))
+    return _BackendWrapper(comm, store=dist_opts.store)
+
+
+def register_backend(name=BACKEND_NAME):
+    """Registers the c10d backend `name` (default "torchcomms", CPU tensors):
+    afterwards ``dist.init_process_group(backend="torchcomms")`` and
+    ``dist.new_group(ranks, backend="torchcomms")`` create groups over
+    TorchComm communicators. Idempotent. Imports torch.distributed."""
+    import torch.distributed as dist
+
+    plugin = dist.Backend._plugins.get(name.upper())
+    if plugin is not None and plugin.creator_fn is _create_backend:
+        return
+    dist.Backend.register_backend(name, _create_backend, extended_api=True, devices=["cpu"])
+
+
+def _register_if_ready():
+    """Registers now unless torch.distributed is itself being imported (it
+    imports this module from its own import; it cannot be used yet then)."""
+    import sys
+
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is not None and hasattr(c10d, "Backend") and hasattr(c10d.Backend, "register_backend"):
+        register_backend()
+
+
+_register_if_ready()

@@ -1,0 +1,184 @@
+"""torchcomms.device_mesh: a torch DeviceMesh whose dimensions are TorchComms.
+
+    comm = new_comm("cpu", torch.device("cpu"), name="world")
+    mesh = init_device_mesh(mesh_dim_comms=(comm,), mesh_dim_names=("dp",))
+    fully_shard(model, mesh=mesh)              # FSDP2 over our communicator
+
+A 2-D mesh takes one communicator per dimension, made with ``split``, and the
+world communicator (``_global_comm``). For rows x cols ranks, the global rank
+of (i, j) is i * cols + j: the communicator of the last dimension holds the
+ranks of a row ([0, 1], [2, 3] for 2 x 2), that of the first a column
+([0, 2], [1, 3])::
+
+    dp = comm.split([r for r in range(n) if r % cols == rank % cols], "dp")
+    tp = comm.split([r for r in range(n) if r // cols == rank // cols], "tp")
+    mesh = init_device_mesh(mesh_dim_comms=(dp, tp), mesh_dim_names=("dp", "tp"),
+                            _global_comm=comm)
+
+Each dimension becomes a process group (``_BackendWrapper``) registered with
+torch.distributed under the dimension's name (``name_1``, ``name_2`` ... when a
+group of that name exists already), with its global-to-group rank
+mapping, so ``mesh.get_group("tp")``, DTensor, FSDP2 and the functional
+collectives find it. When no default process group exists, the mesh's world
+group becomes the default one (as upstream does); an existing default group
+(e.g. gloo) is left in place.
+
+Importing this module imports torch.distributed and registers the
+"torchcomms" c10d backend (and upstream's spelling "torchcomm").
+"""
+
+import math
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as _c10d
+
+from torchcomms._backend_wrapper import _BackendWrapper, register_backend
+from torchcomms._comms import TorchComm
+
+__all__ = ["init_device_mesh", "_create_torchcomm_process_group"]
+
+# upstream's backend name for mesh groups; "torchcomms" is registered as well
+_MESH_BACKEND = "torchcomm"
+
+register_backend("torchcomms")
+register_backend(_MESH_BACKEND)
+
+_store = None
+_meshes = 0
+
+
+def _get_store_for_pg() -> dist.Store:
+    """The store of the mesh's process groups (new_group over them needs a
+    shared one): a client of the job's TCPStore at MASTER_ADDR:MASTER_PORT
+    (torchrun's or tcrun's agent store, or the one rank 0's first
+    communicator hosts), under a prefix; a HashStore for a single process."""
+    global _store
+    if _store is None:
+        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        world = int(os.environ.get("WORLD_SIZE", os.environ.get("TORCHCOMM_SIZE", "1")) or 1)
+        if addr and port and world > 1:
+            base = dist.TCPStore(addr, int(port), is_master=False, wait_for_workers=False,
+                                 use_libuv=False)
+            _store = dist.PrefixStore("torchcomms_mesh/", base)
+        else:
+            _store = dist.HashStore()
+    return _store
+
+
+def _create_torchcomm_process_group(
+    comm: TorchComm,
+    group_name: str,
+    backend_str: str = _MESH_BACKEND,
+    prefix_store: Any | None = None,
+    global_ranks_mapping: dict[int, int] | None = None,
+) -> dist.ProcessGroup:
+    """Wraps `comm` in a process group named `group_name` and registers it
+    with torch.distributed (world state, name registry, tags), with the
+    mapping global rank -> group rank (identity when None)."""
+    register_backend(backend_str)
+    group_name = _c10d.GroupName(group_name) if hasattr(_c10d, "GroupName") else group_name
+    pg = _BackendWrapper(comm, store=prefix_store)
+    pg._set_group_name(group_name)
+    if global_ranks_mapping is None:
+        global_ranks_mapping = {i: i for i in range(comm.get_size())}
+    backend_config = dist.BackendConfig(dist.Backend(backend_str))
+    _c10d._register_pg_in_world(
+        pg,
+        backend_name=backend_str,
+        store=prefix_store,
+        group_name=group_name,
+        backend_config=str(backend_config),
+        rank_mapping=dict(global_ranks_mapping),
+    )
+    return pg
+
+
+def _free_group_name(name: str) -> str:
+    """`name`, or `name`_1, _2 ... when a group of that name exists already
+    (a second mesh with the same dimension names)."""
+    taken = set(_c10d._world.pg_names.values())
+    candidate, k = name, 0
+    while candidate in taken:
+        k += 1
+        candidate = f"{name}_{k}"
+    return candidate
+
+
+def init_device_mesh(
+    mesh_dim_comms: tuple[TorchComm, ...],
+    mesh_dim_names: tuple[str, ...],
+    _global_comm: TorchComm | None = None,
+) -> dist.DeviceMesh:
+    """A DeviceMesh of shape (c.get_size() for c in mesh_dim_comms) whose
+    dimension i runs on mesh_dim_comms[i]. With more than one dimension,
+    `_global_comm` (over every rank of the mesh) is required."""
+    mesh_dim_comms = tuple(mesh_dim_comms)
+    mesh_dim_names = tuple(mesh_dim_names)
+    if not mesh_dim_comms:
+        raise ValueError("init_device_mesh: mesh_dim_comms is empty")
+    if len(mesh_dim_names) != len(mesh_dim_comms):
+        raise ValueError(f"init_device_mesh: {len(mesh_dim_comms)} communicators but "
+                         f"{len(mesh_dim_names)} dimension names")
+    if len(set(mesh_dim_names)) != len(mesh_dim_names):
+        raise ValueError(f"init_device_mesh: duplicate dimension names {mesh_dim_names}")
+    if len(mesh_dim_comms) > 1 and _global_comm is None:
+        raise RuntimeError(
+            "More than one torch comm objects are passed but no global comm(_global_comm) "
+            "is provided. Please provide a global comm object via _global_comm.")
+
+    device = mesh_dim_comms[0].get_device()
+    mesh_shape = tuple(c.get_size() for c in mesh_dim_comms)
+    world_size = math.prod(mesh_shape)
+    mesh = torch.arange(world_size, dtype=torch.int, device="cpu").view(mesh_shape)
+    global_rank = int(mesh[tuple(c.get_rank() for c in mesh_dim_comms)].item())
+    if _global_comm is not None and (_global_comm.get_size() != world_size
+                                     or _global_comm.get_rank() != global_rank):
+        raise ValueError(
+            f"init_device_mesh: the dimension communicators place this process at global "
+            f"rank {global_rank} of {world_size} (ranks "
+            f"{[c.get_rank() for c in mesh_dim_comms]} in a {mesh_shape} mesh), but "
+            f"_global_comm has it as rank {_global_comm.get_rank()} of "
+            f"{_global_comm.get_size()}: split the dimensions as the module docstring shows")
+
+    global _meshes
+    _meshes += 1  # every rank makes its meshes in the same order: same prefixes
+    store = dist.PrefixStore(f"mesh{_meshes}/", _get_store_for_pg())
+    global_pg = None
+    if _global_comm is not None:
+        global_pg = _create_torchcomm_process_group(
+            _global_comm, _free_group_name(_global_comm.get_name()), _MESH_BACKEND,
+            dist.PrefixStore("world/", store), None)
+
+    group_names = []
+    for idx, (comm, dim_name) in enumerate(zip(mesh_dim_comms, mesh_dim_names)):
+        name = _free_group_name(dim_name)
+        # the ranks of this process's group along dimension idx
+        rows = mesh.transpose(idx, -1).reshape(-1, mesh.size(idx))
+        row = int(torch.where(rows == global_rank)[0].item())
+        ranks = rows[row].tolist()
+        if comm.get_rank() != ranks.index(global_rank):
+            raise AssertionError("init_device_mesh: inconsistent ranks")
+        pg = _create_torchcomm_process_group(
+            comm, name, _MESH_BACKEND, dist.PrefixStore(f"dim{idx}/", store),
+            {g: j for j, g in enumerate(ranks)})
+        if global_pg is None and idx == 0:
+            global_pg = pg
+        group_names.append(name)
+
+    if not dist.is_initialized():
+        _c10d._update_default_pg(global_pg)
+
+    device_mesh = dist.DeviceMesh(
+        device_type=device.type,
+        mesh=mesh,
+        mesh_dim_names=mesh_dim_names,
+        _init_backend=False,
+        _rank=global_rank,
+    )
+    device_mesh._dim_group_names = group_names
+    for name in group_names:  # what torch.compile looks groups up in
+        device_mesh._pg_registry[name] = _c10d._resolve_process_group(name)
+    return device_mesh
