@@ -91,9 +91,16 @@ def size_ranges():
     return [(8, 8), (16, SIZES[-1])]
 
 
+SETTLE_S = float(os.environ.get("BENCH_SETTLE_S", "0.5"))
+
+
 def measure(impl, coll, n, tools):
     rows = {}
     for lo, hi in size_ranges():
+        # the previous job's processes may still be exiting (mpirun's daemons,
+        # torch's workers): a sub-millisecond 8 B measurement must not share
+        # the cores with them
+        time.sleep(SETTLE_S)
         if impl in ("ours-c", "ours-tcp", "ours-py"):
             prog = [tools["tcperf"]] if impl != "ours-py" else [tools["python"], "-m", "torchcomms.perf"]
             cmd = [tools["tcrun"], "-n", str(n), *prog, "-c", coll, "-b", str(lo), "-e", str(hi),
