@@ -208,7 +208,8 @@ int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, size_t *by
   if (b == SIZE_MAX || (b == 0 && op->type != TC_OP_BARRIER)) return 0;
   *bytes = b;
   int fam = fam_of(op->type);
-  if ((fam == FAM_AG || fam == FAM_A2A || (fam == FAM_BCAST && b <= CPU_CMA_MAX_BCAST)) &&
+  size_t bcast_max = c->size > 2 ? CPU_CMA_MAX_BCAST_MANY : CPU_CMA_MAX_BCAST;
+  if ((fam == FAM_AG || fam == FAM_A2A || (fam == FAM_BCAST && b <= bcast_max)) &&
       b >= c->cma_min)
     return CPU_FAST_CMA;
   if (b + FP_HDR <= tc__shm_slot_bytes(c->shm) && (fam != FAM_AR || b <= c->small_ar))
