@@ -89,7 +89,19 @@ TC_API void tc_free(void *ptr);
 /* Data types and reductions                                                 */
 /* ------------------------------------------------------------------------ */
 
-/* X(NAME, enum value, C type or storage type, size in bytes, is_float) */
+/* X(NAME, enum value, C type or storage type, size in bytes, is_float).
+ * Append-only: a new dtype takes the next value, so that existing values
+ * (and plugins built against them) keep their meaning.
+ *  - FLOAT16 is IEEE binary16, BFLOAT16 the upper half of a float32; both
+ *    reduce in float32 and round to nearest even.
+ *  - FLOAT8_E4M3FN and FLOAT8_E5M2 are the OCP 8-bit floats (torch's
+ *    float8_e4m3fn and float8_e5m2; NCCL's ncclFloat8e4m3 / ncclFloat8e5m2,
+ *    NCCL >= 2.24). e4m3fn: 4 exponent bits (bias 7), 3 mantissa bits, no
+ *    infinities, largest 448, NaN is S.1111.111. e5m2: 5 exponent bits
+ *    (bias 15), 2 mantissa bits, IEEE-like with infinities, largest 57344.
+ *    They reduce in float32 and round to nearest even as torch converts:
+ *    e4m3fn saturates (overflow and infinities give +-448), e5m2 overflows
+ *    to infinity; NaN stays NaN. */
 #define TC_DTYPE_MAP(X)                                                        \
   X(FLOAT32, 0, float, 4, 1)                                                   \
   X(FLOAT64, 1, double, 8, 1)                                                  \
@@ -100,7 +112,9 @@ TC_API void tc_free(void *ptr);
   X(INT16, 6, int16_t, 2, 0)                                                   \
   X(INT32, 7, int32_t, 4, 0)                                                   \
   X(INT64, 8, int64_t, 8, 0)                                                   \
-  X(BOOL, 9, uint8_t, 1, 0)
+  X(BOOL, 9, uint8_t, 1, 0)                                                    \
+  X(FLOAT8_E4M3FN, 10, uint8_t, 1, 1)                                          \
+  X(FLOAT8_E5M2, 11, uint8_t, 1, 1)
 
 typedef enum tc_dtype {
 #define TC__DTYPE_ENUM(name, val, ctype, size, isf) TC_##name = val,

@@ -16,8 +16,8 @@
  *   -n  timed iterations (default 20; 0: by size, as the anchor benchmarks
  *       in bench/ do: 1000 below 64 KiB, 100 below 4 MiB, 10 from 4 MiB);
  *   -w  warm-up iterations (default 5)
- *   -d  float32 (default) float64 float16 bfloat16 int8 uint8 int16 int32
- *       int64 bool;  -o  sum (default) prod min max avg band bor bxor
+ *   -d  float32 (default) float64 float16 bfloat16 float8_e4m3fn
+ *       float8_e5m2 int8 uint8 int16 int32 int64 bool;  -o  sum (default) prod min max avg band bor bxor
  *       premul_sum (factor 0.5);  -r  root of broadcast / reduce (default 0)
  *   -z  check the results: after the timed loop, inputs are refilled with a
  *       per-rank pattern, the operation runs once more and every output
@@ -106,8 +106,8 @@ static void usage(FILE *f) {
           "[-t TIMEOUT_S] [-B BACKEND] [--csv FILE]\n"
           "  COLL: all_reduce all_gather reduce_scatter broadcast reduce "
           "all_to_all send_recv\n"
-          "  DTYPE: float32 float64 float16 bfloat16 int8 uint8 int16 int32 "
-          "int64 bool\n"
+          "  DTYPE: float32 float64 float16 bfloat16 float8_e4m3fn float8_e5m2 "
+          "int8 uint8\n         int16 int32 int64 bool\n"
           "  OP: sum prod min max avg band bor bxor premul_sum\n"
           "  sizes in bytes with optional K, M, G suffix (defaults -b 8 -e "
           "64M -f 4 -n 20 -w 5)\n",
@@ -169,9 +169,13 @@ static int parse_dtype(const char *s, tc_dtype_t *out) {
   return -1;
 }
 
+static int is_fp8(tc_dtype_t d) {
+  return d == TC_FLOAT8_E4M3FN || d == TC_FLOAT8_E5M2;
+}
+
 static int is_float(tc_dtype_t d) {
   return d == TC_FLOAT32 || d == TC_FLOAT64 || d == TC_FLOAT16 ||
-         d == TC_BFLOAT16;
+         d == TC_BFLOAT16 || is_fp8(d);
 }
 
 static int is_reduction(coll_t c) {
@@ -300,6 +304,31 @@ static uint16_t f2bf(float f) {
   return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* float -> float8_e4m3fn (e4m3) or float8_e5m2, round to nearest even;
+ * e4m3fn saturates at 448, e5m2 overflows to Inf (as torch converts). */
+static uint8_t f2f8(float f, int e4m3) {
+  uint32_t x, a, r;
+  memcpy(&x, &f, 4);
+  a = x & 0x7FFFFFFFu;
+  const int sh = e4m3 ? 20 : 21;                        /* 23 - mantissa bits */
+  const float magic = e4m3 ? 16384.0f : 128.0f;         /* ulp: a subnormal */
+  if (a > 0x7F800000u) r = 0x7F;
+  else if (a >= (e4m3 ? (1087u << 20) : (143u << 23))) r = e4m3 ? 0x7E : 0x7C;
+  else if (a < ((e4m3 ? 121u : 113u) << 23)) { /* subnormal: the add rounds */
+    float t, m = magic;
+    uint32_t tb, mb;
+    memcpy(&t, &a, 4);
+    t += m;
+    memcpy(&tb, &t, 4);
+    memcpy(&mb, &m, 4);
+    r = tb - mb;
+  } else {
+    r = (a - ((e4m3 ? 120u : 112u) << 23) + ((1u << (sh - 1)) - 1) + ((a >> sh) & 1u)) >> sh;
+    if (e4m3 && r == 0x7F) r = 0x7E;
+  }
+  return (uint8_t)(((x >> 24) & 0x80u) | r);
+}
+
 /* Writes v (an integer value or a float) into element i of buf. Integers
  * wrap like the library's arithmetic. */
 static void put(void *buf, size_t i, tc_dtype_t dt, double v) {
@@ -315,6 +344,8 @@ static void put(void *buf, size_t i, tc_dtype_t dt, double v) {
   case TC_INT32: ((int32_t *)buf)[i] = (int32_t)u; break;
   case TC_INT64: ((int64_t *)buf)[i] = (int64_t)u; break;
   case TC_BOOL: ((uint8_t *)buf)[i] = v != 0; break;
+  case TC_FLOAT8_E4M3FN: ((uint8_t *)buf)[i] = f2f8((float)v, 1); break;
+  case TC_FLOAT8_E5M2: ((uint8_t *)buf)[i] = f2f8((float)v, 0); break;
   default: break;
   }
 }
@@ -331,8 +362,9 @@ static int64_t get_int(const void *buf, size_t i, tc_dtype_t dt) {
 }
 
 /* Element i of rank r's input: for copies distinct per rank; for
- * reductions chosen so that results stay exact (sums of 0..3, products of
- * 1 and 2, bit patterns below 64). */
+ * reductions chosen so that results stay exact (sums of 0..3 -- of 0..1 for
+ * the float8 types, exact up to 8 ranks --, products of 1 and 2, bit
+ * patterns below 64; MIN/MAX commute with rounding). */
 static double pattern(const args_t *a, int r, size_t i) {
   size_t ri = (size_t)r;
   int b = a->dtype == TC_BOOL;
@@ -346,6 +378,7 @@ static double pattern(const args_t *a, int r, size_t i) {
   case TC_BAND: case TC_BOR: case TC_BXOR:
     return b ? (double)((i + ri) & 1) : (double)((i * 5 + ri * 11) % 64);
   default: /* SUM, AVG, PREMUL_SUM */
+    if (is_fp8(a->dtype)) return (double)((i * 3 + ri * 5) % 2);
     return b ? (double)((i + ri) % 3 == 0) : (double)((i * 3 + ri * 5) % 4);
   }
 }

@@ -157,7 +157,11 @@ static int lb_reduce_one(const lb_comm_t *c, const tc_backend_op_t *op,
   default: /* the core allows PREMUL_SUM on the float types only */
     return lb_fail(c, op, msg, len, TC_ERR_NOT_SUPPORTED,
                    "PREMUL_SUM on %s is not implemented (float32 and float64 "
-                   "are)", op->dtype == TC_FLOAT16 ? "float16" : "bfloat16");
+                   "are)",
+                   op->dtype == TC_FLOAT16           ? "float16"
+                   : op->dtype == TC_BFLOAT16        ? "bfloat16"
+                   : op->dtype == TC_FLOAT8_E4M3FN   ? "float8_e4m3fn"
+                                                     : "float8_e5m2");
   }
 }
 

@@ -18,7 +18,11 @@ static const char *const tcpy_dtype_attr[TC_DTYPE_COUNT] = {
     [TC_INT8] = "int8",       [TC_UINT8] = "uint8",
     [TC_INT16] = "int16",     [TC_INT32] = "int32",
     [TC_INT64] = "int64",     [TC_BOOL] = "bool",
+    [TC_FLOAT8_E4M3FN] = "float8_e4m3fn",
+    [TC_FLOAT8_E5M2] = "float8_e5m2",
 };
+_Static_assert(sizeof tcpy_dtype_attr / sizeof tcpy_dtype_attr[0] ==
+                   TC_DTYPE_COUNT, "a torch name for every dtype");
 
 const char *tcpy_dtype_name(tc_dtype_t dt) {
   return (unsigned)dt < TC_DTYPE_COUNT ? tcpy_dtype_attr[dt] : "invalid";
@@ -39,8 +43,13 @@ static int tcpy_torch_load(void) {
   PyObject *dts[TC_DTYPE_COUNT] = {0};
   for (int i = 0; i < TC_DTYPE_COUNT; i++) {
     dts[i] = PyObject_GetAttrString(torch, tcpy_dtype_attr[i]);
+    if (!dts[i] && (i == TC_FLOAT8_E4M3FN || i == TC_FLOAT8_E5M2) &&
+        PyErr_ExceptionMatches(PyExc_AttributeError)) {
+      PyErr_Clear(); /* a torch without float8 types: never matched */
+      continue;
+    }
     if (!dts[i]) {
-      for (int j = 0; j < i; j++) Py_DECREF(dts[j]);
+      for (int j = 0; j < i; j++) Py_XDECREF(dts[j]);
       goto fail;
     }
   }
@@ -165,15 +174,16 @@ int tcpy_tensor(const tcpy_device_t *dev, const char *op, const char *arg,
   if (!dt) return -1;
   int dtype = -1;
   for (int i = 0; i < TC_DTYPE_COUNT; i++)
-    if (dt == tcpy_dtypes[i]) {
+    if (tcpy_dtypes[i] && dt == tcpy_dtypes[i]) {
       dtype = i;
       break;
     }
   if (dtype < 0) {
     PyErr_Format(PyExc_TypeError,
                  "%s: argument '%s' has dtype %S, which torchcomms does not "
-                 "support (float32, float64, float16, bfloat16, int8, uint8, "
-                 "int16, int32, int64, bool)", op, arg, dt);
+                 "support (float32, float64, float16, bfloat16, "
+                 "float8_e4m3fn, float8_e5m2, int8, uint8, int16, int32, "
+                 "int64, bool)", op, arg, dt);
     Py_DECREF(dt);
     return -1;
   }

@@ -19,8 +19,8 @@ their difference is the cost of the Python layer:
   -n  timed iterations (default 20; 0: by size, 1000 below 64 KiB, 100 below
       4 MiB, 10 from 4 MiB, as the anchors in bench/ do); -w  warm-up iterations
       (default 5)
-  -d  float32 (default) float64 float16 bfloat16 int8 uint8 int16 int32
-      int64 bool;  -o  sum prod min max avg band bor bxor premul_sum (0.5)
+  -d  float32 (default) float64 float16 bfloat16 float8_e4m3fn float8_e5m2
+      int8 uint8 int16 int32 int64 bool;  -o  sum prod min max avg band bor bxor premul_sum (0.5)
   -r  root of broadcast / reduce;  -z  check every output element exactly
       after the timed loop, on a fresh run (#wrong: summed over ranks)
   -m  avg: ITERS back-to-back calls timed as a whole (default); median: each
@@ -42,14 +42,15 @@ import time
 COLLS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
          "all_to_all", "send_recv")
 REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16",
-          "int32", "int64", "bool")
+DTYPES = ("float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
+          "int8", "uint8", "int16", "int32", "int64", "bool")
 DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16",
                  "bf16": "bfloat16", "int": "int32", "long": "int64"}
 OPS = {"sum": "SUM", "prod": "PRODUCT", "product": "PRODUCT", "min": "MIN",
        "max": "MAX", "avg": "AVG", "band": "BAND", "bor": "BOR", "bxor": "BXOR",
        "premul_sum": "PREMUL_SUM"}
-FLOATS = ("float32", "float64", "float16", "bfloat16")
+FLOAT8 = ("float8_e4m3fn", "float8_e5m2")
+FLOATS = ("float32", "float64", "float16", "bfloat16") + FLOAT8
 PREMUL_FACTOR = 0.5  # exact in every float type
 
 
@@ -162,6 +163,8 @@ class Bench:
             return (idx + r) % 2 if b else (idx * 7 + r * 3) % 16
         if a.op in ("band", "bor", "bxor"):
             return (idx + r) % 2 if b else (idx * 5 + r * 11) % 64
+        if a.dtype in FLOAT8:  # sums of 0..1: exact up to 8 ranks
+            return (idx * 3 + r * 5) % 2
         return ((idx + r) % 3 == 0).long() if b else (idx * 3 + r * 5) % 4
 
     def values(self, r, idx):

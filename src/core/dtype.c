@@ -29,6 +29,8 @@ static const char *const tc__dtype_names[] = {
     [TC_INT8] = "int8",       [TC_UINT8] = "uint8",
     [TC_INT16] = "int16",     [TC_INT32] = "int32",
     [TC_INT64] = "int64",     [TC_BOOL] = "bool",
+    [TC_FLOAT8_E4M3FN] = "float8_e4m3fn",
+    [TC_FLOAT8_E5M2] = "float8_e5m2",
 };
 _Static_assert(sizeof tc__dtype_names / sizeof tc__dtype_names[0] ==
                    TC_DTYPE_COUNT,

@@ -74,5 +74,13 @@ TC_INTERNAL float tc__half_to_float(uint16_t h);
 TC_INTERNAL uint16_t tc__float_to_half(float f);
 TC_INTERNAL float tc__bf16_to_float(uint16_t h);
 TC_INTERNAL uint16_t tc__float_to_bf16(float f);
+/* float8_e4m3fn / float8_e5m2 <-> float32, as torch converts: decoding is
+ * exact; encoding rounds to nearest even, e4m3fn saturates to +-448
+ * (infinities included), e5m2 overflows to infinity, NaN gives 0x7F with
+ * the input's sign. */
+TC_INTERNAL float tc__fp8e4m3fn_to_float(uint8_t x);
+TC_INTERNAL uint8_t tc__float_to_fp8e4m3fn(float f);
+TC_INTERNAL float tc__fp8e5m2_to_float(uint8_t x);
+TC_INTERNAL uint8_t tc__float_to_fp8e5m2(float f);
 
 #endif /* TC_INTERNAL_H */

@@ -15,13 +15,17 @@
  * -DTC_NO_TARGET_CLONES. GCC 12 handles it under -fsanitize=address,undefined
  * in executables and shared libraries, so ASan builds run the same clones.
  *
- * float16 / bfloat16 convert blocks of TC__HBLK elements to float32 on the
- * stack, compute there and round back to nearest even, with branch-free
- * conversions (the same bits as torch's c10::Half / c10::BFloat16) so that the
- * blocks vectorise too.
+ * float16 / bfloat16 and the 8-bit floats (float8_e4m3fn, float8_e5m2)
+ * convert blocks of TC__HBLK elements to float32 on the stack, compute there
+ * and round back to nearest even, with branch-free conversions (the same
+ * bits as torch's c10::Half / c10::BFloat16 / c10::Float8_e4m3fn /
+ * c10::Float8_e5m2) so that the blocks vectorise too. As in torch (2.13),
+ * float8_e4m3fn saturates: values beyond its range, infinities included,
+ * become +-448; float8_e5m2 overflows to infinity.
  *
  * Semantics:
- *  - floats: SUM, PRODUCT in the type's precision; MIN/MAX propagate NaN
+ *  - floats: SUM, PRODUCT in the type's precision (float32 for the 16- and
+ *    8-bit floats, rounded once per operation); MIN/MAX propagate NaN
  *    (like torch.minimum/maximum); between -0 and +0 either may be returned.
  *  - integers: SUM/PRODUCT wrap (computed in unsigned arithmetic), MIN, MAX,
  *    BAND, BOR, BXOR.
@@ -54,7 +58,7 @@
 
 enum {
   TC__BLK = 64,    /* inner block of the native kernels, elements */
-  TC__HBLK = 256,  /* float32 staging block of the 16-bit float kernels */
+  TC__HBLK = 256,  /* float32 staging block of the 16/8-bit float kernels */
   TC__STAGE = 4096 /* bytes staged per step for aliased operands */
 };
 
@@ -127,11 +131,72 @@ TC__INLINE uint16_t tc__f2bf(float f) {
   return (uint16_t)(f != f ? 0x7FC0u : r);
 }
 
-/* Exported (internal) versions of the four conversions. */
+/* ------------------------------------------------------------------------ */
+/* 8-bit float conversions (OCP float8_e4m3fn and float8_e5m2)               */
+/* ------------------------------------------------------------------------ */
+
+/* float8_e4m3fn -> float32, exact (bias 7, no infinities, NaN S.1111.111).
+ * Normals: the seven value bits placed as a float's exponent and mantissa,
+ * rebiased with one multiply; subnormals (m * 2^-9) by a magic-number
+ * subtraction, so that no float subnormal is ever an operand (slow on x86).
+ * NaN decodes to 0x7FF00000 with the sign, the bits torch gives. */
+TC__INLINE float tc__e4m3f(uint8_t x) {
+  const uint32_t v = x & 0x7Fu;
+  const uint32_t sign = (uint32_t)(x & 0x80u) << 24;
+  const uint32_t vn = tc__select(v < 8u, 8u, v); /* no subnormal operand */
+  const float normalized = tc__bitsf(vn << 20) * 0x1.0p+120f;
+  const float denormalized = tc__bitsf((141u << 23) | v) - 0x1.0p+14f;
+  const uint32_t r = tc__select(v < 8u, tc__fbits(denormalized),
+                                tc__fbits(normalized));
+  return tc__bitsf(sign | tc__select(v == 0x7Fu, 0x7FF00000u, r));
+}
+
+/* float32 -> float8_e4m3fn, round to nearest even, torch's algorithm made
+ * branch-free: below 2^-6 the float addition of 2^14 rounds |f| to a
+ * multiple of 2^-9; above, the mantissa is rounded with integer additions.
+ * |f| >= 480, infinities and what rounds up to 480 saturate to 448 (0x7E);
+ * NaN gives 0x7F; the sign is kept. */
+TC__INLINE uint8_t tc__f2e4m3(float f) {
+  const uint32_t w = tc__fbits(f);
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t a = w ^ sign;
+  const uint32_t den = tc__fbits(tc__bitsf(a) + 0x1.0p+14f) - (141u << 23);
+  const uint32_t nrm =
+      (a + ((uint32_t)(7 - 127) << 23) + 0x7FFFFu + ((a >> 20) & 1u)) >> 20;
+  uint32_t r = tc__select(a < (121u << 23), den, nrm);
+  r = tc__select(r == 0x7Fu || a >= (1087u << 20), 0x7Eu, r);
+  r = tc__select(a > 0x7F800000u, 0x7Fu, r);
+  return (uint8_t)((sign >> 24) | r);
+}
+
+/* float8_e5m2 -> float32, exact: the upper byte of a binary16. */
+TC__INLINE float tc__e5m2f(uint8_t x) { return tc__h2f((uint16_t)(x << 8)); }
+
+/* float32 -> float8_e5m2, round to nearest even (torch's algorithm,
+ * branch-free, as for e4m3fn with 2^7 for the subnormals); |f| >= 65536 and
+ * what rounds up past 57344 give infinity (0x7C); NaN gives 0x7F. */
+TC__INLINE uint8_t tc__f2e5m2(float f) {
+  const uint32_t w = tc__fbits(f);
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t a = w ^ sign;
+  const uint32_t den = tc__fbits(tc__bitsf(a) + 0x1.0p+7f) - (134u << 23);
+  const uint32_t nrm =
+      (a + ((uint32_t)(15 - 127) << 23) + 0xFFFFFu + ((a >> 21) & 1u)) >> 21;
+  uint32_t r = tc__select(a < (113u << 23), den, nrm);
+  r = tc__select(a >= (143u << 23), 0x7Cu, r);
+  r = tc__select(a > 0x7F800000u, 0x7Fu, r);
+  return (uint8_t)((sign >> 24) | r);
+}
+
+/* Exported (internal) versions of the conversions. */
 float tc__half_to_float(uint16_t h) { return tc__h2f(h); }
 uint16_t tc__float_to_half(float f) { return tc__f2h(f); }
 float tc__bf16_to_float(uint16_t h) { return tc__bf2f(h); }
 uint16_t tc__float_to_bf16(float f) { return tc__f2bf(f); }
+float tc__fp8e4m3fn_to_float(uint8_t x) { return tc__e4m3f(x); }
+uint8_t tc__float_to_fp8e4m3fn(float f) { return tc__f2e4m3(f); }
+float tc__fp8e5m2_to_float(uint8_t x) { return tc__e5m2f(x); }
+uint8_t tc__float_to_fp8e5m2(float f) { return tc__f2e5m2(f); }
 
 /* ------------------------------------------------------------------------ */
 /* Element operations, per kind: OP(T, U, a, b) with T the storage type and  */
@@ -161,7 +226,7 @@ uint16_t tc__float_to_bf16(float f) { return tc__f2bf(f); }
 #define TC__OP_BOOL_BOR(T, U, a, b) TC__OP_BOOL_OR(a, b)
 #define TC__OP_BOOL_BXOR(T, U, a, b) ((uint8_t)(((a) != 0) ^ ((b) != 0)))
 
-/* The 16-bit floats compute with the float32 operations. */
+/* The 16- and 8-bit floats compute with the float32 operations. */
 #define TC__OP_F16_SUM TC__OP_FLT_SUM
 #define TC__OP_F16_PRODUCT TC__OP_FLT_PRODUCT
 #define TC__OP_F16_MIN TC__OP_FLT_MIN
@@ -170,6 +235,14 @@ uint16_t tc__float_to_bf16(float f) { return tc__f2bf(f); }
 #define TC__OP_BF16_PRODUCT TC__OP_FLT_PRODUCT
 #define TC__OP_BF16_MIN TC__OP_FLT_MIN
 #define TC__OP_BF16_MAX TC__OP_FLT_MAX
+#define TC__OP_F8E4M3_SUM TC__OP_FLT_SUM
+#define TC__OP_F8E4M3_PRODUCT TC__OP_FLT_PRODUCT
+#define TC__OP_F8E4M3_MIN TC__OP_FLT_MIN
+#define TC__OP_F8E4M3_MAX TC__OP_FLT_MAX
+#define TC__OP_F8E5M2_SUM TC__OP_FLT_SUM
+#define TC__OP_F8E5M2_PRODUCT TC__OP_FLT_PRODUCT
+#define TC__OP_F8E5M2_MIN TC__OP_FLT_MIN
+#define TC__OP_F8E5M2_MAX TC__OP_FLT_MAX
 
 /* Operations per kind, each as Y(OP, DTYPE, T, U, KIND). */
 #define TC__OPS_ARITH(Y, D, T, U, K)                                           \
@@ -190,7 +263,9 @@ uint16_t tc__float_to_bf16(float f) { return tc__f2bf(f); }
   TC__OPS_BITWISE(X, INT16, int16_t, unsigned, INT)                            \
   TC__OPS_BITWISE(X, INT32, int32_t, uint32_t, INT)                            \
   TC__OPS_BITWISE(X, INT64, int64_t, uint64_t, INT)                            \
-  TC__OPS_BITWISE(X, BOOL, uint8_t, unsigned, BOOL)
+  TC__OPS_BITWISE(X, BOOL, uint8_t, unsigned, BOOL)                            \
+  TC__OPS_ARITH(X, FLOAT8_E4M3FN, uint8_t, float, F8E4M3)                      \
+  TC__OPS_ARITH(X, FLOAT8_E5M2, uint8_t, float, F8E5M2)
 
 /* ------------------------------------------------------------------------ */
 /* Kernel generators                                                         */
@@ -233,13 +308,13 @@ uint16_t tc__float_to_bf16(float f) { return tc__f2bf(f); }
     tc__k3t_##D##_##OP((T *)o, (const T *)a, (const T *)b, n);                 \
   }
 
-/* 16-bit floats: a block of TC__HBLK elements is converted and combined
- * into a float32 buffer, then rounded back; every input of the block is read
- * before any output is written, so o may even alias pa or pb. The tail goes
- * through zero-padded copies so that it takes the same vector code. */
+/* 16- and 8-bit floats (storage type T): a block of TC__HBLK elements is
+ * converted and combined into a float32 buffer, then rounded back; every
+ * input of the block is read before any output is written, so o may even
+ * alias pa or pb. The tail goes through zero-padded copies so that it takes
+ * the same vector code. */
 #define TC__GEN_HALF(OP, D, T, U, K, TOF, FROMF)                               \
-  TC__INLINE void tc__hb_##D##_##OP(uint16_t *o, const uint16_t *pa,           \
-                                    const uint16_t *pb) {                      \
+  TC__INLINE void tc__hb_##D##_##OP(T *o, const T *pa, const T *pb) {         \
     float f[TC__HBLK];                                                         \
     for (size_t j = 0; j < TC__HBLK; j++) {                                    \
       const float a = TOF(pa[j]), b = TOF(pb[j]);                              \
@@ -249,19 +324,19 @@ uint16_t tc__float_to_bf16(float f) { return tc__f2bf(f); }
   }                                                                            \
   static TC__HOT void tc__k3_##D##_##OP(void *ov, const void *av,              \
                                         const void *bv, size_t n) {            \
-    uint16_t *o = (uint16_t *)ov;                                              \
-    const uint16_t *pa = (const uint16_t *)av, *pb = (const uint16_t *)bv;     \
+    T *o = (T *)ov;                                                            \
+    const T *pa = (const T *)av, *pb = (const T *)bv;                          \
     size_t i = 0;                                                              \
     for (; i + TC__HBLK <= n; i += TC__HBLK)                                   \
       tc__hb_##D##_##OP(o + i, pa + i, pb + i);                                \
     if (i < n) {                                                               \
-      uint16_t ta[TC__HBLK], tb[TC__HBLK];                                     \
+      T ta[TC__HBLK], tb[TC__HBLK];                                            \
       memset(ta, 0, sizeof ta);                                                \
       memset(tb, 0, sizeof tb);                                                \
-      memcpy(ta, pa + i, (n - i) * 2);                                         \
-      memcpy(tb, pb + i, (n - i) * 2);                                         \
+      memcpy(ta, pa + i, (n - i) * sizeof(T));                                 \
+      memcpy(tb, pb + i, (n - i) * sizeof(T));                                 \
       tc__hb_##D##_##OP(ta, ta, tb);                                           \
-      memcpy(o + i, ta, (n - i) * 2);                                          \
+      memcpy(o + i, ta, (n - i) * sizeof(T));                                  \
     }                                                                          \
   }                                                                            \
   static void tc__k2_##D##_##OP(void *dv, const void *sv, size_t n) {          \
@@ -275,6 +350,10 @@ uint16_t tc__float_to_bf16(float f) { return tc__f2bf(f); }
   TC__GEN_HALF(OP, D, T, U, K, tc__h2f, tc__f2h)
 #define TC__GEN_BF16(OP, D, T, U, K)                                           \
   TC__GEN_HALF(OP, D, T, U, K, tc__bf2f, tc__f2bf)
+#define TC__GEN_F8E4M3(OP, D, T, U, K)                                         \
+  TC__GEN_HALF(OP, D, T, U, K, tc__e4m3f, tc__f2e4m3)
+#define TC__GEN_F8E5M2(OP, D, T, U, K)                                         \
+  TC__GEN_HALF(OP, D, T, U, K, tc__e5m2f, tc__f2e5m2)
 #define TC__GEN(OP, D, T, U, K) TC__GEN_##K(OP, D, T, U, K)
 
 TC__REDUCE_KERNELS(TC__GEN)
@@ -401,6 +480,8 @@ static inline int64_t tc__sdiv(int64_t x, uint64_t d) {
 #define TC__SCALE_INT32(x) ((int32_t)tc__d2i64((double)(x) * fd))
 #define TC__SCALE_INT64(x) ((int64_t)tc__d2i64((double)(x) * fd))
 #define TC__SCALE_BOOL(x) ((uint8_t)(((x) != 0) & nz))
+#define TC__SCALE_FLOAT8_E4M3FN(x) tc__f2e4m3(tc__e4m3f(x) * ff)
+#define TC__SCALE_FLOAT8_E5M2(x) tc__f2e5m2(tc__e5m2f(x) * ff)
 
 /* Division of one value x by the locals fdiv = (float)divisor,
  * ddiv = (double)divisor, udiv = divisor. */
@@ -414,6 +495,8 @@ static inline int64_t tc__sdiv(int64_t x, uint64_t d) {
 #define TC__DIV_INT32(x) ((int32_t)tc__sdiv(x, udiv))
 #define TC__DIV_INT64(x) ((int64_t)tc__sdiv(x, udiv))
 #define TC__DIV_BOOL(x) ((uint8_t)(((x) != 0) / udiv))
+#define TC__DIV_FLOAT8_E4M3FN(x) tc__f2e4m3(tc__e4m3f(x) / fdiv)
+#define TC__DIV_FLOAT8_E5M2(x) tc__f2e5m2(tc__e5m2f(x) / fdiv)
 
 /* d[i] = F(s[i]) for i < n, in fixed-size blocks plus a tail. */
 #define TC__MAP(T, d, s, n, F)                                                 \
@@ -459,7 +542,7 @@ static inline int64_t tc__sdiv(int64_t x, uint64_t d) {
 TC_DTYPE_MAP(TC__GEN_SCALE_DIVIDE)
 
 /* dst[i] = src[i] * factor: float32 in float32 (factor rounded to float),
- * float64 in double, float16/bfloat16 through float32 rounded once;
+ * float64 in double, the 16- and 8-bit floats through float32 rounded once;
  * integers: the double product truncated toward zero, saturated to int64,
  * then wrapped to the type; bool: (src[i] != 0 && factor != 0). dst may
  * equal src (the in-place kernel runs then). */
@@ -480,7 +563,7 @@ void tc__scale(void *dst, const void *src, size_t n, tc_dtype_t dtype,
 }
 
 /* buf[i] /= divisor: floats divide by the divisor converted to the type's
- * precision (float32 for the 16-bit floats, rounded once); signed integers
+ * precision (float32 for the 16- and 8-bit floats, rounded once); signed integers
  * truncate toward zero, unsigned integers and bool divide as unsigned. A
  * divisor of 0 leaves buf unchanged. */
 void tc__divide(void *buf, size_t n, tc_dtype_t dtype, uint64_t divisor) {

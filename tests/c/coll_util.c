@@ -13,7 +13,7 @@ void *tc_xmalloc(size_t bytes) {
 
 static int tc_is_float(tc_dtype_t dt) {
   return dt == TC_FLOAT32 || dt == TC_FLOAT64 || dt == TC_FLOAT16 ||
-         dt == TC_BFLOAT16;
+         dt == TC_BFLOAT16 || dt == TC_FLOAT8_E4M3FN || dt == TC_FLOAT8_E5M2;
 }
 
 void tc_check_equal(const void *got, const void *ref, size_t count,
@@ -23,7 +23,8 @@ void tc_check_equal(const void *got, const void *ref, size_t count,
   if (!approx) {
     if (count && memcmp(got, ref, count * es) == 0) return;
   }
-  double tol = dt == TC_FLOAT16 || dt == TC_BFLOAT16 ? 0.05
+  double tol = dt == TC_FLOAT8_E4M3FN || dt == TC_FLOAT8_E5M2 ? 0.25
+               : dt == TC_FLOAT16 || dt == TC_BFLOAT16 ? 0.05
                : dt == TC_FLOAT32                    ? 1e-5
                                                      : 1e-12;
   for (size_t i = 0; i < count; i++) {

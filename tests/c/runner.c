@@ -240,6 +240,10 @@ void tc_set(void *buf, size_t i, tc_dtype_t dt, double v) {
   case TC_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
   case TC_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
   case TC_BOOL: ((uint8_t *)buf)[i] = v != 0; break;
+  case TC_FLOAT8_E4M3FN:
+    ((uint8_t *)buf)[i] = tc__float_to_fp8e4m3fn((float)v);
+    break;
+  case TC_FLOAT8_E5M2: ((uint8_t *)buf)[i] = tc__float_to_fp8e5m2((float)v); break;
   default: break;
   }
 }
@@ -256,6 +260,9 @@ double tc_get(const void *buf, size_t i, tc_dtype_t dt) {
   case TC_INT32: return ((const int32_t *)buf)[i];
   case TC_INT64: return (double)((const int64_t *)buf)[i];
   case TC_BOOL: return ((const uint8_t *)buf)[i];
+  case TC_FLOAT8_E4M3FN:
+    return tc__fp8e4m3fn_to_float(((const uint8_t *)buf)[i]);
+  case TC_FLOAT8_E5M2: return tc__fp8e5m2_to_float(((const uint8_t *)buf)[i]);
   default: return 0;
   }
 }
@@ -265,6 +272,11 @@ void tc_fill(void *buf, size_t count, tc_dtype_t dt, int rank, int seed) {
     /* small values: 1..4 for products, mixed signs for signed types */
     unsigned h = (unsigned)(i * 2654435761u) ^ (unsigned)(rank * 40503 + seed * 977);
     int v = (int)(h % 4) + 1;
+    /* the 8-bit floats: sums of 8 ranks stay exact in any order (e4m3fn:
+     * |sum| <= 16; e5m2, 3 significant bits: |sum| <= 8), as do the
+     * products (powers of two) and the sums of halves of PREMUL_SUM(0.5) */
+    if (dt == TC_FLOAT8_E4M3FN) v = (int)(h % 2) + 1;
+    else if (dt == TC_FLOAT8_E5M2) v = 1;
     if (dt == TC_BOOL) v = (int)((h >> 3) & 1);
     else if (dt != TC_UINT8 && ((h >> 5) & 1)) v = -v;
     tc_set(buf, i, dt, v);

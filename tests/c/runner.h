@@ -118,7 +118,8 @@ tc_store_t *tc_ctx_store(tc_ctx_t *ctx);
 tc_comm_t *tc_ctx_comm(tc_ctx_t *ctx, const char *name, tc_comm_options_t *opts);
 
 /* Deterministic test data: element i of rank r for a given seed, converted
- * to dtype (small integers, so sums and products stay exact). */
+ * to dtype (small integers, so sums and products stay exact: 1..4 with
+ * signs; float8_e4m3fn +-1, +-2; float8_e5m2 +-1). */
 void tc_fill(void *buf, size_t count, tc_dtype_t dtype, int rank, int seed);
 /* Reads element i of buf as a double. */
 double tc_get(const void *buf, size_t i, tc_dtype_t dtype);

@@ -324,7 +324,61 @@ TC_TEST(nccl_old_version) {
                 TC_ERR_NOT_SUPPORTED, "AVG needs ncclAvg (NCCL >= 2.10");
   TC_ASSERT_ERR(tc_all_reduce(c, h, 2, TC_BFLOAT16, TC_OP(TC_SUM), NULL, NULL),
                 TC_ERR_NOT_SUPPORTED, "NCCL cannot reduce dtype bfloat16");
+  uint8_t b[2] = {0x38, 0x40};
+  TC_ASSERT_ERR(tc_all_reduce(c, b, 2, TC_FLOAT8_E4M3FN, TC_OP(TC_SUM), NULL, NULL),
+                TC_ERR_NOT_SUPPORTED, "NCCL cannot reduce dtype float8_e4m3fn: "
+                "ncclFloat8e4m3 needs NCCL >= 2.24 (this is NCCL 20909)");
   TC_ASSERT_OK(tc_all_reduce(c, f, 2, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL));
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+/* NCCL 2.23: bfloat16 reduces, the float8 types (ncclFloat8e4m3 and
+ * ncclFloat8e5m2 came with 2.24) are refused before anything is enqueued,
+ * for every reducing operation; they still move (as bytes). */
+TC_TEST(nccl_old_version_fp8) {
+  nccl_use_fake();
+  setenv("TCFAKE_NCCL_VERSION", "22303", 1);
+  tc_comm_t *c;
+  TC_ASSERT_OK(create1("cuda", 0, 5, &c));
+  uint16_t h[2] = {0x3F80, 0x4000};
+  TC_ASSERT_OK(tc_all_reduce(c, h, 2, TC_BFLOAT16, TC_OP(TC_SUM), NULL, NULL));
+  uint8_t b[2] = {0x38, 0x40}, o[2] = {0, 0};
+  const void *bl[1] = {b};
+  TC_ASSERT_ERR(tc_all_reduce(c, b, 2, TC_FLOAT8_E4M3FN, TC_OP(TC_SUM), NULL, NULL),
+                TC_ERR_NOT_SUPPORTED, "NCCL cannot reduce dtype float8_e4m3fn: "
+                "ncclFloat8e4m3 needs NCCL >= 2.24 (this is NCCL 22303); convert "
+                "to bfloat16 first");
+  TC_ASSERT_ERR(tc_reduce(c, b, 2, TC_FLOAT8_E5M2, TC_OP(TC_MAX), 0, NULL, NULL),
+                TC_ERR_NOT_SUPPORTED, "NCCL cannot reduce dtype float8_e5m2: "
+                "ncclFloat8e5m2 needs NCCL >= 2.24");
+  TC_ASSERT_ERR(tc_reduce_scatter_single(c, o, b, 2, TC_FLOAT8_E5M2,
+                                         TC_OP_PREMUL_SUM(0.5), NULL, NULL),
+                TC_ERR_NOT_SUPPORTED, "float8_e5m2");
+  TC_ASSERT_ERR(tc_reduce_scatter(c, o, bl, 2, TC_FLOAT8_E4M3FN, TC_OP(TC_AVG),
+                                  NULL, NULL),
+                TC_ERR_NOT_SUPPORTED, "float8_e4m3fn");
+  TC_ASSERT(b[0] == 0x38 && b[1] == 0x40 && o[0] == 0 && o[1] == 0);
+  TC_ASSERT_OK(tc_broadcast(c, b, 2, TC_FLOAT8_E4M3FN, 0, NULL, NULL));
+  TC_ASSERT_OK(tc_all_gather_single(c, o, b, 2, TC_FLOAT8_E5M2, NULL, NULL));
+  TC_ASSERT(o[0] == 0x38 && o[1] == 0x40);
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+/* NCCL 2.24 and later (the fake's default, 2.27.3): the float8 types
+ * reduce, PREMUL_SUM's factor passed in the dtype. */
+TC_TEST(nccl_fp8_reduces) {
+  nccl_use_fake();
+  tc_comm_t *c;
+  TC_ASSERT_OK(create1("cuda", 0, 5, &c));
+  uint8_t e4[3] = {0x44, 0x7E, 0xB8}; /* 3, 448, -1 */
+  TC_ASSERT_OK(tc_all_reduce(c, e4, 3, TC_FLOAT8_E4M3FN, TC_OP_PREMUL_SUM(0.5),
+                             NULL, NULL));
+  TC_ASSERT(e4[0] == 0x3C && e4[1] == 0x76 && e4[2] == 0xB0); /* 1.5, 224, -0.5 */
+  uint8_t e5[2] = {0x42, 0x7B}; /* 3, 57344 */
+  TC_ASSERT_OK(tc_all_reduce(c, e5, 2, TC_FLOAT8_E5M2, TC_OP(TC_MAX), NULL, NULL));
+  TC_ASSERT(e5[0] == 0x42 && e5[1] == 0x7B);
   TC_ASSERT_OK(tc_comm_finalize(c));
   TC_ASSERT_OK(tc_comm_destroy(c));
 }

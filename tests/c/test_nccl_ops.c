@@ -9,10 +9,11 @@
  * computed locally (coll_util.h).
  *
  * Reductions run every dtype NCCL can reduce (float32, float64, float16,
- * bfloat16, int8, uint8, int32, int64, and bool as uint8) with every
- * reduction both the core and NCCL allow, at counts 0, 1 and 7, and SUM on
- * float32 at 65537; data movement runs uint8, int16 (no NCCL type: moved as
- * bytes), float32, int64 and bool at the same counts. Every other case is
+ * bfloat16, float8_e4m3fn, float8_e5m2 (NCCL >= 2.24; the fake is 2.27),
+ * int8, uint8, int32, int64, and bool as uint8) with every reduction both
+ * the core and NCCL allow, at counts 0, 1 and 7, and SUM on float32 at
+ * 65537; data movement runs uint8, int16 (no NCCL type: moved as bytes),
+ * float32, int64, bool and float8_e4m3fn at the same counts. Every other case is
  * asynchronous. nccl_ops_inprogress_w2 repeats a subset with the fake's
  * ncclInProgress on every enqueue (the non-blocking communicator path).
  * Run: build/tc_test nccl_ops
@@ -423,7 +424,7 @@ static int nccl_reducible(tc_dtype_t dt, tc_redop_type_t op) {
 }
 
 static const tc_dtype_t move_dtypes[] = {TC_UINT8, TC_INT16, TC_FLOAT32,
-                                         TC_INT64, TC_BOOL};
+                                         TC_INT64, TC_BOOL, TC_FLOAT8_E4M3FN};
 
 typedef struct {
   int small_only; /* counts 0..7 only, one dtype per class */

@@ -1,6 +1,7 @@
 /* test_reduce.c -- the reduction kernels (src/reduce/reduce.c), the 16-bit
  * float conversions and the dtype / redop names, checked against scalar
- * references written independently here (bit for bit). */
+ * references written independently here (bit for bit). The 8-bit float
+ * references and conversion tests are in test_fp8.c. */
 #include <float.h>
 #include <math.h>
 
@@ -80,11 +81,19 @@ static double ref_bf2d(uint16_t h) { return ref_decode(h, 7, 8); }
 static uint16_t ref_f2h(float f) { return ref_encode(f, 10, 5, 0x7E00, 1); }
 static uint16_t ref_f2bf(float f) { return ref_encode(f, 7, 8, 0x7FC0, 0); }
 
+/* float8_e4m3fn / float8_e5m2 references (test_fp8.c). */
+double tc_ref_fp8_decode(uint8_t x, tc_dtype_t dt);
+uint8_t tc_ref_fp8_encode(float f, tc_dtype_t dt);
+
 /* ---- reference reductions ---- */
+
+static int is_fp8(tc_dtype_t dt) {
+  return dt == TC_FLOAT8_E4M3FN || dt == TC_FLOAT8_E5M2;
+}
 
 static int is_float(tc_dtype_t dt) {
   return dt == TC_FLOAT32 || dt == TC_FLOAT64 || dt == TC_FLOAT16 ||
-         dt == TC_BFLOAT16;
+         dt == TC_BFLOAT16 || is_fp8(dt);
 }
 
 /* float op in the precision of T (NaN-propagating MIN/MAX). */
@@ -144,6 +153,13 @@ static uint64_t ref_elem(tc_dtype_t dt, tc_redop_type_t op, uint64_t a,
             (float)ref_bf2d((uint16_t)b), r);
     return ref_f2bf(r);
   }
+  case TC_FLOAT8_E4M3FN:
+  case TC_FLOAT8_E5M2: {
+    float r;
+    REF_FOP(float, op, (float)tc_ref_fp8_decode((uint8_t)a, dt),
+            (float)tc_ref_fp8_decode((uint8_t)b, dt), r);
+    return tc_ref_fp8_encode(r, dt);
+  }
   case TC_BOOL: {
     int x = (a & 0xFF) != 0, y = (b & 0xFF) != 0;
     switch (op) {
@@ -180,7 +196,11 @@ static int same(tc_dtype_t dt, tc_redop_type_t op, uint64_t got,
   case TC_FLOAT32: g = bits_f((uint32_t)got); w = bits_f((uint32_t)want); break;
   case TC_FLOAT64: memcpy(&g, &got, 8); memcpy(&w, &want, 8); break;
   case TC_FLOAT16: g = ref_h2d((uint16_t)got); w = ref_h2d((uint16_t)want); break;
-  default: g = ref_bf2d((uint16_t)got); w = ref_bf2d((uint16_t)want); break;
+  case TC_BFLOAT16: g = ref_bf2d((uint16_t)got); w = ref_bf2d((uint16_t)want); break;
+  default:
+    g = tc_ref_fp8_decode((uint8_t)got, dt);
+    w = tc_ref_fp8_decode((uint8_t)want, dt);
+    break;
   }
   if (isnan(g) && isnan(w)) return 1;
   return (op == TC_MIN || op == TC_MAX) && g == 0 && w == 0;
@@ -222,6 +242,14 @@ static uint64_t rnd_elem_any(tc_dtype_t dt) {
     if (dt == TC_FLOAT16)
       return sign | (uint16_t)(((12 + (r >> 8) % 8) << 10) | ((r >> 32) & 0x3FF));
     return sign | (uint16_t)(((123 + (r >> 8) % 8) << 7) | ((r >> 32) & 0x7F));
+  }
+  case TC_FLOAT8_E4M3FN:
+  case TC_FLOAT8_E5M2: {
+    if (kind < 6) return (r >> 16) & 0xFF; /* any bits: NaN, saturation */
+    const uint64_t sign = (r >> 20) & 0x80; /* moderate: exponent near bias */
+    if (dt == TC_FLOAT8_E4M3FN)
+      return sign | ((5 + (r >> 8) % 5) << 3) | ((r >> 32) & 0x7);
+    return sign | ((13 + (r >> 8) % 5) << 2) | ((r >> 32) & 0x3);
   }
   case TC_BOOL:
     if (kind == 0) return (r >> 8) & 0xFF; /* any nonzero byte is true */
@@ -381,6 +409,8 @@ TC_TEST(reduce_int16) { check_dtype(TC_INT16); }
 TC_TEST(reduce_int32) { check_dtype(TC_INT32); }
 TC_TEST(reduce_int64) { check_dtype(TC_INT64); }
 TC_TEST(reduce_bool) { check_dtype(TC_BOOL); }
+TC_TEST(reduce_float8_e4m3fn) { check_dtype(TC_FLOAT8_E4M3FN); }
+TC_TEST(reduce_float8_e5m2) { check_dtype(TC_FLOAT8_E5M2); }
 
 /* A large buffer crosses many vector blocks and staging steps. */
 TC_TEST(reduce_large_aliased) {
@@ -452,7 +482,8 @@ TC_TEST(reduce_redop_allowed) {
    * AVG PREMUL_SUM */
   static const char *const expect[TC_DTYPE_COUNT] = {
       "111100011", "111100011", "111100011", "111100011", "111111110",
-      "111111110", "111111110", "111111110", "111111110", "111111100"};
+      "111111110", "111111110", "111111110", "111111110", "111111100",
+      "111100011", "111100011"};
   for (int dt = 0; dt < TC_DTYPE_COUNT; dt++)
     for (int op = 0; op < TC_REDOP_COUNT; op++) {
       const int want = expect[dt][op] == '1';
@@ -611,6 +642,9 @@ static uint64_t ref_scale(tc_dtype_t dt, uint64_t x, double f) {
   }
   case TC_FLOAT16: return ref_f2h((float)ref_h2d((uint16_t)x) * (float)f);
   case TC_BFLOAT16: return ref_f2bf((float)ref_bf2d((uint16_t)x) * (float)f);
+  case TC_FLOAT8_E4M3FN:
+  case TC_FLOAT8_E5M2:
+    return tc_ref_fp8_encode((float)tc_ref_fp8_decode((uint8_t)x, dt) * (float)f, dt);
   case TC_BOOL: return (x & 0xFF) != 0 && f != 0;
   default: {
     const double v = trunc((double)ext(x, es, dt != TC_UINT8) * f);
@@ -634,6 +668,9 @@ static uint64_t ref_divide(tc_dtype_t dt, uint64_t x, uint64_t d) {
   }
   case TC_FLOAT16: return ref_f2h((float)ref_h2d((uint16_t)x) / (float)d);
   case TC_BFLOAT16: return ref_f2bf((float)ref_bf2d((uint16_t)x) / (float)d);
+  case TC_FLOAT8_E4M3FN:
+  case TC_FLOAT8_E5M2:
+    return tc_ref_fp8_encode((float)tc_ref_fp8_decode((uint8_t)x, dt) / (float)d, dt);
   case TC_BOOL: return ((x & 0xFF) != 0) / d;
   case TC_UINT8: return (x & 0xFF) / d;
   default: {
@@ -741,8 +778,10 @@ TC_TEST(reduce_divide) {
 TC_TEST(dtype_names_and_sizes) {
   static const char *const names[] = {"float32", "float64", "float16",
                                       "bfloat16", "int8", "uint8", "int16",
-                                      "int32", "int64", "bool"};
-  static const size_t sizes[] = {4, 8, 2, 2, 1, 1, 2, 4, 8, 1};
+                                      "int32", "int64", "bool",
+                                      "float8_e4m3fn", "float8_e5m2"};
+  static const size_t sizes[] = {4, 8, 2, 2, 1, 1, 2, 4, 8, 1, 1, 1};
+  _Static_assert(sizeof sizes / sizeof sizes[0] == TC_DTYPE_COUNT, "sizes");
   for (int dt = 0; dt < TC_DTYPE_COUNT; dt++) {
     TC_ASSERT_STR_EQ(tc_dtype_name((tc_dtype_t)dt), names[dt]);
     TC_ASSERT_EQ(tc_dtype_size((tc_dtype_t)dt), sizes[dt]);

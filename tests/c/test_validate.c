@@ -353,9 +353,10 @@ TC_TEST(validate_redop_dtype) {
   double d[4] = {1, 2, 3, 4};
   const void *sl[1] = {d};
   static const tc_redop_type_t bitwise[] = {TC_BAND, TC_BOR, TC_BXOR};
-  static const tc_dtype_t floats[] = {TC_FLOAT32, TC_FLOAT16, TC_BFLOAT16, TC_FLOAT64};
+  static const tc_dtype_t floats[] = {TC_FLOAT32, TC_FLOAT16, TC_BFLOAT16, TC_FLOAT64,
+                                      TC_FLOAT8_E4M3FN, TC_FLOAT8_E5M2};
   for (int i = 0; i < 3; i++)
-    for (int j = 0; j < 4; j++) {
+    for (int j = 0; j < 6; j++) {
       char want[256];
       snprintf(want, sizeof want,
                "all_reduce on 'main' (rank 0 of 1): reduction %s (argument "

@@ -36,12 +36,13 @@ static tc_comm_t *comm1(void) {
 static const tc_dtype_t all_dtypes[] = {TC_FLOAT32, TC_FLOAT64, TC_FLOAT16,
                                         TC_BFLOAT16, TC_INT8,   TC_UINT8,
                                         TC_INT16,   TC_INT32,   TC_INT64,
-                                        TC_BOOL};
+                                        TC_BOOL,    TC_FLOAT8_E4M3FN,
+                                        TC_FLOAT8_E5M2};
 #define NDTYPES (sizeof all_dtypes / sizeof all_dtypes[0])
 
 static int is_float(tc_dtype_t dt) {
   return dt == TC_FLOAT32 || dt == TC_FLOAT64 || dt == TC_FLOAT16 ||
-         dt == TC_BFLOAT16;
+         dt == TC_BFLOAT16 || dt == TC_FLOAT8_E4M3FN || dt == TC_FLOAT8_E5M2;
 }
 
 /* Elements i of a and b are equal (as doubles). */

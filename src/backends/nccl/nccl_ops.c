@@ -15,10 +15,12 @@
  *   barrier                           ncclAllReduce (MAX) of one byte of an
  *                                     internal device buffer
  * Data movement runs on bytes (ncclInt8), so every dtype moves. Reductions:
- * float32, float64, float16, bfloat16, int8, uint8, int32, int64, and bool
- * as uint8 (SUM, MAX, BOR -> ncclMax; PRODUCT, MIN, BAND -> ncclMin); AVG is
- * ncclAvg; PREMUL_SUM is ncclRedOpCreatePreMulSum with the factor in the
- * dtype (host immediate), destroyed once enqueued. NCCL has no int16
+ * float32, float64, float16, bfloat16 (NCCL >= 2.10), float8_e4m3fn and
+ * float8_e5m2 (ncclFloat8e4m3 / ncclFloat8e5m2, NCCL >= 2.24), int8, uint8,
+ * int32, int64, and bool as uint8 (SUM, MAX, BOR -> ncclMax; PRODUCT, MIN,
+ * BAND -> ncclMin); AVG is ncclAvg; PREMUL_SUM is
+ * ncclRedOpCreatePreMulSum with the factor in the dtype (host immediate),
+ * destroyed once enqueued. NCCL has no int16
  * reductions and no bitwise ones: those are refused with
  * TC_ERR_NOT_SUPPORTED before anything is enqueued.
  */
@@ -93,6 +95,37 @@ static uint16_t tcn_f2bf(float f) {
   return (uint16_t)(x >> 16);
 }
 
+/* float -> float8_e4m3fn (e4m3 != 0) or float8_e5m2, as torch converts
+ * (round to nearest even; e4m3fn saturates to +-448, e5m2 overflows to
+ * Inf; NaN gives 0x7F), for the PREMUL_SUM scalar. */
+static uint8_t tcn_f2fp8(float f, int e4m3) {
+  uint32_t x, a, r;
+  memcpy(&x, &f, sizeof x);
+  a = x & 0x7fffffffu;
+  const int mshift = e4m3 ? 20 : 21;                 /* 23 - mantissa bits */
+  const uint32_t nbias = e4m3 ? 121u : 113u;         /* smallest normal */
+  const float magic = e4m3 ? 16384.0f : 128.0f;      /* ulp: the subnormal */
+  const uint32_t over = e4m3 ? (1087u << 20) : (143u << 23);
+  if (a > 0x7f800000u) {
+    r = 0x7f;
+  } else if (a >= over) {
+    r = e4m3 ? 0x7e : 0x7c;
+  } else if (a < (nbias << 23)) { /* the float addition rounds */
+    float t;
+    memcpy(&t, &a, sizeof t);
+    t += magic;
+    uint32_t m, tb;
+    memcpy(&tb, &t, sizeof tb);
+    memcpy(&m, &magic, sizeof m);
+    r = tb - m;
+  } else {
+    r = (a - ((127u - (e4m3 ? 7u : 15u)) << 23) + ((1u << (mshift - 1)) - 1) +
+         ((a >> mshift) & 1u)) >> mshift;
+    if (e4m3 && r == 0x7f) r = 0x7e;
+  }
+  return (uint8_t)(((x >> 24) & 0x80u) | r);
+}
+
 typedef struct tcn_red {
   ncclDataType_t dt;
   ncclRedOp_t op;
@@ -121,6 +154,18 @@ static int tcn_map_red(tcn_comm_t *c, const tc_backend_op_t *op, tcn_red_t *m,
   case TC_INT32: m->dt = ncclInt32; break;
   case TC_INT64: m->dt = ncclInt64; break;
   case TC_BOOL: m->dt = ncclUint8; break;
+  case TC_FLOAT8_E4M3FN:
+  case TC_FLOAT8_E5M2:
+    if (a->nccl_version < TCN_NCCL_VERSION(2, 24, 0)) {
+      int e4 = op->dtype == TC_FLOAT8_E4M3FN;
+      tcn_msg(c, opn, msg, msglen, "NCCL cannot reduce dtype %s: %s needs "
+              "NCCL >= 2.24 (this is NCCL %d); convert to bfloat16 first",
+              e4 ? "float8_e4m3fn" : "float8_e5m2",
+              e4 ? "ncclFloat8e4m3" : "ncclFloat8e5m2", a->nccl_version);
+      return TC_ERR_NOT_SUPPORTED;
+    }
+    m->dt = op->dtype == TC_FLOAT8_E4M3FN ? ncclFloat8e4m3 : ncclFloat8e5m2;
+    break;
   default: goto no_dtype;
   }
   m->premul = 0;
@@ -156,6 +201,12 @@ static int tcn_map_red(tcn_comm_t *c, const tc_backend_op_t *op, tcn_red_t *m,
     case TC_FLOAT64: memcpy(m->scalar, &f, sizeof f); break;
     case TC_FLOAT16: { uint16_t v = tcn_f2h((float)f); memcpy(m->scalar, &v, 2); break; }
     case TC_BFLOAT16: { uint16_t v = tcn_f2bf((float)f); memcpy(m->scalar, &v, 2); break; }
+    case TC_FLOAT8_E4M3FN:
+    case TC_FLOAT8_E5M2: {
+      uint8_t v = tcn_f2fp8((float)f, op->dtype == TC_FLOAT8_E4M3FN);
+      memcpy(m->scalar, &v, 1);
+      break;
+    }
     default: break; /* the core allows PREMUL_SUM on floats only */
     }
     m->premul = 1;

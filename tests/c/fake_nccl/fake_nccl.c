@@ -26,7 +26,9 @@
  *   TCFAKE_NCCL_INPROGRESS=1    every group end / collective returns
  *                               ncclInProgress; the state reads
  *                               ncclInProgress for the next two polls
- *   TCFAKE_NCCL_VERSION=22703   what ncclGetVersion reports
+ *   TCFAKE_NCCL_VERSION=22703   what ncclGetVersion reports (the default;
+ *                               ncclFloat8e4m3 / ncclFloat8e5m2 are
+ *                               refused below 22400, as by NCCL < 2.24)
  *   TCFAKE_NCCL_TIMEOUT=120     seconds, the cpu communicators' timeout
  * Built as build/fake_nccl/libtcfake_nccl.so (tests/c/test_nccl.c).
  */
@@ -54,9 +56,13 @@ void fk_err(struct ncclComm *c, const char *what, int rc) {
 
 /* ---- versions, errors ---- */
 
-FK_API ncclResult_t ncclGetVersion(int *v) {
+int fk_version(void) {
   const char *e = getenv("TCFAKE_NCCL_VERSION");
-  *v = e && *e ? atoi(e) : 22703;
+  return e && *e ? atoi(e) : 22703;
+}
+
+FK_API ncclResult_t ncclGetVersion(int *v) {
+  *v = fk_version();
   return ncclSuccess;
 }
 
@@ -352,6 +358,13 @@ static double fk_half_to_double(uint16_t h) {
   return (h & 0x8000) ? -v : v;
 }
 
+/* float8_e4m3fn -> double (finite values: a factor is finite). */
+static double fk_e4m3_to_double(uint8_t x) {
+  int e = (x >> 3) & 0xf, m = x & 7;
+  double v = e == 0 ? m / 512.0 : (1.0 + m / 8.0) * (double)(1u << e) / 128.0;
+  return (x & 0x80) ? -v : v;
+}
+
 FK_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar,
                                              ncclDataType_t dt,
                                              ncclScalarResidence_t where,
@@ -370,6 +383,15 @@ FK_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar,
     float x;
     memcpy(&x, &u, sizeof x);
     f = x;
+    break;
+  }
+  case ncclFloat8e4m3:
+  case ncclFloat8e5m2: {
+    uint8_t b;
+    memcpy(&b, scalar, 1);
+    if (fk_version() < 22400) return ncclInvalidArgument;
+    f = dt == ncclFloat8e4m3 ? fk_e4m3_to_double(b)
+                             : fk_half_to_double((uint16_t)(b << 8));
     break;
   }
   default: return ncclInvalidArgument;

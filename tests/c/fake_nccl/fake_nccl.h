@@ -54,5 +54,7 @@ struct ncclComm {
 void fk_err(struct ncclComm *c, const char *what, int rc);
 /* Waits until no task of c is queued or running. */
 void fk_drain(struct ncclComm *c);
+/* What ncclGetVersion reports: TCFAKE_NCCL_VERSION, by default 22703. */
+int fk_version(void);
 
 #endif

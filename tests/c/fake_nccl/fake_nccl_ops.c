@@ -44,7 +44,13 @@ static int fk_dtype(ncclDataType_t d, tc_dtype_t *out) {
   case ncclFloat32: *out = TC_FLOAT32; return 1;
   case ncclFloat64: *out = TC_FLOAT64; return 1;
   case ncclBfloat16: *out = TC_BFLOAT16; return 1;
-  default: return 0; /* unsigned 32/64-bit and float8: no tc dtype */
+  case ncclFloat8e4m3: /* NCCL >= 2.24 */
+    *out = TC_FLOAT8_E4M3FN;
+    return fk_version() >= 22400;
+  case ncclFloat8e5m2:
+    *out = TC_FLOAT8_E5M2;
+    return fk_version() >= 22400;
+  default: return 0; /* unsigned 32/64-bit: no tc dtype */
   }
 }
 
