@@ -321,7 +321,7 @@ def plot(med, memmed, ranks, colls, impls):
             for impl in impls:
                 pts = sorted((s, v[1]) for (i, nn, c, s), v in med.items() if i == impl and nn == n and c == coll)
                 if pts:
-                    ax.plot([p[0] for p in pts], [max(p[1], 1e-4) for p in pts], marker=".", label=impl)
+                    ax.plot([p[0] for p in pts], [max(p[1], 1e-7) for p in pts], marker=".", label=impl)
             if memmed:
                 pts = sorted(memmed.items())
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], "k:", label="memcpy")
