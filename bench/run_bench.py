@@ -142,6 +142,9 @@ def build_tools(skip_mpi):
     for t in ("tcrun", "tcperf"):
         if not os.access(tools[t], os.X_OK):
             sys.exit(f"bench: {tools[t]} is missing: run `make build` first")
+    if not os.path.isfile(os.path.join(ANCHORS, "memcpy_bw.c")):
+        sys.exit(f"bench: the anchor benchmarks are not in {ANCHORS} (a checkout beside ../shared, "
+                 "or TC_BENCH_ANCHORS=/path/to/shared/bench)")
     subprocess.run(["cc", "-O2", "-o", tools["memcpy_bw"], os.path.join(ANCHORS, "memcpy_bw.c")], check=True)
     if not skip_mpi:
         if not shutil.which("mpicc") or not shutil.which("mpirun"):
