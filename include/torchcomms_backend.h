@@ -56,6 +56,33 @@ typedef enum tc_op_type {
   TC_OP_TYPE_COUNT
 } tc_op_type_t;
 
+/* The operation's name as error messages show it ("all_reduce", ...);
+ * "unknown" outside the enum. Inline, so backends need not link the core. */
+static inline const char *tc_backend_op_name(tc_op_type_t t) {
+  static const char *const names[TC_OP_TYPE_COUNT] = {
+      [TC_OP_SEND] = "send",
+      [TC_OP_RECV] = "recv",
+      [TC_OP_BROADCAST] = "broadcast",
+      [TC_OP_ALL_REDUCE] = "all_reduce",
+      [TC_OP_REDUCE] = "reduce",
+      [TC_OP_ALL_GATHER] = "all_gather",
+      [TC_OP_ALL_GATHER_V] = "all_gather_v",
+      [TC_OP_ALL_GATHER_SINGLE] = "all_gather_single",
+      [TC_OP_REDUCE_SCATTER] = "reduce_scatter",
+      [TC_OP_REDUCE_SCATTER_V] = "reduce_scatter_v",
+      [TC_OP_REDUCE_SCATTER_SINGLE] = "reduce_scatter_single",
+      [TC_OP_ALL_TO_ALL_SINGLE] = "all_to_all_single",
+      [TC_OP_ALL_TO_ALL_V_SINGLE] = "all_to_all_v_single",
+      [TC_OP_ALL_TO_ALL] = "all_to_all",
+      [TC_OP_BARRIER] = "barrier",
+      [TC_OP_SCATTER] = "scatter",
+      [TC_OP_GATHER] = "gather",
+      [TC_OP_GATHER_SINGLE] = "gather_single",
+      [TC_OP_BATCH] = "batch_op_issue",
+  };
+  return (unsigned)t < TC_OP_TYPE_COUNT && names[t] ? names[t] : "unknown";
+}
+
 /* One send or receive of a batch. */
 typedef struct tc_p2p {
   int is_send;

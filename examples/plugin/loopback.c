@@ -45,33 +45,8 @@
 #define LB_VERSION "1.0.0"
 #define LB_HINT_DELAY "loopback.delay_ms"
 
-/* The names the core uses in its messages (tc_op_type_t order). */
-static const char *const lb_op_names[TC_OP_TYPE_COUNT] = {
-    [TC_OP_SEND] = "send",
-    [TC_OP_RECV] = "recv",
-    [TC_OP_BROADCAST] = "broadcast",
-    [TC_OP_ALL_REDUCE] = "all_reduce",
-    [TC_OP_REDUCE] = "reduce",
-    [TC_OP_ALL_GATHER] = "all_gather",
-    [TC_OP_ALL_GATHER_V] = "all_gather_v",
-    [TC_OP_ALL_GATHER_SINGLE] = "all_gather_single",
-    [TC_OP_REDUCE_SCATTER] = "reduce_scatter",
-    [TC_OP_REDUCE_SCATTER_V] = "reduce_scatter_v",
-    [TC_OP_REDUCE_SCATTER_SINGLE] = "reduce_scatter_single",
-    [TC_OP_ALL_TO_ALL_SINGLE] = "all_to_all_single",
-    [TC_OP_ALL_TO_ALL_V_SINGLE] = "all_to_all_v_single",
-    [TC_OP_ALL_TO_ALL] = "all_to_all",
-    [TC_OP_BARRIER] = "barrier",
-    [TC_OP_SCATTER] = "scatter",
-    [TC_OP_GATHER] = "gather",
-    [TC_OP_GATHER_SINGLE] = "gather_single",
-    [TC_OP_BATCH] = "batch_op_issue",
-};
-
-static const char *lb_op_name(tc_op_type_t t) {
-  return (unsigned)t < TC_OP_TYPE_COUNT && lb_op_names[t] ? lb_op_names[t]
-                                                          : "unknown";
-}
+/* The names the core uses in its messages (from torchcomms_backend.h). */
+static const char *lb_op_name(tc_op_type_t t) { return tc_backend_op_name(t); }
 
 /* Element size from the header's dtype list (a plugin does not call
  * tc_dtype_size: it does not link libtorchcomms). */

@@ -7,30 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *tc__op_name(tc_op_type_t t) {
-  static const char *names[TC_OP_TYPE_COUNT] = {
-      [TC_OP_SEND] = "send",
-      [TC_OP_RECV] = "recv",
-      [TC_OP_BROADCAST] = "broadcast",
-      [TC_OP_ALL_REDUCE] = "all_reduce",
-      [TC_OP_REDUCE] = "reduce",
-      [TC_OP_ALL_GATHER] = "all_gather",
-      [TC_OP_ALL_GATHER_V] = "all_gather_v",
-      [TC_OP_ALL_GATHER_SINGLE] = "all_gather_single",
-      [TC_OP_REDUCE_SCATTER] = "reduce_scatter",
-      [TC_OP_REDUCE_SCATTER_V] = "reduce_scatter_v",
-      [TC_OP_REDUCE_SCATTER_SINGLE] = "reduce_scatter_single",
-      [TC_OP_ALL_TO_ALL_SINGLE] = "all_to_all_single",
-      [TC_OP_ALL_TO_ALL_V_SINGLE] = "all_to_all_v_single",
-      [TC_OP_ALL_TO_ALL] = "all_to_all",
-      [TC_OP_BARRIER] = "barrier",
-      [TC_OP_SCATTER] = "scatter",
-      [TC_OP_GATHER] = "gather",
-      [TC_OP_GATHER_SINGLE] = "gather_single",
-      [TC_OP_BATCH] = "batch_op_issue",
-  };
-  return (unsigned)t < TC_OP_TYPE_COUNT ? names[t] : "unknown";
-}
+const char *tc__op_name(tc_op_type_t t) { return tc_backend_op_name(t); }
 
 static tc_backend_op_fn tc__op_fn(const tc_backend_ops_t *ops, tc_op_type_t t) {
   /* The table's op entries are laid out in tc_op_type_t order. */
