@@ -242,34 +242,9 @@ static void put_hdr(char *h, uint32_t kind, uint64_t len) {
 /* The same checks and texts as the TCP transport. */
 static int check_hdr(struct tc_shm *s, const tc_tp_op_t *op, const tc_xfer_t *x,
                      const char *h) {
-  uint32_t magic, kind;
-  uint64_t len;
-  memcpy(&magic, h, 4);
-  memcpy(&kind, h + 4, 4);
-  memcpy(&len, h + 8, 8);
-  if (magic != SHM_MSG_MAGIC)
-    return tc__shm_fail(s, op, TC_ERR_PROTOCOL,
-                        "peer %d sent a corrupt message header (magic 0x%08x)", x->peer,
-                        magic);
-  if (kind != x->kind) {
-    if (kind == TC_XFER_GOODBYE)
-      return tc__shm_fail(s, op, TC_ERR_PROTOCOL,
-                          "peer %d is already in finalize while this rank is in "
-                          "%s (mismatched operations between ranks?)",
-                          x->peer, op->opname);
-    if (x->kind == TC_XFER_GOODBYE)
-      return tc__shm_fail(s, op, TC_ERR_PROTOCOL,
-                          "peer %d sent a %llu-byte message while this rank is in "
-                          "finalize (an operation issued on some ranks only?)",
-                          x->peer, (unsigned long long)len);
-    return tc__shm_fail(s, op, TC_ERR_PROTOCOL, "peer %d sent a message of unknown kind %u",
-                        x->peer, kind);
-  }
-  if (len != (uint64_t)x->len)
-    return tc__shm_fail(s, op, TC_ERR_PROTOCOL,
-                        "peer %d sent %llu bytes but %zu were expected (mismatched "
-                        "count or dtype between ranks?)",
-                        x->peer, (unsigned long long)len, x->len);
+  char why[256];
+  if (tc__xfer_hdr_problem(h, SHM_MSG_MAGIC, x, op->opname, why, sizeof why))
+    return tc__shm_fail(s, op, TC_ERR_PROTOCOL, "%s", why);
   return TC_OK;
 }
 

@@ -124,35 +124,36 @@ static void tcp_put_hdr(unsigned char *h, uint32_t kind, uint64_t len) {
 
 /* Checks a received header against what the transfer expects. */
 static int tcp_check_hdr(tcp_t *t, const tc_tp_op_t *op, const tc_xfer_t *x) {
+  char why[256];
+  if (tc__xfer_hdr_problem((const char *)x->hdr, TCP_MSG_MAGIC, x, op->opname, why,
+                           sizeof why))
+    return tcp_fail(t, op, TC_ERR_PROTOCOL, "%s", why);
+  return TC_OK;
+}
+
+int tc__xfer_hdr_problem(const char *h, uint32_t want_magic, const tc_xfer_t *x,
+                         const char *opname, char *why, size_t wl) {
   uint32_t magic, kind;
   uint64_t len;
-  memcpy(&magic, x->hdr, 4);
-  memcpy(&kind, x->hdr + 4, 4);
-  memcpy(&len, x->hdr + 8, 8);
-  if (magic != TCP_MSG_MAGIC)
-    return tcp_fail(t, op, TC_ERR_PROTOCOL,
-                    "peer %d sent a corrupt message header (magic 0x%08x)",
-                    x->peer, magic);
-  if (kind != x->kind) {
-    if (kind == TC_XFER_GOODBYE)
-      return tcp_fail(t, op, TC_ERR_PROTOCOL,
-                      "peer %d is already in finalize while this rank is in "
-                      "%s (mismatched operations between ranks?)",
-                      x->peer, op->opname);
-    if (x->kind == TC_XFER_GOODBYE)
-      return tcp_fail(t, op, TC_ERR_PROTOCOL,
-                      "peer %d sent a %llu-byte message while this rank is in "
-                      "finalize (an operation issued on some ranks only?)",
-                      x->peer, (unsigned long long)len);
-    return tcp_fail(t, op, TC_ERR_PROTOCOL,
-                    "peer %d sent a message of unknown kind %u", x->peer, kind);
-  }
-  if (len != (uint64_t)x->len)
-    return tcp_fail(t, op, TC_ERR_PROTOCOL,
-                    "peer %d sent %llu bytes but %zu were expected (mismatched "
-                    "count or dtype between ranks?)",
-                    x->peer, (unsigned long long)len, x->len);
-  return TC_OK;
+  memcpy(&magic, h, 4);
+  memcpy(&kind, h + 4, 4);
+  memcpy(&len, h + 8, 8);
+  if (magic != want_magic)
+    snprintf(why, wl, "peer %d sent a corrupt message header (magic 0x%08x)", x->peer, magic);
+  else if (kind != x->kind && kind == TC_XFER_GOODBYE)
+    snprintf(why, wl, "peer %d is already in finalize while this rank is in %s (mismatched "
+             "operations between ranks?)", x->peer, opname);
+  else if (kind != x->kind && x->kind == TC_XFER_GOODBYE)
+    snprintf(why, wl, "peer %d sent a %llu-byte message while this rank is in finalize (an "
+             "operation issued on some ranks only?)", x->peer, (unsigned long long)len);
+  else if (kind != x->kind)
+    snprintf(why, wl, "peer %d sent a message of unknown kind %u", x->peer, kind);
+  else if (len != (uint64_t)x->len)
+    snprintf(why, wl, "peer %d sent %llu bytes but %zu were expected (mismatched count or "
+             "dtype between ranks?)", x->peer, (unsigned long long)len, x->len);
+  else
+    return 0;
+  return 1;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -111,6 +111,11 @@ TC_INTERNAL int tc__transport_open(const tc_tp_args_t *args, tc_tp_choice_t choi
  * still at the head of each peer's queues (at most four, then ", ...") into
  * buf, for timeout messages. hdr: header bytes counted in x[k].done. Shared
  * by every transport (tcp.c). */
+/* Checks a received message header h (magic, kind, length) against the
+ * transfer x expects; 0 if it matches, else 1 with the one-sentence reason
+ * ("peer 3 sent 8 bytes but 16 were expected (...)") in why. */
+TC_INTERNAL int tc__xfer_hdr_problem(const char *h, uint32_t want_magic, const tc_xfer_t *x,
+                                     const char *opname, char *why, size_t wl);
 TC_INTERNAL void tc__xfer_pending_text(char *buf, size_t len, const tc_xfer_t *x,
                                        const int *send_head,
                                        const int *recv_head, int size,
