@@ -13,7 +13,8 @@ static pthread_mutex_t tc__grave_mu = PTHREAD_MUTEX_INITIALIZER;
 static tc_comm_t *tc__graveyard;
 
 /* Per-process count of communicators created with each name: the store
- * prefix "tc/<name>/<n>" is unique even when a name is reused. Every rank
+ * prefix "tc/<job>/<attempt>/<name>/<n>" (comm_keys.c) is unique even when a
+ * name is reused. Every rank
  * creates communicators in the same order (creation is collective). */
 #define TC_MAX_NAMES 256
 static struct {
@@ -118,6 +119,8 @@ static int tc__comm_start(tc_comm_t *c, const tc_comm_t *parent,
                           const int *ranks, size_t nranks) {
   int rc = tc_store_prefix(c->root_store, c->prefix, &c->store);
   if (rc != TC_OK) return rc;
+  const char *fn = parent ? "tc_comm_split" : "tc_comm_create";
+  TC_CHECK(tc__comm_arrive(c, fn));
   const char *addr = tc__env_str("TORCHCOMMS_SOCKET_ADDR");
   if (!addr) addr = tc_store_local_addr(c->root_store);
   if (!addr) addr = "127.0.0.1";
@@ -127,15 +130,19 @@ static int tc__comm_start(tc_comm_t *c, const tc_comm_t *parent,
       .world_size = c->size, .timeout_s = c->timeout_s, .store = c->store,
       .advertise_addr = addr, .hints = c->hints, .num_hints = c->num_hints};
   char err[512] = "";
+  void *keys;
+  tc__comm_record_begin(c, &keys);
   if (parent && tc__has_split(c->ops))
     rc = c->ops->split(parent->bcomm, ranks, nranks, &args, &c->bcomm, err,
                        sizeof err);
   else
     rc = c->ops->init(&args, &c->bcomm, err, sizeof err);
+  /* init returned on this rank only once every rank finished its setup:
+   * the keys written for it are no longer needed by anyone */
+  tc__comm_record_end(c, keys, rc == TC_OK);
   if (rc != TC_OK)
-    return tc__comm_error(c, rc, parent ? "tc_comm_split" : "tc_comm_create",
-                          "backend '%s' failed to start: %s", c->backend_name,
-                          err[0] ? err : tc_strerror(rc));
+    return tc__comm_error(c, rc, fn, "backend '%s' failed to start: %s",
+                          c->backend_name, err[0] ? err : tc_strerror(rc));
   return TC_OK;
 }
 
@@ -233,8 +240,8 @@ int tc_comm_create(const char *backend, const char *device,
     rc = tc__default_store(rank, size, c->timeout_s, &c->root_store);
     if (rc != TC_OK) goto fail;
   }
-  snprintf(c->prefix, sizeof c->prefix, "tc/%s/%llu", c->name,
-           (unsigned long long)tc__name_generation(c->name));
+  tc__comm_scope_prefix(c->prefix, sizeof c->prefix, c->name,
+                        tc__name_generation(c->name));
   rc = tc__comm_start(c, NULL, NULL, 0);
   if (rc != TC_OK) goto fail;
   *out = c;

@@ -99,6 +99,21 @@ TC_INTERNAL void tc__comm_record_error(tc_comm_t *c, const char *text);
 TC_INTERNAL int tc__op_issue(tc_comm_t *c, const char *fn, tc_backend_op_t *op,
                              const tc_op_options_t *opts, tc_work_t **work);
 
+/* Creation keys (comm_keys.c): the attempt-scoped prefix "tc/<job>/<attempt>/
+ * <name>/<n>"; the arrival ticket that detects keys left by an earlier job
+ * (fails with a message that says so); recording of the keys the backend
+ * writes during init (the calling thread's host store calls between begin
+ * and end), deleted at end when delete_keys. */
+TC_INTERNAL void tc__comm_scope_prefix(char *buf, size_t len, const char *name,
+                                       uint64_t generation);
+TC_INTERNAL int tc__comm_arrive(tc_comm_t *c, const char *fn);
+TC_INTERNAL void tc__comm_record_begin(tc_comm_t *c, void **token);
+TC_INTERNAL void tc__comm_record_end(tc_comm_t *c, void *token, int delete_keys);
+TC_INTERNAL int tc__host_store_set(tc_store_t *s, const char *key, const void *v,
+                                   size_t len);
+TC_INTERNAL int tc__host_store_add(tc_store_t *s, const char *key, int64_t delta,
+                                   int64_t *result);
+
 /* Backend loader (loader.c). */
 TC_INTERNAL int tc__backend_find(const char *name, const tc_backend_ops_t **out);
 
