@@ -362,6 +362,11 @@ static int ring_recv(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining,
       }
     }
     if (xf->done < total) break;
+    char why[400];
+    if (tc__xfer_fp_problem(xf, op, s->rank, why, sizeof why)) {
+      err = tc__shm_fail(s, op, TC_ERR_PROTOCOL, "%s", why);
+      break;
+    }
     (*remaining)--;
     *hi = xf->next;
   }

@@ -3,7 +3,8 @@
  *
  * Wire format: every message is a 16-byte header {magic, kind, length}
  * followed by `length` payload bytes, streamed straight from / into the
- * user's buffer. Connections open with a 32-byte hello in both directions
+ * user's buffer. A collective's first messages to each peer are preceded by
+ * its fingerprint (kind TC_XFER_FP, transport.h), checked on arrival. Connections open with a 32-byte hello in both directions
  * {magic, version, rank, size, token[16]}. */
 #include "transport/tcp_internal.h"
 
@@ -131,31 +132,6 @@ static int tcp_check_hdr(tcp_t *t, const tc_tp_op_t *op, const tc_xfer_t *x) {
   return TC_OK;
 }
 
-int tc__xfer_hdr_problem(const char *h, uint32_t want_magic, const tc_xfer_t *x,
-                         const char *opname, char *why, size_t wl) {
-  uint32_t magic, kind;
-  uint64_t len;
-  memcpy(&magic, h, 4);
-  memcpy(&kind, h + 4, 4);
-  memcpy(&len, h + 8, 8);
-  if (magic != want_magic)
-    snprintf(why, wl, "peer %d sent a corrupt message header (magic 0x%08x)", x->peer, magic);
-  else if (kind != x->kind && kind == TC_XFER_GOODBYE)
-    snprintf(why, wl, "peer %d is already in finalize while this rank is in %s (mismatched "
-             "operations between ranks?)", x->peer, opname);
-  else if (kind != x->kind && x->kind == TC_XFER_GOODBYE)
-    snprintf(why, wl, "peer %d sent a %llu-byte message while this rank is in finalize (an "
-             "operation issued on some ranks only?)", x->peer, (unsigned long long)len);
-  else if (kind != x->kind)
-    snprintf(why, wl, "peer %d sent a message of unknown kind %u", x->peer, kind);
-  else if (len != (uint64_t)x->len)
-    snprintf(why, wl, "peer %d sent %llu bytes but %zu were expected (mismatched count or "
-             "dtype between ranks?)", x->peer, (unsigned long long)len, x->len);
-  else
-    return 0;
-  return 1;
-}
-
 /* ------------------------------------------------------------------------ */
 /* Exchange                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -211,6 +187,9 @@ static int tcp_progress(tcp_t *t, tc_xfer_t *x, int *head, int is_send,
       }
       if (xf->done < total) break;
       if (!is_send && xf->kind == TC_XFER_GOODBYE) t->gone[peer] = 1;
+      char why[400];
+      if (!is_send && tc__xfer_fp_problem(xf, op, t->rank, why, sizeof why))
+        return tcp_fail(t, op, TC_ERR_PROTOCOL, "%s", why);
       (*remaining)--;
       *head = xf->next;
     }
@@ -220,31 +199,6 @@ static int tcp_progress(tcp_t *t, tc_xfer_t *x, int *head, int is_send,
     if ((size_t)n < asked) return TC_OK;
   }
   return TC_OK;
-}
-
-void tc__xfer_pending_text(char *list, size_t len, const tc_xfer_t *x,
-                           const int *send_head, const int *recv_head, int size,
-                           size_t hdr) {
-  size_t l = 0;
-  int shown = 0;
-  list[0] = 0;
-  for (int p = 0; p < size; p++) {
-    for (int d = 0; d < 2; d++) {
-      int k = d ? send_head[p] : recv_head[p];
-      if (k < 0) continue;
-      if (shown == 4) {
-        snprintf(list + l, len - l, ", ...");
-        return;
-      }
-      size_t got = x[k].done > hdr ? x[k].done - hdr : 0;
-      if (got > x[k].len) got = x[k].len;
-      int w = snprintf(list + l, len - l, "%speer %d (%s, %zu of %zu bytes done)",
-                       shown ? ", " : "", p, d ? "sending" : "receiving", got,
-                       x[k].len);
-      if (w > 0 && (size_t)w < len - l) l += (size_t)w;
-      shown++;
-    }
-  }
 }
 
 static int tcp_timeout(tcp_t *t, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) {

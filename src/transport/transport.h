@@ -25,12 +25,43 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/internal.h"
 
 /* Message kinds on the wire. */
 #define TC_XFER_DATA 1u    /* a message of an operation */
 #define TC_XFER_GOODBYE 2u /* sent by finalize; nothing follows it */
+#define TC_XFER_FP 3u      /* a tc_opfp_t: the collective the sender starts */
+
+/* The fingerprint of a collective operation, compared across the ranks
+ * before any result is delivered (mismatch detection): over TCP every rank
+ * sends its fingerprint to every peer ahead of the operation's first
+ * message (one TC_XFER_FP message per peer, in the same socket writes), and
+ * the transport compares each peer's with the own (tc_tp_op_t.fp) as it
+ * arrives; over shared memory it is part of the slot header every rank
+ * publishes at the operation's first sync point. */
+typedef struct tc_opfp {
+  uint64_t seq;   /* collectives on this communicator: 1, 2, ... */
+  uint64_t count; /* elements (per rank where the op has a per-rank count) */
+  uint8_t op;     /* tc_op_type_t */
+  uint8_t dtype;  /* tc_dtype_t */
+  uint8_t redop;  /* tc_redop_type_t, or TC_OPFP_NO_REDOP */
+  uint8_t flags;  /* TC_OPFP_* */
+  int32_t root;   /* -1 when the operation has none */
+} tc_opfp_t;
+_Static_assert(sizeof(tc_opfp_t) == 24, "fingerprint layout");
+#define TC_OPFP_NO_REDOP 0xffu
+#define TC_OPFP_COUNTS_HASHED 0x1u   /* count is a hash of the per-rank counts */
+#define TC_OPFP_COUNTS_PER_PEER 0x2u /* counts differ per pair (all_to_all_v):
+                                      * not compared; message lengths are */
+
+/* Writes "all_reduce #17 of 1024 float32 with sum" into buf. */
+TC_INTERNAL void tc__opfp_describe(const tc_opfp_t *f, char *buf, size_t len);
+/* 0 if they agree; else 1 with "mismatched collectives: rank 0 calls ...,
+ * rank 1 calls ...; ..." in why. */
+TC_INTERNAL int tc__opfp_mismatch(const tc_opfp_t *mine, int rank, const tc_opfp_t *theirs,
+                                  int peer, char *why, size_t wl);
 
 /* One transfer of an exchange. Fill the public fields (tc__xfer_send /
  * tc__xfer_recv); the rest belongs to the transport. */
@@ -64,6 +95,9 @@ typedef struct tc_tp_op {
   double timeout_s;   /* the operation's timeout, for messages */
   char *msg;          /* out: one sentence on failure */
   size_t msglen;
+  /* this rank's fingerprint: a received TC_XFER_FP message (its transfer's
+   * buf) is compared with it as soon as it is complete; NULL: no check */
+  const tc_opfp_t *fp;
 } tc_tp_op_t;
 
 /* What a transport is created from (collective over the communicator). */
@@ -107,18 +141,27 @@ TC_INTERNAL int tc__transport_open(const tc_tp_args_t *args, tc_tp_choice_t choi
                                    const tc_transport_ops_t **ops, void **tp,
                                    char *err, size_t errlen);
 
-/* Writes "peer 1 (receiving, 10 of 64 bytes done), ..." for the transfers
- * still at the head of each peer's queues (at most four, then ", ...") into
- * buf, for timeout messages. hdr: header bytes counted in x[k].done. Shared
- * by every transport (tcp.c). */
 /* Checks a received message header h (magic, kind, length) against the
  * transfer x expects; 0 if it matches, else 1 with the one-sentence reason
- * ("peer 3 sent 8 bytes but 16 were expected (...)") in why. */
+ * ("peer 3 sent 8 bytes but 16 were expected (...)") in why. (xfer.c) */
 TC_INTERNAL int tc__xfer_hdr_problem(const char *h, uint32_t want_magic, const tc_xfer_t *x,
                                      const char *opname, char *why, size_t wl);
+/* Writes "peer 1 (receiving, 10 of 64 bytes done), ..." for the transfers
+ * still at the head of each peer's queues (at most four, then ", ...") into
+ * buf, for timeout messages. hdr: header bytes counted in x[k].done. */
 TC_INTERNAL void tc__xfer_pending_text(char *buf, size_t len, const tc_xfer_t *x,
                                        const int *send_head,
                                        const int *recv_head, int size,
                                        size_t hdr);
+
+/* A received TC_XFER_FP transfer x is complete: 0 if it matches op->fp (or
+ * there is nothing to compare), else 1 with the reason in why. */
+static inline int tc__xfer_fp_problem(const tc_xfer_t *x, const tc_tp_op_t *op, int rank,
+                                      char *why, size_t wl) {
+  if (x->kind != TC_XFER_FP || !op->fp || x->len != sizeof(tc_opfp_t)) return 0;
+  tc_opfp_t theirs;
+  memcpy(&theirs, x->buf, sizeof theirs);
+  return tc__opfp_mismatch(op->fp, rank, &theirs, x->peer, why, wl);
+}
 
 #endif /* TC_TRANSPORT_H */

@@ -97,18 +97,96 @@ int tc__cpu_xfers(cpu_ctx_t *ctx, size_t n, tc_xfer_t **out) {
   return TC_OK;
 }
 
+/* The collective's first exchange over TCP also carries the fingerprints:
+ * to and from every peer, queued ahead of the algorithm's transfers so that
+ * each arrives (and is compared, transport.h) before any data of the op. */
+static int cpu_xchg_fp(cpu_ctx_t *ctx, tc_xfer_t *x, size_t n, tc_tp_op_t *t) {
+  cpu_comm_t *c = ctx->c;
+  size_t need = n + 2 * (size_t)(c->size - 1);
+  if (need > c->fpx_cap) {
+    tc_xfer_t *p = realloc(c->fpx, need * sizeof *p);
+    if (!p) return tc__cpu_fail(ctx, TC_ERR_NOMEM, "out of memory (%zu transfers)", need);
+    c->fpx = p;
+    c->fpx_cap = need;
+  }
+  size_t k = 0;
+  for (int p = 0; p < c->size; p++) {
+    if (p == c->rank) continue;
+    c->fpx[k] = tc__xfer_send(p, &ctx->fp, sizeof ctx->fp);
+    c->fpx[k++].kind = TC_XFER_FP;
+    c->fpx[k] = tc__xfer_recv(p, &c->peer_fp[p], sizeof ctx->fp);
+    c->fpx[k++].kind = TC_XFER_FP;
+  }
+  if (n) memcpy(c->fpx + k, x, n * sizeof *x);
+  t->fp = &ctx->fp;
+  int rc = c->tp_ops->exchange(c->tp, c->fpx, k + n, t);
+  if (n) memcpy(x, c->fpx + k, n * sizeof *x); /* the transfers' progress, as the caller's */
+  ctx->fp_todo = 0;
+  return rc;
+}
+
 int tc__cpu_xchg(cpu_ctx_t *ctx, tc_xfer_t *x, size_t n) {
-  if (n == 0) return TC_OK;
+  if (n == 0 && !ctx->fp_todo) return TC_OK;
   cpu_comm_t *c = ctx->c;
   if (!c->tp)
     return tc__cpu_fail(ctx, TC_ERR_INTERNAL, "internal error: no transport");
   tc_tp_op_t t = {.opname = ctx->opname, .deadline = ctx->deadline,
                   .timeout_s = ctx->timeout_s, .msg = ctx->msg,
                   .msglen = sizeof ctx->msg};
+  if (ctx->fp_todo) return cpu_xchg_fp(ctx, x, n, &t);
   return c->tp_ops->exchange(c->tp, x, n, &t);
 }
 
-int tc__cpu_run(cpu_ctx_t *ctx) {
+static int cpu_is_collective(tc_op_type_t t) {
+  return t != TC_OP_SEND && t != TC_OP_RECV && t != TC_OP_BATCH;
+}
+
+static uint64_t cpu_hash_counts(const size_t *v, int n) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (int i = 0; i < n; i++)
+    for (int b = 0; b < 8; b++) h = (h ^ ((uint64_t)v[i] >> (8 * b) & 0xff)) * 1099511628211ull;
+  return h;
+}
+
+/* What the ranks must agree on for collective number seq. */
+static void cpu_fingerprint(const cpu_comm_t *c, const tc_backend_op_t *op, uint64_t seq,
+                            tc_opfp_t *f) {
+  memset(f, 0, sizeof *f);
+  f->seq = seq;
+  f->op = (uint8_t)op->type;
+  f->dtype = (uint8_t)op->dtype;
+  f->redop = TC_OPFP_NO_REDOP;
+  f->root = -1;
+  f->count = op->count;
+  switch (op->type) {
+  case TC_OP_ALL_REDUCE:
+  case TC_OP_REDUCE_SCATTER:
+  case TC_OP_REDUCE_SCATTER_SINGLE: f->redop = (uint8_t)op->redop.type; break;
+  case TC_OP_REDUCE: f->redop = (uint8_t)op->redop.type; f->root = op->root; break;
+  case TC_OP_REDUCE_SCATTER_V:
+    f->redop = (uint8_t)op->redop.type;
+    f->count = cpu_hash_counts(op->sendcounts, c->size);
+    f->flags = TC_OPFP_COUNTS_HASHED;
+    break;
+  case TC_OP_ALL_GATHER_V:
+    f->count = cpu_hash_counts(op->recvcounts, c->size);
+    f->flags = TC_OPFP_COUNTS_HASHED;
+    break;
+  case TC_OP_ALL_TO_ALL_V_SINGLE:
+  case TC_OP_ALL_TO_ALL:
+    f->count = 0;
+    f->flags = TC_OPFP_COUNTS_PER_PEER;
+    break;
+  case TC_OP_BROADCAST:
+  case TC_OP_SCATTER:
+  case TC_OP_GATHER:
+  case TC_OP_GATHER_SINGLE: f->root = op->root; break;
+  case TC_OP_BARRIER: f->count = 0; f->dtype = 0; break;
+  default: break;
+  }
+}
+
+static int cpu_run_algo(cpu_ctx_t *ctx) {
   switch (ctx->op->type) {
   case TC_OP_SEND:
   case TC_OP_RECV: return tc__cpu_p2p(ctx);
@@ -135,6 +213,16 @@ int tc__cpu_run(cpu_ctx_t *ctx) {
                       (int)ctx->op->type);
 }
 
+int tc__cpu_run(cpu_ctx_t *ctx) {
+  if (ctx->fp_todo && ctx->c->shm) { /* the fingerprints through the slots */
+    TC_CHECK(tc__cpu_fast_fpsync(ctx));
+    ctx->fp_todo = 0;
+  }
+  int rc = cpu_run_algo(ctx);
+  if (rc == TC_OK && ctx->fp_todo) rc = tc__cpu_xchg(ctx, NULL, 0); /* moved no data */
+  return rc;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Progress thread                                                           */
 /* ------------------------------------------------------------------------ */
@@ -155,6 +243,7 @@ static int cpu_exec(cpu_comm_t *c, cpu_qent_t *e, double inline_spin) {
   if (e->deadline != 0) { /* begun inline: resume */
     ctx.timeout_s = e->timeout_s;
     ctx.deadline = e->deadline;
+    cpu_fingerprint(c, e->op, e->seq, &ctx.fp);
     rc = tc__cpu_fast_run(&ctx, &e->fst, inline_spin);
   } else if (atomic_load(&c->aborted)) {
     rc = tc__cpu_fail(&ctx, TC_ERR_ABORTED, "communicator was aborted");
@@ -168,6 +257,11 @@ static int cpu_exec(cpu_comm_t *c, cpu_qent_t *e, double inline_spin) {
     e->deadline = tc__now() + e->timeout_s;
     ctx.timeout_s = e->timeout_s;
     ctx.deadline = e->deadline;
+    if (cpu_is_collective(e->op->type)) {
+      e->seq = ++c->coll_seq;
+      cpu_fingerprint(c, e->op, e->seq, &ctx.fp);
+      ctx.fp_todo = c->check_fp && c->size > 1;
+    }
     rc = e->fst.kind ? tc__cpu_fast_run(&ctx, &e->fst, inline_spin) : tc__cpu_run(&ctx);
   }
   if (rc != CPU_PENDING && c->scratch_cap > CPU_SCRATCH_KEEP) { /* a rare huge staging */
@@ -345,6 +439,8 @@ static void cpu_free(cpu_comm_t *c) {
   free(c->q);
   free(c->scratch);
   free(c->xf);
+  free(c->fpx);
+  free(c->peer_fp);
   free(c);
 }
 
@@ -391,6 +487,13 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
              cname, c->rank, c->size,
              c->wake_fd < 0 ? "eventfd failed (file descriptor limit?)" : "out of memory");
     rc = c->wake_fd < 0 ? TC_ERR_SYSTEM : TC_ERR_NOMEM;
+    goto fail;
+  }
+  c->check_fp = tc__env_bool("TORCHCOMMS_CHECK_MISMATCH", 1);
+  c->peer_fp = calloc((size_t)c->size, sizeof *c->peer_fp);
+  if (!c->peer_fp) {
+    snprintf(err, errlen, "cpu backend: out of memory");
+    rc = TC_ERR_NOMEM;
     goto fail;
   }
   double inl = tc__env_double("TORCHCOMMS_CPU_INLINE_BYTES", CPU_INLINE_MAX_BYTES);

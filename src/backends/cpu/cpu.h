@@ -76,6 +76,7 @@ typedef struct cpu_fast {
 typedef struct cpu_qent {
   const tc_backend_op_t *op;
   tc_work_t *work;
+  uint64_t seq;      /* collective sequence number, set once begun (0: p2p) */
   cpu_fast_t fst;    /* a shared-memory operation (kind != 0): its progress */
   double deadline, timeout_s; /* set once begun */
 } cpu_qent_t;
@@ -124,6 +125,15 @@ typedef struct cpu_comm {
   size_t inline_max;  /* CPU_INLINE_MAX_BYTES or its override */
   size_t cma_min;     /* CPU_CMA_MIN_BYTES or its override; SIZE_MAX: off */
 
+  /* mismatch detection (TORCHCOMMS_CHECK_MISMATCH, default on): every
+   * collective's fingerprint is compared with every peer's before a result
+   * is delivered; coll_seq counts collectives (executing thread only) */
+  int check_fp;
+  uint64_t coll_seq;
+  tc_opfp_t *peer_fp; /* [size] fingerprints received over TCP */
+  tc_xfer_t *fpx;     /* fingerprint transfers + the first exchange's */
+  size_t fpx_cap;
+
   /* scratch, grown on demand, reused (executing thread only) */
   void *scratch;
   size_t scratch_cap;
@@ -139,6 +149,8 @@ typedef struct cpu_ctx {
   int rank, size;
   size_t es; /* element size of op->dtype */
   double deadline, timeout_s;
+  tc_opfp_t fp; /* this rank's fingerprint of the op (collectives) */
+  int fp_todo;  /* 1 until the fingerprints were exchanged and compared */
   char msg[1024]; /* the error text when the op fails */
 } cpu_ctx_t;
 
@@ -171,6 +183,10 @@ static inline tc_redop_type_t cpu_kop(const tc_backend_op_t *op) {
  * exchange), and the bytes one rank contributes. */
 TC_INTERNAL int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op,
                                   size_t *bytes);
+/* Shared memory, an operation without a shared-memory path (the exchange
+ * algorithms): one sync point whose slot headers carry every rank's
+ * fingerprint, checked before the algorithm runs. */
+TC_INTERNAL int tc__cpu_fast_fpsync(cpu_ctx_t *ctx);
 /* Runs or resumes a shared-memory operation (st->kind set). spin >= 0:
  * never sleep; give up with CPU_PENDING at a wait that spun that long;
  * spin < 0: wait until done. */

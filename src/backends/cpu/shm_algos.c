@@ -38,10 +38,8 @@ enum { FAM_AR = 1, FAM_BCAST, FAM_BARRIER, FAM_AG, FAM_RS, FAM_A2A };
 
 typedef struct fp_hdr {
   _Atomic uint64_t sync; /* written last (release): the rest is then valid */
-  uint32_t fam;
-  int32_t root;
+  tc_opfp_t fp;          /* the operation's fingerprint (transport.h) */
   uint64_t bytes; /* this rank's contribution */
-  uint32_t dtype, pad;
   uint64_t addr; /* single copy: where this rank's data lies, in its own address space */
 } fp_hdr_t;
 
@@ -228,10 +226,9 @@ int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, size_t *by
 static void fp_put_hdr(cpu_ctx_t *ctx, uint64_t s, size_t bytes) {
   const tc_backend_op_t *op = ctx->op;
   fp_hdr_t *h = (fp_hdr_t *)tc__shm_slot(ctx->c->shm, ctx->rank, (int)(s & 1));
-  h->fam = (uint32_t)fam_of(op->type);
-  h->root = op->root;
+  (void)op;
+  h->fp = ctx->fp; /* set for every collective, the check on or off */
   h->bytes = bytes;
-  h->dtype = (uint32_t)op->dtype;
   atomic_store_explicit(&h->sync, s, memory_order_release);
 }
 
@@ -255,23 +252,27 @@ static int fp_wait_hdr(cpu_comm_t *c, int q, uint64_t v, double spin, const tc_t
 
 static int fp_mismatch(cpu_ctx_t *ctx, int q, const fp_hdr_t *h, uint32_t fam, size_t bytes) {
   const tc_backend_op_t *op = ctx->op;
-  if (h->fam != fam)
+  char why[400];
+  if (ctx->c->check_fp && tc__opfp_mismatch(&ctx->fp, ctx->rank, &h->fp, q, why, sizeof why))
+    return tc__cpu_fail(ctx, TC_ERR_PROTOCOL, "%s", why);
+  uint32_t hfam = (uint32_t)fam_of((tc_op_type_t)h->fp.op);
+  if (hfam != fam)
     return tc__cpu_fail(ctx, TC_ERR_PROTOCOL,
                         "peer %d is in %s while this rank is in %s (mismatched "
-                        "operations between ranks?)", q, fam_name(h->fam), ctx->opname);
-  if (fam == FAM_BCAST && h->root != op->root)
+                        "operations between ranks?)", q, fam_name(hfam), ctx->opname);
+  if (fam == FAM_BCAST && h->fp.root != op->root)
     return tc__cpu_fail(ctx, TC_ERR_PROTOCOL,
                         "peer %d broadcasts from root %d but this rank expects root %d "
-                        "(mismatched roots between ranks?)", q, h->root, op->root);
+                        "(mismatched roots between ranks?)", q, (int)h->fp.root, op->root);
   if (h->bytes != bytes)
     return tc__cpu_fail(ctx, TC_ERR_PROTOCOL,
                         "peer %d sent %llu bytes but %zu were expected (mismatched "
                         "count or dtype between ranks?)",
                         q, (unsigned long long)h->bytes, bytes);
-  if (fam != FAM_BARRIER && h->dtype != (uint32_t)op->dtype)
+  if (fam != FAM_BARRIER && h->fp.dtype != (uint8_t)op->dtype)
     return tc__cpu_fail(ctx, TC_ERR_PROTOCOL,
                         "peer %d sent %s data but this rank expects %s (mismatched "
-                        "dtypes between ranks?)", q, tc_dtype_name((tc_dtype_t)h->dtype),
+                        "dtypes between ranks?)", q, tc_dtype_name((tc_dtype_t)h->fp.dtype),
                         tc_dtype_name(op->dtype));
   return TC_OK;
 }
@@ -348,7 +349,7 @@ static int fp_read(cpu_ctx_t *ctx, uint64_t s) {
   int si = (int)(s & 1);
   tc_redop_type_t kop = cpu_kop(op);
   /* headers first: nothing is written on a mismatch */
-  TC_CHECK(fp_check_hdrs(ctx, s, fam == FAM_BCAST ? op->root : -1));
+  TC_CHECK(fp_check_hdrs(ctx, s, fam == FAM_BCAST && !c->check_fp ? op->root : -1));
   const size_t doff = fp_data_off(fp_bytes(c, op));
 #define SLOT(q) (tc__shm_slot(c->shm, (q), si) + doff)
   switch (fam) {
@@ -413,13 +414,31 @@ static int small_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     tc__shm_post(c->shm, s);
     st->stage = 1;
   }
-  if (fam_of(op->type) == FAM_BCAST) {
+  if (fam_of(op->type) == FAM_BCAST && !c->check_fp) {
     if (ctx->rank != op->root) FP_TRY(fp_wait_hdr(c, op->root, st->s, spin, &top));
-  } else {
+  } else { /* a broadcast too: the root must learn of a mismatch as well */
     FP_TRY(fp_wait_hdr(c, -1, st->s, spin, &top));
   }
   st->stage = 2;
   return fp_read(ctx, st->s);
+}
+
+int tc__cpu_fast_fpsync(cpu_ctx_t *ctx) {
+  cpu_comm_t *c = ctx->c;
+  tc_tp_op_t top = fp_top(ctx);
+  uint64_t s;
+  TC_CHECK(fp_begin(c, -1, 0, &top, &s));
+  fp_put_hdr(ctx, s, 0);
+  tc__shm_post(c->shm, s);
+  TC_CHECK(fp_wait_hdr(c, -1, s, -1, &top));
+  for (int q = 0; q < ctx->size; q++) {
+    if (q == ctx->rank) continue;
+    const fp_hdr_t *h = (const fp_hdr_t *)tc__shm_slot(c->shm, q, (int)(s & 1));
+    char why[400];
+    if (tc__opfp_mismatch(&ctx->fp, ctx->rank, &h->fp, q, why, sizeof why))
+      return tc__cpu_fail(ctx, TC_ERR_PROTOCOL, "%s", why);
+  }
+  return TC_OK;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -511,10 +530,23 @@ static int big_broadcast(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   for (;;) {
     size_t off = st->off, len = bytes - off < per ? bytes - off : per;
     if (st->stage == 0) {
-      if (off >= bytes) return TC_OK;
+      if (off >= bytes) {
+        /* the root learns of a mismatch too: every receiver's header of
+         * the first sync (already checked at the second round's start) */
+        if (r == root && c->check_fp && !st->init) {
+          FP_TRY(fp_wait(c, -1, st->s, spin, 1, &top));
+          TC_CHECK(fp_check_hdrs(ctx, st->s, -1));
+          st->init = 1;
+        }
+        return TC_OK;
+      }
       if (r == root) {
         uint64_t k;
         FP_TRY(fp_begin(c, spin, off > 0, &top, &k));
+        if (c->check_fp && off > 0 && !st->init) { /* every flag >= k - 1 is known */
+          TC_CHECK(fp_check_hdrs(ctx, k - 1, -1));
+          st->init = 1;
+        }
         st->s = k;
         st->h = (int)(c->big_round++ & 1);
         if (off == 0) fp_put_hdr(ctx, k, bytes);
@@ -523,14 +555,23 @@ static int big_broadcast(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
         st->off += per;
         continue;
       }
-      /* a receiver writes nothing: it need not wait for the others */
-      st->s = ++c->sync;
+      /* a receiver writes nothing but its header: it need not wait for
+       * the others in later rounds */
+      if (off == 0 && c->check_fp) {
+        uint64_t k;
+        FP_TRY(fp_begin(c, spin, 0, &top, &k));
+        st->s = k;
+        fp_put_hdr(ctx, k, bytes);
+      } else {
+        st->s = ++c->sync;
+      }
       st->h = (int)(c->big_round++ & 1);
       tc__shm_post(s, st->s);
       st->stage = 1;
     }
-    FP_TRY(fp_wait(c, root, st->s, spin, off > 0, &top));
-    if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, root));
+    int chk = off == 0 && c->check_fp ? -1 : root;
+    FP_TRY(fp_wait(c, chk, st->s, spin, off > 0, &top));
+    if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, chk));
     memcpy(buf + off, tc__shm_half(s, root, st->h), len);
     st->off += per;
     st->stage = 0;
@@ -753,9 +794,10 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   if (st->stage == 1) {
     uint64_t k = st->s;
     int only = fam == FAM_BCAST ? op->root : -1;
-    if (!(fam == FAM_BCAST && r == op->root)) {
-      FP_TRY(fp_wait(c, only, k, spin, 0, &top));
-      TC_CHECK(fp_check_hdrs(ctx, k, only));
+    int chk = c->check_fp ? -1 : only; /* with the check, the root checks too */
+    if (c->check_fp || !(fam == FAM_BCAST && r == op->root)) {
+      FP_TRY(fp_wait(c, chk, k, spin, 0, &top));
+      TC_CHECK(fp_check_hdrs(ctx, k, chk));
     }
     for (int q = 0; q < n; q++) {
       if (q == r || (only >= 0 && q != only) || (fam == FAM_BCAST && r == op->root)) continue;

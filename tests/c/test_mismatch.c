@@ -1,0 +1,152 @@
+/* test_mismatch.c -- ranks that call different collectives (op, dtype,
+ * count, root, reduction, or one collective more) fail on EVERY rank, at
+ * once, with a message naming both sides; never a wrong result and never a
+ * confusing error one operation later. Runs over the transport the suite
+ * runs on (make test: shared memory, then TORCHCOMMS_CPU_TRANSPORT=tcp), at
+ * small and large sizes (every shared-memory path and the TCP algorithms). */
+#include <stdint.h>
+#include <time.h>
+
+#include "runner.h"
+
+typedef struct spec {
+  char op;   /* 'A' all_reduce, 'B' broadcast, 'R' reduce, 'G' all_gather_single,
+              * 'S' reduce_scatter_single, 'T' all_to_all_single, 'X' barrier,
+              * 'g' gather_single, 's' scatter */
+  tc_dtype_t dtype;
+  size_t count;
+  int root;
+  tc_redop_type_t redop;
+} spec_t;
+
+typedef struct mcase {
+  const char *name;
+  int n;        /* ranks */
+  int odd;      /* the rank that runs `b` (every other rank runs `a`) */
+  int extra;    /* 1: the odd rank first runs one barrier more */
+  spec_t a, b;
+  const char *want_a, *want_b; /* how the message describes each side */
+} mcase_t;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int run_spec(tc_comm_t *c, const spec_t *s, int n) {
+  size_t es = tc_dtype_size(s->dtype), cnt = s->count;
+  char *in = calloc(cnt * (size_t)n + 1, es), *out = calloc(cnt * (size_t)n + 1, es);
+  TC_ASSERT(in && out);
+  int rc;
+  switch (s->op) {
+  case 'A': rc = tc_all_reduce(c, in, cnt, s->dtype, TC_OP(s->redop), NULL, NULL); break;
+  case 'B': rc = tc_broadcast(c, in, cnt, s->dtype, s->root, NULL, NULL); break;
+  case 'R': rc = tc_reduce(c, in, cnt, s->dtype, TC_OP(s->redop), s->root, NULL, NULL); break;
+  case 'G': rc = tc_all_gather_single(c, out, in, cnt, s->dtype, NULL, NULL); break;
+  case 'S':
+    rc = tc_reduce_scatter_single(c, out, in, cnt, s->dtype, TC_OP(s->redop), NULL, NULL);
+    break;
+  case 'T': rc = tc_all_to_all_single(c, out, in, cnt, s->dtype, NULL, NULL); break;
+  case 'X': rc = tc_barrier(c, NULL, NULL); break;
+  case 'g': rc = tc_gather_single(c, out, in, cnt, s->dtype, s->root, NULL, NULL); break;
+  default: TC_ASSERT(!"unknown op"); rc = -1;
+  }
+  free(in);
+  free(out);
+  return rc;
+}
+
+#define F32 TC_FLOAT32
+#define I32 TC_INT32
+#define BIG ((size_t)1 << 20) /* 4 MiB of float32: the large paths */
+
+static const mcase_t cases[] = {
+    {"dtype_same_bytes", 2, 1, 0, {'A', F32, 1024, 0, TC_SUM}, {'A', I32, 1024, 0, TC_SUM},
+     "all_reduce #1 of 1024 float32 with SUM", "all_reduce #1 of 1024 int32 with SUM"},
+    {"dtype_big", 2, 1, 0, {'A', F32, BIG, 0, TC_SUM}, {'A', I32, BIG, 0, TC_SUM},
+     "of 1048576 float32 with SUM", "of 1048576 int32 with SUM"},
+    {"redop", 3, 2, 0, {'A', F32, 64, 0, TC_SUM}, {'A', F32, 64, 0, TC_MAX},
+     "all_reduce #1 of 64 float32 with SUM", "all_reduce #1 of 64 float32 with MAX"},
+    {"redop_big", 4, 3, 0, {'A', F32, BIG, 0, TC_SUM}, {'A', F32, BIG, 0, TC_MIN},
+     "with SUM", "with MIN"},
+    {"all_reduce_vs_broadcast", 2, 1, 0, {'A', F32, 256, 0, TC_SUM}, {'B', F32, 256, 1, TC_SUM},
+     "all_reduce #1 of 256 float32 with SUM", "broadcast #1 of 256 float32 from root 1"},
+    {"broadcast_roots", 3, 1, 0, {'B', F32, 100, 0, TC_SUM}, {'B', F32, 100, 2, TC_SUM},
+     "broadcast #1 of 100 float32 from root 0", "broadcast #1 of 100 float32 from root 2"},
+    {"broadcast_roots_big", 2, 1, 0, {'B', F32, BIG, 0, TC_SUM}, {'B', F32, BIG, 1, TC_SUM},
+     "from root 0", "from root 1"},
+    {"broadcast_count_mid", 4, 2, 0, {'B', F32, 8192, 1, TC_SUM}, {'B', F32, 8193, 1, TC_SUM},
+     "broadcast #1 of 8192 float32", "broadcast #1 of 8193 float32"},
+    {"reduce_roots", 3, 0, 0, {'R', F32, 10, 1, TC_SUM}, {'R', F32, 10, 2, TC_SUM},
+     "reduce #1 of 10 float32 with SUM to root 1", "reduce #1 of 10 float32 with SUM to root 2"},
+    {"count", 4, 1, 0, {'G', F32, 300, 0, TC_SUM}, {'G', F32, 301, 0, TC_SUM},
+     "all_gather_single #1 of 300 float32", "all_gather_single #1 of 301 float32"},
+    {"gather_vs_scatter_op", 2, 0, 0, {'S', F32, 4096, 0, TC_SUM}, {'T', F32, 4096, 0, TC_SUM},
+     "reduce_scatter_single #1 of 4096 float32 with SUM", "all_to_all_single #1 of 4096 float32"},
+    {"one_collective_more", 3, 1, 1, {'A', F32, 16, 0, TC_SUM}, {'A', F32, 16, 0, TC_SUM},
+     "all_reduce #1 of 16 float32 with SUM", "barrier #1"},
+    {"gather_root_zero_count", 2, 1, 0, {'g', F32, 0, 0, TC_SUM}, {'g', F32, 0, 1, TC_SUM},
+     "gather_single #1 of 0 float32 to root 0", "gather_single #1 of 0 float32 to root 1"},
+};
+
+static void mismatch_rank(tc_ctx_t *ctx) {
+  const mcase_t *k = ctx->arg;
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  o.timeout_s = 30;
+  char name[64];
+  snprintf(name, sizeof name, "mm-%s", k->name);
+  tc_comm_t *c = tc_ctx_comm(ctx, name, &o);
+  int odd = ctx->rank == k->odd;
+  double t0 = now_s();
+  int rc = TC_OK;
+  if (odd && k->extra) rc = tc_barrier(c, NULL, NULL);
+  if (rc == TC_OK) rc = run_spec(c, odd ? &k->b : &k->a, ctx->size);
+  double took = now_s() - t0;
+  fprintf(stderr, "[%s rank %d] %.3f s: %s\n", k->name, ctx->rank, took, tc_last_error());
+  /* every rank fails, with the mismatch itself, naming both sides */
+  if (rc != TC_ERR_PROTOCOL)
+    tc_test_fail(__FILE__, __LINE__, "%s: rank %d got %s, expected TC_ERR_PROTOCOL (%s)",
+                 k->name, ctx->rank, tc_status_name(rc), tc_last_error());
+  TC_ASSERT_CONTAINS(tc_last_error(), "mismatched collectives");
+  TC_ASSERT_CONTAINS(tc_last_error(), k->want_b);
+  if (!(k->extra && odd)) TC_ASSERT_CONTAINS(tc_last_error(), k->want_a);
+  char side[32];
+  snprintf(side, sizeof side, "rank %d calls", k->odd);
+  TC_ASSERT_CONTAINS(tc_last_error(), side);
+  TC_ASSERT(took < 10); /* at once, not at the 30 s timeout */
+  /* the communicator stays failed, with the first cause in the text */
+  float x = 1;
+  TC_ASSERT_EQ(tc_all_reduce(c, &x, 1, F32, TC_OP(TC_SUM), NULL, NULL), TC_ERR_PROTOCOL);
+  TC_ASSERT_CONTAINS(tc_last_error(), "mismatched collectives");
+  tc_comm_abort(c);
+  tc_comm_destroy(c);
+}
+
+#define MCASE(i)                                                                   \
+  TC_TEST(mismatch_##i) { tc_spawn(cases[i].n, mismatch_rank, (void *)&cases[i], 60); }
+MCASE(0) MCASE(1) MCASE(2) MCASE(3) MCASE(4) MCASE(5) MCASE(6) MCASE(7) MCASE(8) MCASE(9)
+MCASE(10) MCASE(11) MCASE(12)
+_Static_assert(sizeof cases / sizeof cases[0] == 13, "one MCASE per case");
+
+/* Matching collectives of every kind keep working with the check on (the
+ * fingerprints of 200 collectives in a row agree, sequence numbers too). */
+static void agree_rank(tc_ctx_t *ctx) {
+  tc_comm_t *c = tc_ctx_comm(ctx, "mm-agree", NULL);
+  for (int it = 0; it < 200; it++) {
+    float v[33];
+    for (int i = 0; i < 33; i++) v[i] = (float)(ctx->rank + i);
+    TC_ASSERT_OK(tc_all_reduce(c, v, 33, F32, TC_OP(TC_SUM), NULL, NULL));
+    for (int i = 0; i < 33; i++)
+      TC_ASSERT_EQ((long long)v[i], (long long)(ctx->size * (ctx->size - 1) / 2 + ctx->size * i));
+    int root = it % ctx->size;
+    float b = (float)(ctx->rank == root ? 1000 + it : -1);
+    TC_ASSERT_OK(tc_broadcast(c, &b, 1, F32, root, NULL, NULL));
+    TC_ASSERT_EQ((long long)b, 1000 + it);
+    if (it % 50 == 0) TC_ASSERT_OK(tc_barrier(c, NULL, NULL));
+  }
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  tc_comm_destroy(c);
+}
+
+TC_TEST(mismatch_none_when_agreeing_w3) { tc_spawn(3, agree_rank, NULL, 60); }
