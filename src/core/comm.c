@@ -196,6 +196,9 @@ int tc_comm_create(const char *backend, const char *device,
     memcpy(&o, opts, opts->size < sizeof o ? opts->size : sizeof o);
   }
   if (!device) device = "cpu";
+  char bad[512];
+  if (tc__settings_check(bad, sizeof bad) != TC_OK)
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT, "torchcomms: %s: %s", fn, bad);
   if (isnan(o.timeout_s) || o.timeout_s < 0)
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: %s: option 'timeout_s' must be >= 0 "

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -450,15 +451,23 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
   const char *cname = a->comm_name ? a->comm_name : "";
   const char *tpname = tc__env_str("TORCHCOMMS_CPU_TRANSPORT");
   tc_tp_choice_t choice = TC_TP_AUTO;
-  if (tpname && !strcmp(tpname, "tcp")) {
+  if (tpname && !strcasecmp(tpname, "tcp")) {
     choice = TC_TP_TCP;
-  } else if (tpname && !strcmp(tpname, "shm")) {
+  } else if (tpname && !strcasecmp(tpname, "shm")) {
     choice = TC_TP_SHM;
-  } else if (tpname && strcmp(tpname, "auto") != 0) {
+  } else if (tpname && strcasecmp(tpname, "auto") != 0) {
     snprintf(err, errlen,
              "cpu backend of communicator '%s' (rank %d of %d): "
              "TORCHCOMMS_CPU_TRANSPORT='%s' is not supported (valid: auto, shm, tcp)",
              cname, a->rank, a->world_size, tpname);
+    return TC_ERR_INVALID_ARGUMENT;
+  }
+  const char *dev = a->device ? a->device : "cpu";
+  if (strncmp(dev, "cpu", 3) != 0 || (dev[3] && dev[3] != ':')) {
+    snprintf(err, errlen,
+             "cpu backend of communicator '%s' (rank %d of %d): device '%s' is not served "
+             "by this backend (it moves host memory only: use device 'cpu', or backend "
+             "'nccl' for CUDA tensors)", cname, a->rank, a->world_size, dev);
     return TC_ERR_INVALID_ARGUMENT;
   }
   cpu_comm_t *c = calloc(1, sizeof *c);

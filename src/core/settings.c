@@ -1,0 +1,138 @@
+/* settings.c -- every environment setting the library reads, declared once
+ * with its type, accepted values and one line of help, and checked when a
+ * communicator is created: a bad value is an error naming the setting and
+ * what it accepts, never silently replaced by the default.
+ *
+ * Readers elsewhere still use tc__env_str / tc__env_double / tc__env_bool
+ * (error.c); a setting they read must be in this table (tests/c/
+ * test_settings.c checks the README's settings list against it). */
+#include "core.h"
+
+#include <arpa/inet.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+typedef enum { ST_NUM, ST_INT, ST_BOOL, ST_CHOICE, ST_TEXT, ST_ADDR } st_kind_t;
+
+typedef struct tc__setting {
+  const char *name;
+  st_kind_t kind;
+  double min, max;     /* ST_NUM, ST_INT: accepted range (inclusive) */
+  int min_exclusive;   /* ST_NUM: the minimum itself is refused */
+  const char *choices; /* ST_CHOICE: "a|b|c" (case-insensitive) */
+  const char *help;
+} tc__setting_t;
+
+#define NUM(n, lo, hi, excl, h) {n, ST_NUM, lo, hi, excl, NULL, h}
+#define INT(n, lo, hi, h) {n, ST_INT, lo, hi, 0, NULL, h}
+#define BOOL(n, h) {n, ST_BOOL, 0, 0, 0, NULL, h}
+#define CHOICE(n, c, h) {n, ST_CHOICE, 0, 0, 0, c, h}
+#define TEXT(n, h) {n, ST_TEXT, 0, 0, 0, NULL, h}
+#define ADDR(n, h) {n, ST_ADDR, 0, 0, 0, NULL, h}
+#define BIG 1e18
+
+static const tc__setting_t tc__settings[] = {
+    NUM("TORCHCOMM_TIMEOUT_SECONDS", 0, BIG, 1,
+        "default deadline of every operation and of creation, seconds (600)"),
+    BOOL("TORCHCOMM_ABORT_ON_ERROR", "end the process with the error on any failure (0)"),
+    CHOICE("TORCHCOMMS_LOG", "error|warn|info|debug", "log level on stderr (warn)"),
+    TEXT("TORCHCOMMS_JOB_ID", "scopes store keys per job (default TORCHELASTIC_RUN_ID)"),
+    INT("TORCHELASTIC_RESTART_COUNT", 0, 1e9, "torchrun's restart number: scopes store keys"),
+    BOOL("TORCHCOMMS_CHECK_MISMATCH",
+         "compare every collective's op, dtype, count, root and reduction across ranks (1)"),
+    ADDR("TORCHCOMMS_SOCKET_ADDR", "the address this rank's peers connect to"),
+    CHOICE("TORCHCOMMS_CPU_TRANSPORT", "auto|shm|tcp", "cpu backend transport (auto)"),
+    NUM("TORCHCOMMS_SHM_BYTES", 0, 1ull << 40, 1, "shared-memory segment bytes per rank (4 MiB)"),
+    BOOL("TORCHCOMMS_CPU_CMA", "single copy with process_vm_readv (1)"),
+    NUM("TORCHCOMMS_CPU_CMA_BYTES", 0, BIG, 0, "single copy from this many bytes (16 KiB)"),
+    NUM("TORCHCOMMS_CPU_INLINE_BYTES", 0, BIG, 0,
+        "run operations up to this size on the caller's thread (1 MiB)"),
+    NUM("TORCHCOMMS_CPU_SHM_SMALL_BYTES", 0, BIG, 0,
+        "shm all_reduce through the small slots up to this size (16 KiB)"),
+    NUM("TORCHCOMMS_CPU_SPIN_US", 0, 1e9, 0, "busy-wait before sleeping, microseconds"),
+    NUM("TORCHCOMMS_CPU_TCP_SPIN_US", 0, 1e9, 0, "TCP busy-poll before sleeping, microseconds"),
+    NUM("TORCHCOMMS_CPU_YIELD_US", 0, 1e9, 0,
+        "oversubscribed: sched_yield polling before sleeping, microseconds (200)"),
+};
+
+static int tc__setting_bad(const tc__setting_t *s, const char *v, char *err, size_t len) {
+  const char *want = "";
+  char buf[160];
+  switch (s->kind) {
+  case ST_NUM:
+    if (s->max >= BIG)
+      snprintf(buf, sizeof buf, "a number %s %g", s->min_exclusive ? ">" : ">=", s->min);
+    else
+      snprintf(buf, sizeof buf, "a number %s %g and <= %g", s->min_exclusive ? ">" : ">=",
+               s->min, s->max);
+    want = buf;
+    break;
+  case ST_INT: snprintf(buf, sizeof buf, "an integer from %g to %g", s->min, s->max); want = buf; break;
+  case ST_BOOL: want = "1, 0, true, false, yes, no, on or off"; break;
+  case ST_CHOICE: snprintf(buf, sizeof buf, "one of %s", s->choices); want = buf; break;
+  case ST_ADDR: want = "a numeric IPv4 or IPv6 address"; break;
+  case ST_TEXT: want = "text"; break;
+  }
+  snprintf(err, len, "%s='%s' is not valid: expected %s (%s)", s->name, v, want, s->help);
+  return TC_ERR_INVALID_ARGUMENT;
+}
+
+static int tc__setting_check(const tc__setting_t *s, const char *v, char *err, size_t len) {
+  switch (s->kind) {
+  case ST_NUM:
+  case ST_INT: {
+    char *end = NULL;
+    double d = strtod(v, &end);
+    while (end && (*end == ' ' || *end == '\t' || *end == '\n')) end++;
+    if (end == v || !end || *end || !isfinite(d) || d < s->min || d > s->max ||
+        (s->min_exclusive && d == s->min) || (s->kind == ST_INT && d != floor(d)))
+      return tc__setting_bad(s, v, err, len);
+    return TC_OK;
+  }
+  case ST_BOOL: {
+    static const char *const ok[] = {"1", "0", "true", "false", "yes", "no", "on", "off"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+      if (!strcasecmp(v, ok[i])) return TC_OK;
+    return tc__setting_bad(s, v, err, len);
+  }
+  case ST_CHOICE: {
+    size_t vl = strlen(v);
+    for (const char *c = s->choices; *c;) {
+      const char *bar = strchr(c, '|');
+      size_t cl = bar ? (size_t)(bar - c) : strlen(c);
+      if (cl == vl && !strncasecmp(c, v, cl)) return TC_OK;
+      if (!bar) break;
+      c = bar + 1;
+    }
+    return tc__setting_bad(s, v, err, len);
+  }
+  case ST_ADDR: {
+    unsigned char a[16];
+    if (inet_pton(AF_INET, v, a) == 1 || inet_pton(AF_INET6, v, a) == 1) return TC_OK;
+    return tc__setting_bad(s, v, err, len);
+  }
+  case ST_TEXT: return TC_OK;
+  }
+  return TC_OK;
+}
+
+int tc__settings_check(char *err, size_t len) {
+  for (size_t i = 0; i < sizeof tc__settings / sizeof tc__settings[0]; i++) {
+    const char *v = getenv(tc__settings[i].name);
+    if (!v || !*v) continue;
+    int rc = tc__setting_check(&tc__settings[i], v, err, len);
+    if (rc != TC_OK) return rc;
+  }
+  return TC_OK;
+}
+
+size_t tc__settings_count(void) { return sizeof tc__settings / sizeof tc__settings[0]; }
+
+const char *tc__settings_name(size_t i, const char **help) {
+  if (i >= tc__settings_count()) return NULL;
+  if (help) *help = tc__settings[i].help;
+  return tc__settings[i].name;
+}

@@ -1,0 +1,103 @@
+/* test_settings.c -- a bad value of any setting is an error at creation
+ * naming the setting and what it accepts (src/core/settings.c); a device the
+ * backend cannot serve is refused; the README lists every setting. */
+#include <stdlib.h>
+
+#include "runner.h"
+
+static int create1(const char *device, tc_comm_t **c) {
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  o.rank = 0;
+  o.world_size = 1;
+  o.name = "settings";
+  tc_store_t *s = NULL;
+  TC_ASSERT_OK(tc_store_memory(&s));
+  o.store = s;
+  int rc = tc_comm_create("cpu", device, &o, c);
+  tc_store_release(s);
+  return rc;
+}
+
+typedef struct { const char *name, *value, *want; } bad_t;
+
+TC_TEST(settings_bad_values_refused) {
+  static const bad_t bad[] = {
+      {"TORCHCOMM_TIMEOUT_SECONDS", "abc", "expected a number > 0"},
+      {"TORCHCOMM_TIMEOUT_SECONDS", "nan", "expected a number > 0"},
+      {"TORCHCOMM_TIMEOUT_SECONDS", "-5", "expected a number > 0"},
+      {"TORCHCOMM_TIMEOUT_SECONDS", "0", "expected a number > 0"},
+      {"TORCHCOMM_TIMEOUT_SECONDS", "10s", "expected a number > 0"},
+      {"TORCHCOMMS_CPU_TRANSPORT", "bogus", "expected one of auto|shm|tcp"},
+      {"TORCHCOMM_ABORT_ON_ERROR", "maybe", "expected 1, 0, true, false"},
+      {"TORCHCOMMS_CHECK_MISMATCH", "2", "expected 1, 0, true, false"},
+      {"TORCHCOMMS_LOG", "loud", "expected one of error|warn|info|debug"},
+      {"TORCHCOMMS_SHM_BYTES", "-1", "expected a number > 0"},
+      {"TORCHCOMMS_CPU_SPIN_US", "fast", "expected a number >= 0"},
+      {"TORCHCOMMS_SOCKET_ADDR", "my-host", "expected a numeric IPv4 or IPv6 address"},
+      {"TORCHELASTIC_RESTART_COUNT", "1.5", "expected an integer from 0"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv(bad[i].name, bad[i].value, 1);
+    tc_comm_t *c = NULL;
+    int rc = create1("cpu", &c);
+    char want[160];
+    snprintf(want, sizeof want, "tc_comm_create: %s='%s' is not valid: ", bad[i].name,
+             bad[i].value);
+    if (rc != TC_ERR_INVALID_ARGUMENT)
+      tc_test_fail(__FILE__, __LINE__, "%s=%s: got %s (%s)", bad[i].name, bad[i].value,
+                   tc_status_name(rc), tc_last_error());
+    TC_ASSERT(c == NULL);
+    TC_ASSERT_CONTAINS(tc_last_error(), want);
+    TC_ASSERT_CONTAINS(tc_last_error(), bad[i].want);
+    unsetenv(bad[i].name);
+  }
+  /* good values of the same settings are accepted */
+  setenv("TORCHCOMM_TIMEOUT_SECONDS", " 12.5 ", 1);
+  setenv("TORCHCOMMS_CPU_TRANSPORT", "TCP", 1);
+  setenv("TORCHCOMM_ABORT_ON_ERROR", "off", 1);
+  setenv("TORCHCOMMS_SOCKET_ADDR", "::1", 1);
+  tc_comm_t *c = NULL;
+  TC_ASSERT_OK(create1("cpu", &c));
+  tc_comm_options_t o;
+  TC_ASSERT_OK(tc_comm_get_options(c, &o));
+  TC_ASSERT_DBL_NEAR(o.timeout_s, 12.5, 1e-9);
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  tc_comm_destroy(c);
+}
+
+TC_TEST(settings_device_refused_by_cpu_backend) {
+  static const char *const bad[] = {"cuda:0", "cuda", "meta", "cpux"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    tc_comm_t *c = NULL;
+    TC_ASSERT_ERR(create1(bad[i], &c), TC_ERR_INVALID_ARGUMENT, "is not served by this backend");
+    TC_ASSERT_CONTAINS(tc_last_error(), bad[i]);
+    TC_ASSERT(c == NULL);
+  }
+  tc_comm_t *c = NULL;
+  TC_ASSERT_OK(create1("cpu:0", &c));
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  tc_comm_destroy(c);
+}
+
+/* Every TORCHCOMMS_* / TORCHCOMM_* setting the library reads is declared in
+ * settings.c and listed in README.md. */
+TC_TEST(settings_readme_lists_every_setting) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/README.md", TC_SOURCE_DIR);
+  FILE *f = fopen(path, "r");
+  TC_ASSERT(f != NULL);
+  static char readme[1 << 20];
+  size_t n = fread(readme, 1, sizeof readme - 1, f);
+  readme[n] = 0;
+  fclose(f);
+  static const char *const names[] = {
+      "TORCHCOMM_TIMEOUT_SECONDS", "TORCHCOMM_ABORT_ON_ERROR", "TORCHCOMMS_LOG",
+      "TORCHCOMMS_JOB_ID", "TORCHCOMMS_CHECK_MISMATCH", "TORCHCOMMS_SOCKET_ADDR",
+      "TORCHCOMMS_CPU_TRANSPORT", "TORCHCOMMS_SHM_BYTES", "TORCHCOMMS_CPU_CMA",
+      "TORCHCOMMS_CPU_CMA_BYTES", "TORCHCOMMS_CPU_INLINE_BYTES",
+      "TORCHCOMMS_CPU_SHM_SMALL_BYTES", "TORCHCOMMS_CPU_SPIN_US", "TORCHCOMMS_CPU_TCP_SPIN_US",
+      "TORCHCOMMS_CPU_YIELD_US"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!strstr(readme, names[i]))
+      tc_test_fail(__FILE__, __LINE__, "README.md does not document %s", names[i]);
+}
