@@ -235,6 +235,8 @@ def test_new_comm_arguments():
     (dict(backend="cpu", device="cpu", store=object()), TypeError, "torch.distributed.Store"),
     (dict(backend="cpu", device="cpu", abort_process_on_timeout_or_error=2.5), TypeError,
      "abort_process_on_timeout_or_error"),
+    (dict(backend="cpu", device="cuda:0"), ValueError, "device 'cuda:0' is not served"),
+    (dict(backend="cpu", device=torch.device("meta")), ValueError, "device 'meta' is not served"),
 ])
 def test_new_comm_errors(kwargs, exc, frag):
     with pytest.raises(exc, match=frag):
@@ -706,3 +708,23 @@ def test_multirank_torchrun(n, tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     for r in range(n):
         assert f"[rank {r}] OK" in p.stdout, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("var,value,frag", [
+    ("TORCHCOMM_TIMEOUT_SECONDS", "abc", "expected a number > 0"),
+    ("TORCHCOMM_TIMEOUT_SECONDS", "nan", "expected a number > 0"),
+    ("TORCHCOMM_TIMEOUT_SECONDS", "-5", "expected a number > 0"),
+    ("TORCHCOMMS_CPU_TRANSPORT", "bogus", "expected one of auto|shm|tcp"),
+])
+def test_bad_settings_are_errors(var, value, frag):
+    """A bad value of a setting is an error naming it, not the default."""
+    code = ("import torchcomms\n"
+            "try:\n"
+            "    torchcomms.new_comm('cpu', 'cpu', name='bad')\n"
+            "except ValueError as e:\n"
+            "    print('ERR', e)\n")
+    p = run_py(code, **{var: value, "TORCHCOMM_RANK": 0, "TORCHCOMM_SIZE": 1})
+    assert p.returncode == 0, p.stderr
+    assert f"ERR torchcomms: tc_comm_create: {var}='{value}' is not valid" in p.stdout, p.stdout
+    assert frag in p.stdout
+

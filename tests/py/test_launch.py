@@ -129,3 +129,40 @@ def test_install_and_pkg_config(tmp_path):
     r = subprocess.run([str(exe)], capture_output=True, text=True, env=run_env, timeout=30)
     assert r.returncode == 0, r.stderr
     assert "Rank 0: After AllReduce: 1.0" in r.stdout
+
+
+def test_torchrun_restarts_start_promptly():
+    """torchrun --max-restarts=2, attempts 0 and 1 die after creating
+    communicators: attempt 2 must create its communicators at once and
+    succeed (the keys are scoped by the restart count and deleted after
+    creation), not read attempt 0's token and addresses and wait out the
+    timeout."""
+    worker = Path(__file__).resolve().parent / "workers" / "restart_worker.py"
+    env_timeout = {"TORCHCOMM_TIMEOUT_SECONDS": "30"}
+    os.environ.update(env_timeout)
+    try:
+        p = run([TORCHRUN, "--standalone", "--nproc_per_node=3", "--max-restarts=2",
+                 "--monitor-interval=0.1", worker], timeout=240)
+    finally:
+        for k in env_timeout:
+            os.environ.pop(k, None)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    for attempt in range(3):
+        for r in range(3):
+            assert f"attempt {attempt} rank {r}: created in" in p.stdout, out
+    for r in range(3):
+        assert f"attempt 2 rank {r}: done" in p.stdout, out
+    for m in re.finditer(r"created in ([0-9.]+) s", p.stdout):
+        assert float(m.group(1)) < 10, out
+
+
+@pytest.mark.parametrize("case", [0, 1])
+@pytest.mark.parametrize("n", [2, 3])
+def test_mismatched_collectives_raise_on_every_rank(case, n):
+    worker = Path(__file__).resolve().parent / "workers" / "mismatch_worker.py"
+    p = run([TORCHRUN, "--standalone", f"--nproc_per_node={n}", worker, case], timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    for r in range(n):
+        assert f"rank {r}: OK" in p.stdout, out
