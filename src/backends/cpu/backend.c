@@ -464,10 +464,15 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
   }
   const char *dev = a->device ? a->device : "cpu";
   if (strncmp(dev, "cpu", 3) != 0 || (dev[3] && dev[3] != ':')) {
+    char shown[64];
+    if (a->device_index >= 0 && !strchr(dev, ':'))
+      snprintf(shown, sizeof shown, "%s:%d", dev, a->device_index);
+    else
+      snprintf(shown, sizeof shown, "%s", dev);
     snprintf(err, errlen,
              "cpu backend of communicator '%s' (rank %d of %d): device '%s' is not served "
              "by this backend (it moves host memory only: use device 'cpu', or backend "
-             "'nccl' for CUDA tensors)", cname, a->rank, a->world_size, dev);
+             "'nccl' for CUDA tensors)", cname, a->rank, a->world_size, shown);
     return TC_ERR_INVALID_ARGUMENT;
   }
   cpu_comm_t *c = calloc(1, sizeof *c);
