@@ -802,7 +802,19 @@ TC_TEST(cpu_direct_bad_transport_env) { tc_spawn(1, env_rank, NULL, 30); }
 static void finalize_death_rank(tc_ctx_t *ctx) {
   dcomm_t *d = d_init(ctx, "fdie", 20);
   D_OK(d, .type = TC_OP_BARRIER);
-  if (ctx->rank == 2) raise(SIGKILL);
+  /* rank 2 dies once the others are out of the barrier (a death during it
+   * is the barrier's failure, not finalize's) */
+  tc_store_t *st = tc_ctx_store(ctx);
+  if (ctx->rank != 2) {
+    char key[32];
+    snprintf(key, sizeof key, "fdie-out-%d", ctx->rank);
+    TC_ASSERT_OK(tc_store_set(st, key, "1", 1));
+  } else {
+    const char *keys[] = {"fdie-out-0", "fdie-out-1"};
+    TC_ASSERT_OK(tc_store_wait(st, keys, 2, 20));
+    raise(SIGKILL);
+  }
+  tc_store_release(st);
   int rc = tc__cpu_backend.finalize(d->b);
   show("finalize death", tc_last_error());
   TC_ASSERT_EQ(rc, TC_ERR_REMOTE);
