@@ -90,6 +90,7 @@ static inline char *shm_rdata(struct tc_shm *s, int p, int q) {
 /* shm.c */
 TC_INTERNAL int tc__shm_fail(struct tc_shm *s, const tc_tp_op_t *op, int rc,
                              const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+TC_INTERNAL int tc__shm_left(struct tc_shm *s, const tc_tp_op_t *op, int p);
 TC_INTERNAL int tc__shm_exchange(void *tp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op);
 TC_INTERNAL int tc__shm_goodbye(void *tp, const tc_tp_op_t *op);
 TC_INTERNAL void tc__shm_interrupt(void *tp);

@@ -181,27 +181,49 @@ static int shm_map_peer(struct tc_shm *s, int r, char *why, size_t wl) {
 }
 
 /* One byte from every rank to every rank over the TCP mesh (a barrier that
- * also tells everyone everyone's status). */
-static int shm_all_status(struct tc_shm *s, unsigned char mine, unsigned char *all,
-                          double deadline, char *err, size_t errlen) {
-  int n = s->size;
-  tc_xfer_t *x = s->bye; /* 2 * size transfers: free during setup */
+ * also tells everyone everyone's status). final: the last exchange of
+ * creation, after which a peer that completed it may close (hangup_ok). */
+static int mesh_all_status(tcp_t *t, unsigned char mine, unsigned char *all, int final,
+                           double deadline, char *err, size_t errlen) {
+  int n = t->size;
+  tc_xfer_t *x = t->bye; /* 2 * size transfers: free during setup */
   size_t k = 0;
   for (int p = 0; p < n; p++) {
     all[p] = mine;
-    if (p == s->rank) continue;
+    if (p == t->rank) continue;
     x[k++] = tc__xfer_send(p, &mine, 1);
     x[k++] = tc__xfer_recv(p, &all[p], 1);
   }
   char msg[768] = "";
-  tc_tp_op_t op = {.opname = "init (shared memory setup)", .deadline = deadline,
-                   .timeout_s = deadline - tc__now(), .msg = msg, .msglen = sizeof msg};
-  int rc = tc__tcp_transport.exchange(s->tcp, x, k, &op);
+  tc_tp_op_t op = {.opname = final ? "init (final barrier)" : "init (shared memory setup)",
+                   .deadline = deadline, .timeout_s = deadline - tc__now(), .msg = msg,
+                   .msglen = sizeof msg, .hangup_ok = final};
+  int rc = tc__tcp_transport.exchange(t, x, k, &op);
   if (rc != TC_OK) {
     if (err && errlen) snprintf(err, errlen, "%s", msg);
     return rc;
   }
   return TC_OK;
+}
+
+static int shm_all_status(struct tc_shm *s, unsigned char mine, unsigned char *all,
+                          int final, double deadline, char *err, size_t errlen) {
+  return mesh_all_status(s->tcp, mine, all, final, deadline, err, errlen);
+}
+
+/* Creation returns on no rank before every rank's setup is complete: an
+ * all-to-all after the last step, whose completion tells each rank that all
+ * got there. A rank that then drops the communicator (or dies) never fails
+ * another's creation: hangup_ok (tcp.c, "Hang-ups"). Closes t on failure. */
+static int mesh_final_barrier(tcp_t *t, double deadline, char *err, size_t errlen) {
+  unsigned char *all = malloc((size_t)t->size);
+  int rc = all ? mesh_all_status(t, 1, all, 1, deadline, err, errlen) : TC_ERR_NOMEM;
+  if (!all)
+    snprintf(err, errlen, "cpu backend of communicator '%s' (rank %d of %d): out of memory",
+             t->name, t->rank, t->size);
+  free(all);
+  if (rc != TC_OK) tc__tcp_close(t);
+  return rc;
 }
 
 static void shm_unlink_own(struct tc_shm *s) {
@@ -259,16 +281,14 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   tcp_t *t = tcpv;
   double deadline = tc__now() + (a->timeout_s > 0 ? a->timeout_s : 600.0);
   int here = t->local == a->size;
-  if (choice == TC_TP_TCP) {
-    *tp = t;
-    return TC_OK;
-  }
-  if (!here && choice == TC_TP_AUTO) {
-    a->host->log(3, "cpu backend '%s' rank %d: %d of %d ranks on this machine: TCP "
-                 "between every pair (no hierarchical shm + TCP yet)",
-                 a->comm_name, a->rank, t->local, a->size);
-    *tp = t;
-    return TC_OK;
+  if (choice == TC_TP_TCP || (!here && choice == TC_TP_AUTO)) {
+    if (choice == TC_TP_AUTO)
+      a->host->log(3, "cpu backend '%s' rank %d: %d of %d ranks on this machine: TCP "
+                   "between every pair (no hierarchical shm + TCP yet)",
+                   a->comm_name, a->rank, t->local, a->size);
+    rc = mesh_final_barrier(t, deadline, err, errlen);
+    if (rc == TC_OK) *tp = t;
+    return rc;
   }
 
   struct tc_shm *s = calloc(1, sizeof *s);
@@ -327,7 +347,7 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   if (st == 1 && tc__env_double("TORCHCOMMS_CPU_CMA", 1.0) != 0)
     (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); /* EINVAL without Yama */
 #endif
-  rc = shm_all_status(s, st, all, deadline, err, errlen);
+  rc = shm_all_status(s, st, all, 0, deadline, err, errlen);
   int bad = -1;
   for (int p = 0; p < a->size && rc == TC_OK; p++)
     if (all[p] != 1 && bad < 0) bad = p;
@@ -336,13 +356,14 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
     st = 1;
     for (int p = 0; p < a->size && st == 1; p++)
       if (p != s->rank && shm_map_peer(s, p, why, sizeof why) != 0) st = 3;
-    rc = shm_all_status(s, st, all, deadline, err, errlen);
+    rc = shm_all_status(s, st, all, 0, deadline, err, errlen);
     for (int p = 0; p < a->size && rc == TC_OK; p++)
       if (all[p] != 1 && bad < 0) bad = p;
   }
   shm_unlink_own(s);
-  if (rc == TC_OK && bad < 0) { /* 4. single copy only if every rank can */
-    rc = shm_all_status(s, (unsigned char)(shm_probe_cma(s) ? 1 : 4), all, deadline, err, errlen);
+  if (rc == TC_OK && bad < 0) { /* 4. single copy only if every rank can (final) */
+    rc = shm_all_status(s, (unsigned char)(shm_probe_cma(s) ? 1 : 4), all, 1, deadline,
+                        err, errlen);
     s->cma = rc == TC_OK;
     for (int p = 0; p < a->size && rc == TC_OK; p++)
       if (all[p] != 1) s->cma = 0;
@@ -371,8 +392,9 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
     }
     a->host->log(1, "cpu backend '%s' rank %d: shared memory unavailable (%s); using TCP",
                  a->comm_name, a->rank, what);
-    *tp = mesh;
-    return TC_OK;
+    rc = mesh_final_barrier(mesh, deadline, err, errlen);
+    if (rc == TC_OK) *tp = mesh;
+    return rc;
   }
   free(all);
   a->host->log(3, "cpu backend '%s' rank %d: shared memory, %zu-byte segments "
@@ -383,6 +405,12 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   *ops = &tc__shm_transport;
   *tp = s;
   return TC_OK;
+}
+
+/* tc_transport_ops_t.leave: the peers learn over the mesh (tcp.c). */
+static void shm_leave(void *tp) {
+  struct tc_shm *s = tp;
+  if (s) tc__tcp_leave(s->tcp);
 }
 
 static int shm_create_forced(const tc_tp_args_t *a, void **tp, char *err, size_t errlen) {
@@ -401,4 +429,5 @@ const tc_transport_ops_t tc__shm_transport = {
     .goodbye = tc__shm_goodbye,
     .close = tc__shm_close,
     .interrupt = tc__shm_interrupt,
+    .leave = shm_leave,
 };

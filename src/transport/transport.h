@@ -31,6 +31,11 @@
 /* Message kinds on the wire. */
 #define TC_XFER_DATA 1u    /* a message of an operation */
 #define TC_XFER_GOODBYE 2u /* sent by finalize; nothing follows it */
+/* Sent (TCP only, header only) by a rank that destroys or aborts its
+ * communicator while no operation of it is in flight and none failed
+ * (tc_transport_ops_t.leave): every operation it completed stands, nothing
+ * more will come from it, and nothing follows. See tcp.c, "Hang-ups". */
+#define TC_XFER_LEFT 0x10u
 
 /* One transfer of an exchange. Fill the public fields (tc__xfer_send /
  * tc__xfer_recv); the rest belongs to the transport. */
@@ -64,6 +69,10 @@ typedef struct tc_tp_op {
   double timeout_s;   /* the operation's timeout, for messages */
   char *msg;          /* out: one sentence on failure */
   size_t msglen;
+  /* 1 for the final barrier of creation (an all-to-all): a peer whose
+   * transfers of this exchange are all done may close its connections (it
+   * completed creation; its death is an error of the next operation). */
+  int hangup_ok;
 } tc_tp_op_t;
 
 /* What a transport is created from (collective over the communicator). */
@@ -92,6 +101,11 @@ typedef struct tc_transport_ops {
   int (*goodbye)(void *tp, const tc_tp_op_t *op);
   /* Closes every connection and frees the transport. */
   void (*close)(void *tp);
+  /* Optional, before close when the communicator is destroyed or aborted
+   * with no operation in flight and none failed: tells every peer that this
+   * rank leaves after the operations it completed (TC_XFER_LEFT), so that a
+   * peer still finishing one of those does not fail. May be NULL. */
+  void (*leave)(void *tp);
   /* Optional: wakes a wait of this transport at once (called by abort after
    * *aborted was set; never concurrently with close). May be NULL. */
   void (*interrupt)(void *tp);
