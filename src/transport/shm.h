@@ -70,4 +70,9 @@ TC_INTERNAL int tc__shm_wait_word(tc_shm_t *s, int r, const _Atomic uint64_t *wo
 /* The spin time the transport uses before sleeping (0 when oversubscribed). */
 TC_INTERNAL double tc__shm_spin_s(const tc_shm_t *s);
 
+/* Removes from /dev/shm every segment name of this transport whose creating
+ * process is dead (killed before it could unlink it); returns how many
+ * (shm_sweep.c). Called at shared-memory setup and by tcrun at job end. */
+TC_INTERNAL int tc__shm_sweep(void);
+
 #endif /* TC_TRANSPORT_SHM_H */

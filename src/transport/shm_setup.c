@@ -61,11 +61,7 @@ static void shm_geometry(struct tc_shm *s, size_t budget) {
 }
 
 static void shm_segname(const struct tc_shm *s, int r, char *buf, size_t len) {
-  uint32_t h = 2166136261u; /* FNV-1a of the communicator's name */
-  for (const char *p = s->name; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
-  char tok[33];
-  for (int i = 0; i < 16; i++) snprintf(tok + 2 * i, 3, "%02x", s->tcp->token[i]);
-  snprintf(buf, len, "/" SHM_NAME_PREFIX "%08x-%s-%d", h, tok, r);
+  tc__shm_name(buf, len, s->name, s->tcp->token, r, &s->owners[r]);
 }
 
 static int setup_fail(struct tc_shm *s, char *err, size_t errlen, int rc, const char *fmt, ...)
@@ -180,19 +176,20 @@ static int shm_map_peer(struct tc_shm *s, int r, char *why, size_t wl) {
   return 0;
 }
 
-/* One byte from every rank to every rank over the TCP mesh (a barrier that
- * also tells everyone everyone's status). final: the last exchange of
- * creation, after which a peer that completed it may close (hangup_ok). */
-static int mesh_all_status(tcp_t *t, unsigned char mine, unsigned char *all, int final,
+/* len bytes from every rank to every rank over the TCP mesh (a barrier that
+ * also tells everyone everyone's status): all[p * len] gets rank p's.
+ * final: the last exchange of creation, after which a peer that completed
+ * it may close (hangup_ok). */
+static int mesh_all_gather(tcp_t *t, const void *mine, size_t len, void *all, int final,
                            double deadline, char *err, size_t errlen) {
   int n = t->size;
   tc_xfer_t *x = t->bye; /* 2 * size transfers: free during setup */
   size_t k = 0;
   for (int p = 0; p < n; p++) {
-    all[p] = mine;
+    memcpy((char *)all + (size_t)p * len, mine, len);
     if (p == t->rank) continue;
-    x[k++] = tc__xfer_send(p, &mine, 1);
-    x[k++] = tc__xfer_recv(p, &all[p], 1);
+    x[k++] = tc__xfer_send(p, mine, len);
+    x[k++] = tc__xfer_recv(p, (char *)all + (size_t)p * len, len);
   }
   char msg[768] = "";
   tc_tp_op_t op = {.opname = final ? "init (final barrier)" : "init (shared memory setup)",
@@ -204,6 +201,11 @@ static int mesh_all_status(tcp_t *t, unsigned char mine, unsigned char *all, int
     return rc;
   }
   return TC_OK;
+}
+
+static int mesh_all_status(tcp_t *t, unsigned char mine, unsigned char *all, int final,
+                           double deadline, char *err, size_t errlen) {
+  return mesh_all_gather(t, &mine, 1, all, final, deadline, err, errlen);
 }
 
 static int shm_all_status(struct tc_shm *s, unsigned char mine, unsigned char *all,
@@ -250,6 +252,7 @@ void tc__shm_close(void *tp) {
   free(s->recv_tail);
   free(s->bye);
   free(s->pids);
+  free(s->owners);
   free(s);
 }
 
@@ -303,10 +306,12 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
     s->recv_tail = malloc(n * sizeof(int));
     s->bye = malloc(2 * n * sizeof *s->bye);
     s->pids = calloc(n, sizeof *s->pids);
+    s->owners = calloc(n, sizeof *s->owners);
   }
   unsigned char *all = malloc(n);
   if (!s || !s->base || !s->out_head || !s->in_tail || !s->send_head || !s->send_tail ||
-      !s->recv_head || !s->recv_tail || !s->bye || !s->pids || !all) {
+      !s->recv_head || !s->recv_tail || !s->bye || !s->pids ||
+      !s->owners || !all) {
     if (s) {
       s->tcp = t;
       tc__shm_close(s);
@@ -339,15 +344,35 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   double want = tc__env_double("TORCHCOMMS_SHM_BYTES", (double)SHM_DEFAULT_BYTES);
   shm_geometry(s, want > 0 ? (size_t)want : SHM_DEFAULT_BYTES);
 
-  /* 1. every rank creates its segment (if it is on this machine) */
+  /* 1. every rank creates its segment (if it is on this machine), named
+   * after its creator, first removing what dead creators left behind
+   * (shm_sweep.c); the names go round with the statuses */
   char why[512] = "";
-  unsigned char st = 0;
-  if (here) st = shm_create_own(s, why, sizeof why) == 0 ? 1 : 2;
+  struct { unsigned char st, pad[7]; tc_shm_owner_t owner; } rec, *recs = NULL;
+  memset(&rec, 0, sizeof rec);
+  tc__shm_owner_self(&rec.owner);
+  s->owners[s->rank] = rec.owner;
+  if (here && tc__env_double("TORCHCOMMS_SHM_SWEEP", 1.0) != 0) {
+    int swept = tc__shm_sweep();
+    if (swept > 0)
+      a->host->log(2, "cpu backend '%s' rank %d: removed %d shared-memory segment%s left "
+                   "in /dev/shm by processes that died", a->comm_name, a->rank, swept,
+                   swept == 1 ? "" : "s");
+  }
+  if (here) rec.st = shm_create_own(s, why, sizeof why) == 0 ? 1 : 2;
 #ifdef PR_SET_PTRACER
-  if (st == 1 && tc__env_double("TORCHCOMMS_CPU_CMA", 1.0) != 0)
+  if (rec.st == 1 && tc__env_double("TORCHCOMMS_CPU_CMA", 1.0) != 0)
     (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); /* EINVAL without Yama */
 #endif
-  rc = shm_all_status(s, st, all, 0, deadline, err, errlen);
+  recs = malloc(n * sizeof *recs);
+  rc = recs ? mesh_all_gather(t, &rec, sizeof rec, recs, 0, deadline, err, errlen)
+            : setup_fail(s, err, errlen, TC_ERR_NOMEM, "out of memory");
+  for (int p = 0; p < a->size && rc == TC_OK; p++) {
+    all[p] = recs[p].st;
+    s->owners[p] = recs[p].owner;
+  }
+  free(recs);
+  unsigned char st;
   int bad = -1;
   for (int p = 0; p < a->size && rc == TC_OK; p++)
     if (all[p] != 1 && bad < 0) bad = p;
