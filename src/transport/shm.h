@@ -4,7 +4,10 @@
  * Every rank owns one segment (shm_open + ftruncate + mmap, sized once at
  * init: TORCHCOMMS_SHM_BYTES), which every other rank maps too; once all
  * have mapped all, each unlinks its own name, so nothing is left in /dev/shm
- * even if ranks are killed later. A segment holds:
+ * even if ranks are killed later. A rank killed before that leaves its name;
+ * the name says which process made it, and the next shared-memory setup on
+ * the host (or tcrun at the end of its job) removes it (shm_sweep.c). A
+ * segment holds:
  *  - a control page: the owner's doorbell (a futex word others ring when the
  *    owner sleeps) and its sync flag (see below);
  *  - one single-producer / single-consumer byte ring per peer, carrying that

@@ -4,15 +4,23 @@
  * counts the ranks per machine, keyed by host name and boot id, and carries
  * the communicator's random token). When every rank of the communicator is
  * on this machine (and TORCHCOMMS_CPU_TRANSPORT is not "tcp"), each rank
- * creates its segment "/torchcomms-<comm hash>-<token>-<rank>" (shm_open,
+ * creates its segment "/torchcomms-<comm hash>-<token>-<rank>-..." (shm_open,
  * ftruncate, posix_fallocate so that a full /dev/shm fails here and not
- * with SIGBUS later, mmap); a one-byte all-to-all over the mesh tells every
- * rank that every segment exists; each maps all the others and checks their
- * geometry and token; a second all-to-all says all are mapped; then each
- * rank unlinks its own name at once. From then on nothing of the
+ * with SIGBUS later, mmap), having first removed what dead processes left in
+ * /dev/shm (shm_sweep.c, where the full name, which also names the creating
+ * process, is described); an all-to-all over the mesh tells every rank that
+ * every segment exists and its name; each maps all the others and checks
+ * their geometry and token; a second all-to-all says all are mapped; then
+ * each rank unlinks its own name at once. From then on nothing of the
  * communicator is left in /dev/shm, whatever happens to its processes.
  * Any failure is seen by every rank in the all-to-alls, so all of them fall
  * back to TCP together (or fail together, when shm was forced).
+ *
+ * Creation is all or nothing: on every path its last exchange is an
+ * all-to-all (the single-copy probe's, or mesh_final_barrier), so it returns
+ * on no rank before every rank got there; in it a peer done with its part
+ * may close (tc_tp_op_t.hangup_ok), so a rank that drops the communicator
+ * (or dies) right after its creation returned fails no other's.
  *
  * Ranks on several machines use TCP for every pair for now (a hierarchical
  * shm + TCP transport is future work). */

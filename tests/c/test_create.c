@@ -94,6 +94,40 @@ TC_TEST(create_drop_tcp_w4) { create_drop(4, "tcp", 0); }
 TC_TEST(create_op_drop_shm_w4) { create_drop(4, "shm", 1); }
 TC_TEST(create_op_drop_tcp_w4) { create_drop(4, "tcp", 1); }
 
+/* ---- split: the same for communicators made by tc_comm_split ---- */
+
+static void split_drop_rank(tc_ctx_t *ctx) {
+  create_shared_t *sh = ctx->arg;
+  setenv("TORCHCOMMS_CPU_TRANSPORT", sh->transport, 1);
+  tc_comm_t *parent = tc_ctx_comm(ctx, "splitparent", NULL);
+  int all[4] = {0, 1, 2, 3};
+  for (int round = 0; round < sh->rounds; round++) {
+    tc_comm_t *c = NULL;
+    if (tc_comm_split(parent, all, (size_t)ctx->size, "splitchild", NULL, &c) != TC_OK) {
+      create_note(sh, ctx->rank, round, "split");
+      continue;
+    }
+    TC_ASSERT_OK(tc_comm_destroy(c)); /* no finalize */
+    sh->completed++;
+  }
+  TC_ASSERT_OK(tc_comm_finalize(parent));
+  TC_ASSERT_OK(tc_comm_destroy(parent));
+}
+
+static void split_drop(const char *tp) {
+  create_shared_t *sh = create_shared(tp, 0);
+  sh->rounds = sh->rounds / 2 > 0 ? sh->rounds / 2 : 1;
+  tc_spawn(4, split_drop_rank, sh, 110);
+  if (sh->failures)
+    tc_test_fail(__FILE__, __LINE__, "%d of %d splits failed at 4 ranks over %s; first: %s",
+                 (int)sh->failures, 4 * sh->rounds, tp, sh->first);
+  TC_ASSERT_EQ(sh->completed, 4 * sh->rounds);
+  munmap(sh, sizeof *sh);
+}
+
+TC_TEST(create_split_drop_shm_w4) { split_drop("shm"); }
+TC_TEST(create_split_drop_tcp_w4) { split_drop("tcp"); }
+
 /* ---- a peer that completed its part and left, while this rank waits on a
  * third: no failure; a peer that left before its part: a prompt failure ---- */
 
