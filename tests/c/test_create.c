@@ -18,7 +18,7 @@
 
 typedef struct {
   const char *transport; /* "shm" or "tcp" */
-  int with_op;           /* one all_reduce between create and drop */
+  int with_op;           /* one all_reduce between create and drop: 1 small, 2 1 MiB */
   int rounds;
   _Atomic int failures;
   _Atomic int completed; /* rounds completed, all ranks */
@@ -35,6 +35,7 @@ static create_shared_t *create_shared(const char *tp, int with_op) {
   s->with_op = with_op;
   const char *v = getenv("TC_CREATE_ROUNDS");
   s->rounds = v && atoi(v) > 0 ? atoi(v) : 200;
+  if (with_op == 2) s->rounds = s->rounds / 4 > 0 ? s->rounds / 4 : 1;
   return s;
 }
 
@@ -49,6 +50,7 @@ static void create_drop_rank(tc_ctx_t *ctx) {
   create_shared_t *sh = ctx->arg;
   setenv("TORCHCOMMS_CPU_TRANSPORT", sh->transport, 1);
   tc_store_t *store = tc_ctx_store(ctx);
+  int32_t *v = tc_xmalloc(256 * 1024 * sizeof *v);
   for (int round = 0; round < sh->rounds; round++) {
     tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
     o.rank = ctx->rank;
@@ -61,16 +63,22 @@ static void create_drop_rank(tc_ctx_t *ctx) {
       create_note(sh, ctx->rank, round, "create");
       continue; /* the next round uses a fresh store prefix: go on */
     }
-    if (sh->with_op) {
-      int32_t v = ctx->rank + 1;
-      if (tc_all_reduce(c, &v, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL) != TC_OK)
+    if (sh->with_op) { /* 1 element, or 1 MiB (TCP: data still in flight at the drop) */
+      size_t count = sh->with_op == 1 ? 1 : 256 * 1024;
+      for (size_t i = 0; i < count; i++) v[i] = ctx->rank + 1 + (int32_t)(i % 7);
+      if (tc_all_reduce(c, v, count, TC_INT32, TC_OP(TC_SUM), NULL, NULL) != TC_OK)
         create_note(sh, ctx->rank, round, "all_reduce");
-      else if (v != ctx->size * (ctx->size + 1) / 2)
-        create_note(sh, ctx->rank, round, "all_reduce result");
+      else
+        for (size_t i = 0; i < count; i++)
+          if (v[i] != ctx->size * (ctx->size + 1) / 2 + ctx->size * (int32_t)(i % 7)) {
+            create_note(sh, ctx->rank, round, "all_reduce result");
+            break;
+          }
     }
     TC_ASSERT_OK(tc_comm_destroy(c)); /* no finalize: the peers may still be busy */
     sh->completed++;
   }
+  free(v);
   tc_store_release(store);
 }
 
@@ -93,6 +101,8 @@ TC_TEST(create_drop_tcp_w3) { create_drop(3, "tcp", 0); }
 TC_TEST(create_drop_tcp_w4) { create_drop(4, "tcp", 0); }
 TC_TEST(create_op_drop_shm_w4) { create_drop(4, "shm", 1); }
 TC_TEST(create_op_drop_tcp_w4) { create_drop(4, "tcp", 1); }
+TC_TEST(create_bigop_drop_shm_w4) { create_drop(4, "shm", 2); }
+TC_TEST(create_bigop_drop_tcp_w4) { create_drop(4, "tcp", 2); }
 
 /* ---- split: the same for communicators made by tc_comm_split ---- */
 
