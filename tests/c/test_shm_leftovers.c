@@ -2,7 +2,8 @@
  * a communicator whose ranks all die during creation are removed by the next
  * job on the host (every rank sweeps at shared-memory setup), and the sweep
  * removes exactly the names whose creator is dead (src/transport/shm_sweep.c).
- * tcrun's own sweep at the end of its job is tested in test_tcrun.c. */
+ * tcrun's own sweep at the end of its job is tested in test_tcrun.c.
+ * TC_LEFTOVER_TRIALS sets the number of trials (default 40, about a second). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
