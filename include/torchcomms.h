@@ -274,7 +274,10 @@ typedef struct tc_comm_options {
 
 /* Creates a communicator (collective over all ranks): loads `backend`
  * ("cpu", "nccl", or a plugin name), on `device` ("cpu", "cuda", ...),
- * connects the ranks and returns when it is ready to use. opts may be NULL. */
+ * connects the ranks and returns when it is ready to use. opts may be NULL.
+ * All or nothing (cpu backend): it returns on no rank before every rank's
+ * setup is complete, and a rank that drops the communicator (or dies) after
+ * its creation returned never fails another rank's creation. */
 TC_API int tc_comm_create(const char *backend, const char *device,
                           const tc_comm_options_t *opts, tc_comm_t **out);
 /* Completes every pending operation, then closes the connections (collective).
@@ -286,7 +289,10 @@ TC_API int tc_comm_finalize(tc_comm_t *comm);
 TC_API int tc_comm_abort(tc_comm_t *comm);
 /* 1 if the communicator was aborted. */
 TC_API int tc_comm_is_aborted(const tc_comm_t *comm);
-/* Releases the handle (aborting first if neither finalized nor aborted). */
+/* Releases the handle (aborting first if neither finalized nor aborted).
+ * Without finalize, peers still running operations this rank completed are
+ * not disturbed (cpu backend: the rank tells them it left); a peer waiting
+ * for an operation this rank never ran fails at once, naming it. */
 TC_API int tc_comm_destroy(tc_comm_t *comm);
 
 TC_API int tc_comm_rank(const tc_comm_t *comm);       /* -1 on a bad handle */

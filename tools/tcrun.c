@@ -34,6 +34,9 @@
  * then exits 128+S); --timeout stops all ranks the same way and exits 124.
  * Exit status 127/126: the program cannot be found/executed; 2: bad usage.
  *
+ * When the job ends, tcrun removes the shared-memory segments of ranks that
+ * died before unlinking them (src/transport/shm_sweep.c).
+ *
  * Waiting never spins: one poll() over a self-pipe fed by the signal
  * handlers (SIGCHLD included) and the output pipes, with a timeout only
  * when a deadline is pending.
@@ -60,6 +63,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "transport/shm.h"
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
@@ -808,6 +812,10 @@ int main(int argc, char **argv) {
   for (int r = 0; r < t.o.nranks && t.exit_code == 0; r++)
     if (tcrun_spawn(&t, r) < 0) tcrun_stop(&t, SIGTERM, t.exit_code);
   tcrun_loop(&t, start);
+  /* every rank has exited: remove the shared-memory segments that ranks
+   * killed during creation left in /dev/shm (any dead creator's) */
+  int swept = tc__shm_sweep();
+  if (swept > 0) tc__log(2, "tcrun: removed %d leftover shared-memory segments", swept);
 
   tc_store_server_stop(server);
   for (int r = 0; r < t.o.nranks; r++) {

@@ -32,6 +32,16 @@ int tc__shm_fail(struct tc_shm *s, const tc_tp_op_t *op, int rc, const char *fmt
   return rc;
 }
 
+/* Peer p left the communicator (its sockets ended with a TC_XFER_LEFT notice,
+ * seen by the liveness check, which then no longer counts it as lost) while
+ * this rank waits on it: it will never take part in this operation. */
+int tc__shm_left(struct tc_shm *s, const tc_tp_op_t *op, int p) {
+  return tc__shm_fail(s, op, TC_ERR_REMOTE,
+                      "peer %d left the communicator (destroyed or aborted it without "
+                      "finalize) before its part of this operation (it issued fewer "
+                      "operations than this rank?)", p);
+}
+
 static void shm_futex_wait(_Atomic uint32_t *w, uint32_t val, double secs) {
   if (secs <= 0) return;
   struct timespec ts = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};
@@ -161,6 +171,7 @@ static int flag_ready(struct tc_shm *s, void *arg) {
 static int flag_check(struct tc_shm *s, void *arg, const tc_tp_op_t *op) {
   flag_arg_t *a = arg;
   int p = a->r;
+  if (tc__tcp_left(s->tcp, p)) return tc__shm_left(s, op, p);
   uint32_t head = atomic_load_explicit(&shm_rctl(s, p, s->rank)->head, memory_order_acquire);
   if (head == s->in_tail[p]) return TC_OK;
   const char *h = shm_rdata(s, p, s->rank) + (s->in_tail[p] & (s->ring_bytes - 1));
@@ -414,6 +425,7 @@ static int exch_mismatch(struct tc_shm *s, void *arg, const tc_tp_op_t *op) {
   for (int p = 0; p < s->size; p++) {
     if (s->recv_head[p] < 0 && s->send_head[p] < 0) continue;
     if (s->tcp->gone[p]) continue;
+    if (tc__tcp_left(s->tcp, p)) return tc__shm_left(s, op, p);
     if (tc__shm_flag(s, p) > mine)
       return tc__shm_fail(s, op, TC_ERR_PROTOCOL,
                           "peer %d is in a different operation than this rank "

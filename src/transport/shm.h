@@ -4,7 +4,10 @@
  * Every rank owns one segment (shm_open + ftruncate + mmap, sized once at
  * init: TORCHCOMMS_SHM_BYTES), which every other rank maps too; once all
  * have mapped all, each unlinks its own name, so nothing is left in /dev/shm
- * even if ranks are killed later. A segment holds:
+ * even if ranks are killed later. A rank killed before that leaves its name;
+ * the name says which process made it, and the next shared-memory setup on
+ * the host (or tcrun at the end of its job) removes it (shm_sweep.c). A
+ * segment holds:
  *  - a control page: the owner's doorbell (a futex word others ring when the
  *    owner sleeps) and its sync flag (see below);
  *  - one single-producer / single-consumer byte ring per peer, carrying that
@@ -69,5 +72,10 @@ TC_INTERNAL int tc__shm_wait_word(tc_shm_t *s, int r, const _Atomic uint64_t *wo
                                   const tc_tp_op_t *op);
 /* The spin time the transport uses before sleeping (0 when oversubscribed). */
 TC_INTERNAL double tc__shm_spin_s(const tc_shm_t *s);
+
+/* Removes from /dev/shm every segment name of this transport whose creating
+ * process is dead (killed before it could unlink it); returns how many
+ * (shm_sweep.c). Called at shared-memory setup and by tcrun at job end. */
+TC_INTERNAL int tc__shm_sweep(void);
 
 #endif /* TC_TRANSPORT_SHM_H */

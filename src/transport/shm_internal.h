@@ -53,6 +53,14 @@ typedef struct shm_ring_ctl {
   _Alignas(64) _Atomic uint32_t tail; /* written by the owner (consumer) */
 } shm_ring_ctl_t;
 
+/* Who created a segment (its name carries it; shm_sweep.c). */
+typedef struct tc_shm_owner {
+  int32_t pid;
+  uint32_t pad;
+  uint64_t start; /* start time in clock ticks since boot (0: unknown) */
+  uint64_t pidns; /* inode of its pid namespace (0: unknown) */
+} tc_shm_owner_t;
+
 struct tc_shm {
   tcp_t *tcp; /* the mesh: bootstrap barrier and liveness channel */
   const tc_backend_host_t *host;
@@ -73,6 +81,7 @@ struct tc_shm {
   int created, unlinked;
   int cma;          /* every rank can read every rank's memory (process_vm_readv) */
   int *pids;        /* [size] every rank's process id, for process_vm_readv */
+  tc_shm_owner_t *owners; /* [size] every segment's creator: its name */
 };
 
 /* Layout helpers. */
@@ -90,10 +99,18 @@ static inline char *shm_rdata(struct tc_shm *s, int p, int q) {
 /* shm.c */
 TC_INTERNAL int tc__shm_fail(struct tc_shm *s, const tc_tp_op_t *op, int rc,
                              const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+TC_INTERNAL int tc__shm_left(struct tc_shm *s, const tc_tp_op_t *op, int p);
 TC_INTERNAL int tc__shm_exchange(void *tp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op);
 TC_INTERNAL int tc__shm_goodbye(void *tp, const tc_tp_op_t *op);
 TC_INTERNAL void tc__shm_interrupt(void *tp);
 /* shm_setup.c */
 TC_INTERNAL void tc__shm_close(void *tp);
+/* shm_sweep.c: the calling process as a creator; the name of rank r's
+ * segment of communicator comm made by o; o from a name (-1: not ours). */
+TC_INTERNAL void tc__shm_owner_self(tc_shm_owner_t *o);
+TC_INTERNAL void tc__shm_name(char *buf, size_t len, const char *comm,
+                              const unsigned char token[16], int rank,
+                              const tc_shm_owner_t *o);
+TC_INTERNAL int tc__shm_name_owner(const char *name, tc_shm_owner_t *o);
 
 #endif /* TC_TRANSPORT_SHM_INTERNAL_H */

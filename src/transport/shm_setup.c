@@ -4,15 +4,23 @@
  * counts the ranks per machine, keyed by host name and boot id, and carries
  * the communicator's random token). When every rank of the communicator is
  * on this machine (and TORCHCOMMS_CPU_TRANSPORT is not "tcp"), each rank
- * creates its segment "/torchcomms-<comm hash>-<token>-<rank>" (shm_open,
+ * creates its segment "/torchcomms-<comm hash>-<token>-<rank>-..." (shm_open,
  * ftruncate, posix_fallocate so that a full /dev/shm fails here and not
- * with SIGBUS later, mmap); a one-byte all-to-all over the mesh tells every
- * rank that every segment exists; each maps all the others and checks their
- * geometry and token; a second all-to-all says all are mapped; then each
- * rank unlinks its own name at once. From then on nothing of the
+ * with SIGBUS later, mmap), having first removed what dead processes left in
+ * /dev/shm (shm_sweep.c, where the full name, which also names the creating
+ * process, is described); an all-to-all over the mesh tells every rank that
+ * every segment exists and its name; each maps all the others and checks
+ * their geometry and token; a second all-to-all says all are mapped; then
+ * each rank unlinks its own name at once. From then on nothing of the
  * communicator is left in /dev/shm, whatever happens to its processes.
  * Any failure is seen by every rank in the all-to-alls, so all of them fall
  * back to TCP together (or fail together, when shm was forced).
+ *
+ * Creation is all or nothing: on every path its last exchange is an
+ * all-to-all (the single-copy probe's, or mesh_final_barrier), so it returns
+ * on no rank before every rank got there; in it a peer done with its part
+ * may close (tc_tp_op_t.hangup_ok), so a rank that drops the communicator
+ * (or dies) right after its creation returned fails no other's.
  *
  * Ranks on several machines use TCP for every pair for now (a hierarchical
  * shm + TCP transport is future work). */
@@ -61,11 +69,7 @@ static void shm_geometry(struct tc_shm *s, size_t budget) {
 }
 
 static void shm_segname(const struct tc_shm *s, int r, char *buf, size_t len) {
-  uint32_t h = 2166136261u; /* FNV-1a of the communicator's name */
-  for (const char *p = s->name; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
-  char tok[33];
-  for (int i = 0; i < 16; i++) snprintf(tok + 2 * i, 3, "%02x", s->tcp->token[i]);
-  snprintf(buf, len, "/" SHM_NAME_PREFIX "%08x-%s-%d", h, tok, r);
+  tc__shm_name(buf, len, s->name, s->tcp->token, r, &s->owners[r]);
 }
 
 static int setup_fail(struct tc_shm *s, char *err, size_t errlen, int rc, const char *fmt, ...)
@@ -180,28 +184,56 @@ static int shm_map_peer(struct tc_shm *s, int r, char *why, size_t wl) {
   return 0;
 }
 
-/* One byte from every rank to every rank over the TCP mesh (a barrier that
- * also tells everyone everyone's status). */
-static int shm_all_status(struct tc_shm *s, unsigned char mine, unsigned char *all,
-                          double deadline, char *err, size_t errlen) {
-  int n = s->size;
-  tc_xfer_t *x = s->bye; /* 2 * size transfers: free during setup */
+/* len bytes from every rank to every rank over the TCP mesh (a barrier that
+ * also tells everyone everyone's status): all[p * len] gets rank p's.
+ * final: the last exchange of creation, after which a peer that completed
+ * it may close (hangup_ok). */
+static int mesh_all_gather(tcp_t *t, const void *mine, size_t len, void *all, int final,
+                           double deadline, char *err, size_t errlen) {
+  int n = t->size;
+  tc_xfer_t *x = t->bye; /* 2 * size transfers: free during setup */
   size_t k = 0;
   for (int p = 0; p < n; p++) {
-    all[p] = mine;
-    if (p == s->rank) continue;
-    x[k++] = tc__xfer_send(p, &mine, 1);
-    x[k++] = tc__xfer_recv(p, &all[p], 1);
+    memcpy((char *)all + (size_t)p * len, mine, len);
+    if (p == t->rank) continue;
+    x[k++] = tc__xfer_send(p, mine, len);
+    x[k++] = tc__xfer_recv(p, (char *)all + (size_t)p * len, len);
   }
   char msg[768] = "";
-  tc_tp_op_t op = {.opname = "init (shared memory setup)", .deadline = deadline,
-                   .timeout_s = deadline - tc__now(), .msg = msg, .msglen = sizeof msg};
-  int rc = tc__tcp_transport.exchange(s->tcp, x, k, &op);
+  tc_tp_op_t op = {.opname = final ? "init (final barrier)" : "init (shared memory setup)",
+                   .deadline = deadline, .timeout_s = deadline - tc__now(), .msg = msg,
+                   .msglen = sizeof msg, .hangup_ok = final};
+  int rc = tc__tcp_transport.exchange(t, x, k, &op);
   if (rc != TC_OK) {
     if (err && errlen) snprintf(err, errlen, "%s", msg);
     return rc;
   }
   return TC_OK;
+}
+
+static int mesh_all_status(tcp_t *t, unsigned char mine, unsigned char *all, int final,
+                           double deadline, char *err, size_t errlen) {
+  return mesh_all_gather(t, &mine, 1, all, final, deadline, err, errlen);
+}
+
+static int shm_all_status(struct tc_shm *s, unsigned char mine, unsigned char *all,
+                          int final, double deadline, char *err, size_t errlen) {
+  return mesh_all_status(s->tcp, mine, all, final, deadline, err, errlen);
+}
+
+/* Creation returns on no rank before every rank's setup is complete: an
+ * all-to-all after the last step, whose completion tells each rank that all
+ * got there. A rank that then drops the communicator (or dies) never fails
+ * another's creation: hangup_ok (tcp.c, "Hang-ups"). Closes t on failure. */
+static int mesh_final_barrier(tcp_t *t, double deadline, char *err, size_t errlen) {
+  unsigned char *all = malloc((size_t)t->size);
+  int rc = all ? mesh_all_status(t, 1, all, 1, deadline, err, errlen) : TC_ERR_NOMEM;
+  if (!all)
+    snprintf(err, errlen, "cpu backend of communicator '%s' (rank %d of %d): out of memory",
+             t->name, t->rank, t->size);
+  free(all);
+  if (rc != TC_OK) tc__tcp_close(t);
+  return rc;
 }
 
 static void shm_unlink_own(struct tc_shm *s) {
@@ -228,6 +260,7 @@ void tc__shm_close(void *tp) {
   free(s->recv_tail);
   free(s->bye);
   free(s->pids);
+  free(s->owners);
   free(s);
 }
 
@@ -259,16 +292,14 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   tcp_t *t = tcpv;
   double deadline = tc__now() + (a->timeout_s > 0 ? a->timeout_s : 600.0);
   int here = t->local == a->size;
-  if (choice == TC_TP_TCP) {
-    *tp = t;
-    return TC_OK;
-  }
-  if (!here && choice == TC_TP_AUTO) {
-    a->host->log(3, "cpu backend '%s' rank %d: %d of %d ranks on this machine: TCP "
-                 "between every pair (no hierarchical shm + TCP yet)",
-                 a->comm_name, a->rank, t->local, a->size);
-    *tp = t;
-    return TC_OK;
+  if (choice == TC_TP_TCP || (!here && choice == TC_TP_AUTO)) {
+    if (choice == TC_TP_AUTO)
+      a->host->log(3, "cpu backend '%s' rank %d: %d of %d ranks on this machine: TCP "
+                   "between every pair (no hierarchical shm + TCP yet)",
+                   a->comm_name, a->rank, t->local, a->size);
+    rc = mesh_final_barrier(t, deadline, err, errlen);
+    if (rc == TC_OK) *tp = t;
+    return rc;
   }
 
   struct tc_shm *s = calloc(1, sizeof *s);
@@ -283,10 +314,12 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
     s->recv_tail = malloc(n * sizeof(int));
     s->bye = malloc(2 * n * sizeof *s->bye);
     s->pids = calloc(n, sizeof *s->pids);
+    s->owners = calloc(n, sizeof *s->owners);
   }
   unsigned char *all = malloc(n);
   if (!s || !s->base || !s->out_head || !s->in_tail || !s->send_head || !s->send_tail ||
-      !s->recv_head || !s->recv_tail || !s->bye || !s->pids || !all) {
+      !s->recv_head || !s->recv_tail || !s->bye || !s->pids ||
+      !s->owners || !all) {
     if (s) {
       s->tcp = t;
       tc__shm_close(s);
@@ -319,15 +352,35 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   double want = tc__env_double("TORCHCOMMS_SHM_BYTES", (double)SHM_DEFAULT_BYTES);
   shm_geometry(s, want > 0 ? (size_t)want : SHM_DEFAULT_BYTES);
 
-  /* 1. every rank creates its segment (if it is on this machine) */
+  /* 1. every rank creates its segment (if it is on this machine), named
+   * after its creator, first removing what dead creators left behind
+   * (shm_sweep.c); the names go round with the statuses */
   char why[512] = "";
-  unsigned char st = 0;
-  if (here) st = shm_create_own(s, why, sizeof why) == 0 ? 1 : 2;
+  struct { unsigned char st, pad[7]; tc_shm_owner_t owner; } rec, *recs = NULL;
+  memset(&rec, 0, sizeof rec);
+  tc__shm_owner_self(&rec.owner);
+  s->owners[s->rank] = rec.owner;
+  if (here && tc__env_double("TORCHCOMMS_SHM_SWEEP", 1.0) != 0) {
+    int swept = tc__shm_sweep();
+    if (swept > 0)
+      a->host->log(2, "cpu backend '%s' rank %d: removed %d shared-memory segment%s left "
+                   "in /dev/shm by processes that died", a->comm_name, a->rank, swept,
+                   swept == 1 ? "" : "s");
+  }
+  if (here) rec.st = shm_create_own(s, why, sizeof why) == 0 ? 1 : 2;
 #ifdef PR_SET_PTRACER
-  if (st == 1 && tc__env_double("TORCHCOMMS_CPU_CMA", 1.0) != 0)
+  if (rec.st == 1 && tc__env_double("TORCHCOMMS_CPU_CMA", 1.0) != 0)
     (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); /* EINVAL without Yama */
 #endif
-  rc = shm_all_status(s, st, all, deadline, err, errlen);
+  recs = malloc(n * sizeof *recs);
+  rc = recs ? mesh_all_gather(t, &rec, sizeof rec, recs, 0, deadline, err, errlen)
+            : setup_fail(s, err, errlen, TC_ERR_NOMEM, "out of memory");
+  for (int p = 0; p < a->size && rc == TC_OK; p++) {
+    all[p] = recs[p].st;
+    s->owners[p] = recs[p].owner;
+  }
+  free(recs);
+  unsigned char st;
   int bad = -1;
   for (int p = 0; p < a->size && rc == TC_OK; p++)
     if (all[p] != 1 && bad < 0) bad = p;
@@ -336,13 +389,14 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
     st = 1;
     for (int p = 0; p < a->size && st == 1; p++)
       if (p != s->rank && shm_map_peer(s, p, why, sizeof why) != 0) st = 3;
-    rc = shm_all_status(s, st, all, deadline, err, errlen);
+    rc = shm_all_status(s, st, all, 0, deadline, err, errlen);
     for (int p = 0; p < a->size && rc == TC_OK; p++)
       if (all[p] != 1 && bad < 0) bad = p;
   }
   shm_unlink_own(s);
-  if (rc == TC_OK && bad < 0) { /* 4. single copy only if every rank can */
-    rc = shm_all_status(s, (unsigned char)(shm_probe_cma(s) ? 1 : 4), all, deadline, err, errlen);
+  if (rc == TC_OK && bad < 0) { /* 4. single copy only if every rank can (final) */
+    rc = shm_all_status(s, (unsigned char)(shm_probe_cma(s) ? 1 : 4), all, 1, deadline,
+                        err, errlen);
     s->cma = rc == TC_OK;
     for (int p = 0; p < a->size && rc == TC_OK; p++)
       if (all[p] != 1) s->cma = 0;
@@ -371,8 +425,9 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
     }
     a->host->log(1, "cpu backend '%s' rank %d: shared memory unavailable (%s); using TCP",
                  a->comm_name, a->rank, what);
-    *tp = mesh;
-    return TC_OK;
+    rc = mesh_final_barrier(mesh, deadline, err, errlen);
+    if (rc == TC_OK) *tp = mesh;
+    return rc;
   }
   free(all);
   a->host->log(3, "cpu backend '%s' rank %d: shared memory, %zu-byte segments "
@@ -383,6 +438,12 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   *ops = &tc__shm_transport;
   *tp = s;
   return TC_OK;
+}
+
+/* tc_transport_ops_t.leave: the peers learn over the mesh (tcp.c). */
+static void shm_leave(void *tp) {
+  struct tc_shm *s = tp;
+  if (s) tc__tcp_leave(s->tcp);
 }
 
 static int shm_create_forced(const tc_tp_args_t *a, void **tp, char *err, size_t errlen) {
@@ -401,4 +462,5 @@ const tc_transport_ops_t tc__shm_transport = {
     .goodbye = tc__shm_goodbye,
     .close = tc__shm_close,
     .interrupt = tc__shm_interrupt,
+    .leave = shm_leave,
 };

@@ -47,7 +47,7 @@ static void tcp_also_gone(tcp_t *t, const tc_tp_op_t *op, int peer) {
   unsigned char lost[1024] = {0}; /* size <= 1024 (checked at create) */
   int np = 0;
   for (int p = 0; p < t->size; p++) {
-    if (p == peer || t->fd[p] < 0 || t->gone[p]) continue;
+    if (p == peer || t->fd[p] < 0 || t->gone[p] || tc__tcp_left(t, p)) continue;
     t->pfd[np] = (struct pollfd){.fd = t->fd[p], .events = POLLRDHUP};
     t->pfd_peer[np++] = p;
   }
@@ -90,10 +90,42 @@ static int tcp_dead(tcp_t *t, const tc_tp_op_t *op, int peer, int err) {
   return TC_ERR_REMOTE;
 }
 
+/* Hang-ups. A peer's hang-up (end of stream, reset) fails the exchange that
+ * sees it when the exchange still has transfers pending with that peer
+ * (what it did not send will never come) and, for early detection, also
+ * when nothing is pending with it but its stream holds nothing more: it died
+ * or failed, and the ranks waiting on it may be waiting on us. It does not
+ * fail the exchange when nothing is pending with the peer and
+ *  - its stream ends with a TC_XFER_LEFT notice: it destroyed or aborted its
+ *    communicator with nothing in flight (tc__tcp_leave), so every operation
+ *    it completed stands, this one included;
+ *  - unread messages precede the end: they belong to a later exchange, which
+ *    meets the end of the stream if it needs more than there is;
+ *  - the exchange is the final barrier of creation (op->hangup_ok): the peer
+ *    completed creation; its death is an error of the next operation.
+ * Such a peer is marked in t->hup and no longer watched (a peer that left
+ * fails at once every later exchange with a transfer to or from it). */
+static int tcp_hup_ok(tcp_t *t, int p, const tc_tp_op_t *op) {
+  unsigned char h[TCP_HDR];
+  ssize_t n;
+  do n = recv(t->fd[p], h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  if (n == (ssize_t)sizeof h) {
+    tc_xfer_t left = {.peer = p, .kind = TC_XFER_LEFT};
+    char why[8];
+    t->hup[p] = tc__xfer_hdr_problem((const char *)h, TCP_MSG_MAGIC, &left, op->opname,
+                                     why, sizeof why) ? TCP_HUP_DATA : TCP_HUP_LEFT;
+    return 1;
+  }
+  if (n <= 0 && !op->hangup_ok) return 0; /* nothing more from it: died or failed */
+  t->hup[p] = n > 0 ? TCP_HUP_DATA : TCP_HUP_DONE;
+  return 1;
+}
+
 int tc__tcp_check_alive(tcp_t *t, const tc_tp_op_t *op) {
   int np = 0;
   for (int p = 0; p < t->size; p++) {
-    if (t->fd[p] < 0 || t->gone[p]) continue;
+    if (t->fd[p] < 0 || t->gone[p] || tc__tcp_left(t, p)) continue;
     t->pfd[np] = (struct pollfd){.fd = t->fd[p], .events = POLLRDHUP};
     t->pfd_peer[np++] = p;
   }
@@ -104,6 +136,7 @@ int tc__tcp_check_alive(tcp_t *t, const tc_tp_op_t *op) {
     short re = t->pfd[i].revents;
     if (!(re & (POLLRDHUP | POLLHUP | POLLERR))) continue;
     int p = t->pfd_peer[i];
+    if (tcp_hup_ok(t, p, op)) continue;
     return tcp_dead(t, op, p, (re & POLLERR) ? tc__tcp_sock_error(t->fd[p]) : 0);
   }
   return TC_OK;
@@ -127,8 +160,15 @@ static void tcp_put_hdr(unsigned char *h, uint32_t kind, uint64_t len) {
 static int tcp_check_hdr(tcp_t *t, const tc_tp_op_t *op, const tc_xfer_t *x) {
   char why[256];
   if (tc__xfer_hdr_problem((const char *)x->hdr, TCP_MSG_MAGIC, x, op->opname, why,
-                           sizeof why))
-    return tcp_fail(t, op, TC_ERR_PROTOCOL, "%s", why);
+                           sizeof why)) {
+    /* a TC_XFER_LEFT notice: the peer is gone, not confused ("Hang-ups") */
+    tc_xfer_t left = {.peer = x->peer, .kind = TC_XFER_LEFT};
+    char no[8];
+    int gone = !tc__xfer_hdr_problem((const char *)x->hdr, TCP_MSG_MAGIC, &left,
+                                     op->opname, no, sizeof no);
+    if (gone) t->hup[x->peer] = TCP_HUP_LEFT;
+    return tcp_fail(t, op, gone ? TC_ERR_REMOTE : TC_ERR_PROTOCOL, "%s", why);
+  }
   return TC_OK;
 }
 
@@ -221,6 +261,10 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
         t->fd[xf->peer] < 0)
       return tcp_fail(t, op, TC_ERR_INTERNAL,
                       "internal error: transfer to invalid peer %d", xf->peer);
+    if (t->hup[xf->peer] == TCP_HUP_LEFT) /* see "Hang-ups" */
+      return tcp_fail(t, op, TC_ERR_REMOTE, "peer %d left the communicator (destroyed or "
+                      "aborted it without finalize) before its part of this operation (it "
+                      "issued fewer operations than this rank?)", xf->peer);
     xf->done = 0;
     xf->next = -1;
     if (xf->is_send) tcp_put_hdr(xf->hdr, xf->kind, xf->len);
@@ -255,8 +299,9 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
       short ev = 0;
       if (t->send_head[p] >= 0) ev |= POLLOUT;
       if (t->recv_head[p] >= 0) ev |= POLLIN;
-      if (!t->gone[p]) ev |= POLLRDHUP;
-      else if (!ev) continue; /* said goodbye: no liveness check */
+      if (!t->gone[p] && (!t->hup[p] || (t->hup[p] == TCP_HUP_DONE && !op->hangup_ok)))
+        ev |= POLLRDHUP;
+      else if (!ev) continue; /* said goodbye, or left: no liveness check */
       t->pfd[np] = (struct pollfd){.fd = t->fd[p], .events = ev};
       t->pfd_peer[np++] = p;
     }
@@ -274,8 +319,8 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
       return tcp_fail(t, op, TC_ERR_SYSTEM, "poll failed: %s", strerror(errno));
     }
     if (r == 0) continue;
-    /* a hang-up fails the exchange unless this very round completed it (the
-     * peer sent its last message and exited: the next exchange reports it) */
+    /* a hang-up fails the exchange unless this very round completed it, or
+     * nothing is pending with that peer and it may leave ("Hang-ups") */
     int dead = -1, dead_err = 0;
     for (int i = 1; i < np; i++) {
       short re = t->pfd[i].revents;
@@ -288,6 +333,7 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
           (rc = tcp_progress(t, x, &t->send_head[p], 1, &remaining, op)) != TC_OK)
         return rc;
       if (t->gone[p] || dead >= 0 || !(re & (POLLERR | POLLHUP | POLLRDHUP))) continue;
+      if (t->send_head[p] < 0 && t->recv_head[p] < 0 && tcp_hup_ok(t, p, op)) continue;
       dead = p;
       if (re & POLLERR) dead_err = tc__tcp_sock_error(t->fd[p]);
     }
@@ -309,6 +355,28 @@ static int tcp_goodbye(void *vtp, const tc_tp_op_t *op) {
   return tcp_exchange(t, t->bye, n, op);
 }
 
+void tc__tcp_leave(void *vtp) {
+  tcp_t *t = vtp;
+  if (!t || !t->fd) return;
+  unsigned char h[TCP_HDR];
+  tcp_put_hdr(h, TC_XFER_LEFT, 0);
+  for (int p = 0; p < t->size; p++) {
+    int fd = t->fd[p];
+    if (fd < 0 || t->gone[p]) continue;
+    ssize_t n; /* a notice cut short by a full socket reads as data: also no failure */
+    do n = send(fd, h, sizeof h, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    /* closing a socket with unread data sends a reset, which can discard
+     * what this rank sent and the peer has not read yet: end the stream
+     * with a FIN instead, and drop what the peer sent (best effort: data
+     * that arrives after the drain still resets; it was not for us) */
+    shutdown(fd, SHUT_WR);
+    char sink[4096];
+    for (int i = 0; i < 256 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {
+    }
+  }
+}
+
 void tc__tcp_close(void *vtp) {
   tcp_t *t = vtp;
   if (!t) return;
@@ -317,6 +385,7 @@ void tc__tcp_close(void *vtp) {
       if (t->fd[p] >= 0) close(t->fd[p]);
   free(t->fd);
   free(t->gone);
+  free(t->hup);
   free(t->send_head);
   free(t->send_tail);
   free(t->recv_head);
@@ -333,4 +402,5 @@ const tc_transport_ops_t tc__tcp_transport = {
     .exchange = tcp_exchange,
     .goodbye = tcp_goodbye,
     .close = tc__tcp_close,
+    .leave = tc__tcp_leave,
 };

@@ -463,6 +463,7 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
   size_t n = (size_t)a->size;
   t->fd = malloc(n * sizeof *t->fd);
   t->gone = calloc(n, 1);
+  t->hup = calloc(n, 1);
   t->send_head = malloc(n * sizeof(int));
   t->send_tail = malloc(n * sizeof(int));
   t->recv_head = malloc(n * sizeof(int));
@@ -473,7 +474,7 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
   setup_t s = {.t = t, .a = a, .lfd = -1, .err = err, .errlen = errlen,
                .deadline = tc__now() + (a->timeout_s > 0 ? a->timeout_s : 600.0)};
   int rc = TC_OK;
-  if (!t->fd || !t->gone || !t->send_head || !t->send_tail || !t->recv_head ||
+  if (!t->fd || !t->gone || !t->hup || !t->send_head || !t->send_tail || !t->recv_head ||
       !t->recv_tail || !t->pfd || !t->pfd_peer || !t->bye) {
     if (t->fd) for (size_t i = 0; i < n; i++) t->fd[i] = -1;
     rc = setup_fail(&s, TC_ERR_NOMEM, "out of memory");

@@ -17,12 +17,19 @@
 #define TCP_MAX_IOV 16
 #define TCP_MAX_PENDING 64 /* unauthenticated incoming connections */
 
+/* tcp_t.hup: why a peer's hang-up did not fail the exchange that saw it */
+#define TCP_HUP_LEFT 1 /* its stream ends with a TC_XFER_LEFT notice */
+#define TCP_HUP_DATA 2 /* unread messages precede the end of its stream */
+#define TCP_HUP_DONE 3 /* it closed after finishing the final creation barrier */
+
 typedef struct tcp {
   const tc_backend_host_t *host;
   char name[128];
   int rank, size;
   int *fd;                /* [size]; -1 for self */
   unsigned char *gone;    /* [size]; goodbye received: may close any time */
+  unsigned char *hup;     /* [size]; TCP_HUP_*: hung up while nothing was
+                           * pending with it (tcp.c, "Hang-ups") */
   int *send_head, *send_tail, *recv_head, *recv_tail; /* [size] per exchange */
   struct pollfd *pfd;     /* [size + 1] */
   int *pfd_peer;          /* [size + 1] */
@@ -45,6 +52,15 @@ TC_INTERNAL int tc__tcp_sock_error(int fd);
  * goodbye (the shared-memory transport's liveness channel): TC_OK, or
  * TC_ERR_REMOTE with op->msg naming the lost peer(s), like an exchange. */
 TC_INTERNAL int tc__tcp_check_alive(tcp_t *t, const tc_tp_op_t *op);
+/* tcp.c: tc_transport_ops_t.leave: a TC_XFER_LEFT notice to every peer that
+ * has not said goodbye, then a half-close (FIN after it) and a drain of what
+ * they sent, so that the close that follows sends no reset. */
+TC_INTERNAL void tc__tcp_leave(void *t);
+/* tcp.c: 1 if peer p has left (TCP_HUP_LEFT, or DATA: for the shared-memory
+ * transport, whose sockets carry nothing after setup, a cut-off notice). */
+static inline int tc__tcp_left(const tcp_t *t, int p) {
+  return t->hup[p] == TCP_HUP_LEFT || t->hup[p] == TCP_HUP_DATA;
+}
 /* tcp.c: closes every socket and frees t (also for a half-built t). */
 TC_INTERNAL void tc__tcp_close(void *t);
 

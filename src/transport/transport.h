@@ -62,6 +62,11 @@ TC_INTERNAL void tc__opfp_describe(const tc_opfp_t *f, char *buf, size_t len);
  * rank 1 calls ...; ..." in why. */
 TC_INTERNAL int tc__opfp_mismatch(const tc_opfp_t *mine, int rank, const tc_opfp_t *theirs,
                                   int peer, char *why, size_t wl);
+/* Sent (TCP only, header only) by a rank that destroys or aborts its
+ * communicator while no operation of it is in flight and none failed
+ * (tc_transport_ops_t.leave): every operation it completed stands, nothing
+ * more will come from it, and nothing follows. See tcp.c, "Hang-ups". */
+#define TC_XFER_LEFT 0x10u
 
 /* One transfer of an exchange. Fill the public fields (tc__xfer_send /
  * tc__xfer_recv); the rest belongs to the transport. */
@@ -98,6 +103,10 @@ typedef struct tc_tp_op {
   /* this rank's fingerprint: a received TC_XFER_FP message (its transfer's
    * buf) is compared with it as soon as it is complete; NULL: no check */
   const tc_opfp_t *fp;
+  /* 1 for the final barrier of creation (an all-to-all): a peer whose
+   * transfers of this exchange are all done may close its connections (it
+   * completed creation; its death is an error of the next operation). */
+  int hangup_ok;
 } tc_tp_op_t;
 
 /* What a transport is created from (collective over the communicator). */
@@ -126,6 +135,11 @@ typedef struct tc_transport_ops {
   int (*goodbye)(void *tp, const tc_tp_op_t *op);
   /* Closes every connection and frees the transport. */
   void (*close)(void *tp);
+  /* Optional, before close when the communicator is destroyed or aborted
+   * with no operation in flight and none failed: tells every peer that this
+   * rank leaves after the operations it completed (TC_XFER_LEFT), so that a
+   * peer still finishing one of those does not fail. May be NULL. */
+  void (*leave)(void *tp);
   /* Optional: wakes a wait of this transport at once (called by abort after
    * *aborted was set; never concurrently with close). May be NULL. */
   void (*interrupt)(void *tp);

@@ -19,6 +19,10 @@ int tc__xfer_hdr_problem(const char *h, uint32_t want_magic, const tc_xfer_t *x,
   else if (kind != x->kind && kind == TC_XFER_GOODBYE)
     snprintf(why, wl, "peer %d is already in finalize while this rank is in %s (mismatched "
              "operations between ranks?)", x->peer, opname);
+  else if (kind != x->kind && kind == TC_XFER_LEFT)
+    snprintf(why, wl, "peer %d left the communicator (destroyed or aborted it without "
+             "finalize) before its part of %s (it issued fewer operations than this rank?)",
+             x->peer, opname);
   else if (kind != x->kind && x->kind == TC_XFER_GOODBYE)
     snprintf(why, wl, "peer %d sent a %llu-byte message while this rank is in finalize (an "
              "operation issued on some ranks only?)", x->peer, (unsigned long long)len);

@@ -8,6 +8,7 @@
 #include "runner.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -19,6 +20,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "transport/shm_internal.h"
 
 #define TCRUN_BIN TC_BUILD_DIR "/tcrun"
 #define TCRUN_DEADLINE 30.0 /* seconds any single tcrun run may take */
@@ -458,6 +460,40 @@ TC_TEST(tcrun_forwards_signals) {
   tcrun_finish(&p);
   TC_ASSERT_EQ(p.code, 128 + SIGINT);
   TC_ASSERT_STR_EQ(p.err, "tcrun: received SIGINT; forwarding it to 2 ranks\n");
+  tcrun_free(&p);
+}
+
+TC_TEST(tcrun_removes_segments_of_ranks_killed_in_creation) {
+  /* every rank dies during creation: killed as soon as its shared-memory
+   * segment exists (tc_die_in_create), or by tcrun's SIGTERM once the first
+   * one died; the ranks do not sweep (TORCHCOMMS_SHM_SWEEP=0), so only tcrun
+   * can remove what they leave */
+  setenv("TORCHCOMMS_SHM_SWEEP", "0", 1);
+  setenv("TORCHCOMMS_CPU_TRANSPORT", "shm", 1);
+  setenv("TORCHCOMMS_LOG", "info", 1);
+  tcrun_proc_t p;
+  tcrun_run(&p, (const char *[]){"-n", "4", TC_BUILD_DIR "/tc_die_in_create", "segment",
+                                 NULL});
+  TC_ASSERT_EQ(p.code, 128 + 9);
+  if (tcrun_count(p.out, "segment\n") < 1) /* it left one at least */
+    tc_test_fail(__FILE__, __LINE__, "no rank got to create its segment:\n%s%s", p.out, p.err);
+  TC_ASSERT_CONTAINS(p.err, "tcrun: removed ");
+  long pids[4];
+  int n = 0;
+  for (char *s = p.out; n < 4 && (s = strstr(s, "pid ")) != NULL; s += 4) pids[n++] = atol(s + 4);
+  TC_ASSERT_EQ(n, 4);
+  DIR *d = opendir("/dev/shm");
+  TC_ASSERT(d != NULL);
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    tc_shm_owner_t o;
+    if (tc__shm_name_owner(e->d_name, &o) != 0) continue;
+    for (int r = 0; r < 4; r++)
+      if (o.pid == pids[r])
+        tc_test_fail(__FILE__, __LINE__, "tcrun left /dev/shm/%s of rank %d (pid %ld)",
+                     e->d_name, r, pids[r]);
+  }
+  closedir(d);
   tcrun_free(&p);
 }
 

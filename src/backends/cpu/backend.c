@@ -423,6 +423,7 @@ static void cpu_close_transport(cpu_comm_t *c) {
   while (c->running) pthread_cond_wait(&c->idle_cv, &c->mu);
   pthread_mutex_unlock(&c->mu);
   pthread_mutex_lock(&c->tp_mu);
+  if (c->tp && c->leave_clean && c->tp_ops->leave) c->tp_ops->leave(c->tp);
   if (c->tp) c->tp_ops->close(c->tp);
   c->tp = NULL;
   c->shm = NULL;
@@ -587,6 +588,16 @@ static int cpu_finalize(void *bc) {
 
 static int cpu_abort(void *bc) {
   cpu_comm_t *c = bc;
+  /* Dropped with nothing in flight and nothing failed (destroy without
+   * finalize, e.g. garbage collection): every operation this rank issued
+   * completed, so the peers are told that it leaves after them (->leave),
+   * and one still finishing them does not take the hang-up for a death. */
+  pthread_mutex_lock(&c->mu);
+  if (c->accepting && !c->running && c->qlen == 0 && c->broken_rc == TC_OK &&
+      !atomic_load(&c->aborted))
+    c->leave_clean = 1;
+  c->accepting = 0;
+  pthread_mutex_unlock(&c->mu);
   atomic_store(&c->aborted, 1);
   uint64_t one = 1;
   ssize_t w = write(c->wake_fd, &one, sizeof one); /* wakes every poll */

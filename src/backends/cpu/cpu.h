@@ -110,6 +110,8 @@ typedef struct cpu_comm {
   pthread_mutex_t life_mu; /* serializes finalize / abort / destroy */
   pthread_mutex_t tp_mu;   /* transport close vs abort's interrupt */
   int closed;              /* transport closed */
+  int leave_clean; /* abort found nothing in flight and nothing failed: the
+                    * transport tells the peers before closing (->leave) */
 
   /* set by the progress thread after the first failed op */
   int broken_rc;
