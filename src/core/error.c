@@ -103,6 +103,11 @@ static void tc__log_init(void) {
   else if (!strcasecmp(v, "debug")) tc__log_level = 3;
 }
 
+int tc__log_enabled(int level) {
+  pthread_once(&tc__log_once, tc__log_init);
+  return level <= tc__log_level;
+}
+
 void tc__log(int level, const char *fmt, ...) {
   pthread_once(&tc__log_once, tc__log_init);
   if (level > tc__log_level) return;

@@ -28,6 +28,8 @@ TC_INTERNAL double tc__now(void);
  * Level 0 error .. 3 debug. */
 TC_INTERNAL void tc__log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* 1 when a message of this level would be printed. */
+TC_INTERNAL int tc__log_enabled(int level);
 
 /* Environment settings, read once and cached. */
 TC_INTERNAL double tc__env_double(const char *name, double dflt);
