@@ -590,6 +590,8 @@ size_t tc__store_server_fuzz(const uint8_t *data, size_t len) {
   s->log_window = tc__now();
   s->log_lines = TC__STORE_LOG_BURST; /* quiet */
   tc__conn_t *c[2] = {conn_add(s, -1), conn_add(s, -1)};
+  for (int i = 0; i < 2; i++)
+    if (c[i]) snprintf(c[i]->peer, sizeof c[i]->peer, "fuzz:%d", i);
   /* chunks: one byte (bit 7: which client, bits 0-6: length), then data */
   for (size_t off = 0; c[0] && c[1] && off < len;) {
     tc__conn_t *x = c[data[off] >> 7];
