@@ -518,47 +518,14 @@ static void *srv_main(void *arg) {
 
 /* ---- limits ---- */
 
-/* A byte count from the environment: digits with an optional K, M, G or T
- * suffix (powers of 1024; "KiB", "MB" also read as such). */
-static uint64_t env_bytes(const char *name, uint64_t dflt, uint64_t least) {
-  const char *v = tc__env_str(name);
-  if (!v) return dflt;
-  char *end = NULL;
-  errno = 0;
-  unsigned long long n = strtoull(v, &end, 10);
-  int shift = 0;
-  if (end && (*end == 'k' || *end == 'K')) shift = 10;
-  else if (end && (*end == 'm' || *end == 'M')) shift = 20;
-  else if (end && (*end == 'g' || *end == 'G')) shift = 30;
-  else if (end && (*end == 't' || *end == 'T')) shift = 40;
-  if (shift) {
-    end++;
-    if (*end == 'i') end++;
-    if (*end == 'B' || *end == 'b') end++;
-  }
-  if (errno || end == v || *end || *v == '-' ||
-      (shift && n > (UINT64_MAX >> shift))) {
-    tc__log(1, "store server: %s='%s' is not a byte count (digits with an "
-            "optional K, M, G or T suffix); using %" PRIu64, name, v, dflt);
-    return dflt;
-  }
-  uint64_t b = (uint64_t)n << shift;
-  if (b < least) {
-    tc__log(1, "store server: %s=%s is below the least useful %" PRIu64
-            " bytes; using %" PRIu64, name, v, least, least);
-    b = least;
-  }
-  return b;
-}
-
 /* The limits, read from the environment now. */
 static tc__store_limits_t read_limits(void) {
   tc__store_limits_t l = {
-      .max_bytes = env_bytes("TORCHCOMMS_STORE_MAX_BYTES", (uint64_t)1 << 30,
+      .max_bytes = tc__env_bytes("TORCHCOMMS_STORE_MAX_BYTES", (uint64_t)1 << 30,
                              (uint64_t)1 << 20),
-      .max_value = env_bytes("TORCHCOMMS_STORE_MAX_VALUE_BYTES",
+      .max_value = tc__env_bytes("TORCHCOMMS_STORE_MAX_VALUE_BYTES",
                              (uint64_t)256 << 20, 1024),
-      .max_unsent = env_bytes("TORCHCOMMS_STORE_MAX_UNSENT_BYTES",
+      .max_unsent = tc__env_bytes("TORCHCOMMS_STORE_MAX_UNSENT_BYTES",
                               (uint64_t)16 << 20, 4096)};
   return l;
 }

@@ -2,6 +2,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -88,6 +89,37 @@ int tc__env_bool(const char *name, int dflt) {
       !strcasecmp(v, "off"))
     return 0;
   return dflt;
+}
+
+uint64_t tc__env_bytes(const char *name, uint64_t dflt, uint64_t least) {
+  const char *v = tc__env_str(name);
+  if (!v) return dflt;
+  char *end = NULL;
+  errno = 0;
+  unsigned long long n = strtoull(v, &end, 10);
+  int shift = 0, digits = end != v;
+  if (end && (*end == 'k' || *end == 'K')) shift = 10;
+  else if (end && (*end == 'm' || *end == 'M')) shift = 20;
+  else if (end && (*end == 'g' || *end == 'G')) shift = 30;
+  else if (end && (*end == 't' || *end == 'T')) shift = 40;
+  if (shift) {
+    end++;
+    if (*end == 'i') end++;
+  }
+  if (digits && (*end == 'B' || *end == 'b')) end++;
+  if (errno || !digits || *end || *v == '-' ||
+      (shift && n > (UINT64_MAX >> shift))) {
+    tc__log(1, "%s='%s' is not a byte count (digits with an "
+            "optional K, M, G or T suffix); using %" PRIu64, name, v, dflt);
+    return dflt;
+  }
+  uint64_t b = (uint64_t)n << shift;
+  if (b < least) {
+    tc__log(1, "%s=%s is below the least useful %" PRIu64
+            " bytes; using %" PRIu64, name, v, least, least);
+    b = least;
+  }
+  return b;
 }
 
 static int tc__log_level = -1;

@@ -35,6 +35,11 @@ TC_INTERNAL int tc__log_enabled(int level);
 TC_INTERNAL double tc__env_double(const char *name, double dflt);
 TC_INTERNAL int tc__env_bool(const char *name, int dflt);
 TC_INTERNAL const char *tc__env_str(const char *name); /* NULL if unset/empty */
+/* A byte count: digits with an optional K, M, G or T suffix (powers of
+ * 1024; "KiB", "MB" read the same); dflt when unset, or when malformed
+ * (logged); at least `least` (logged when raised). */
+TC_INTERNAL uint64_t tc__env_bytes(const char *name, uint64_t dflt,
+                                   uint64_t least);
 
 #define TC_CHECK(call)                                                         \
   do {                                                                         \
