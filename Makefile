@@ -97,7 +97,7 @@ check-asan: deps
 # sanitizer build; seeds from tests/fuzz/corpus/<name>/ (libFuzzer, when the
 # compiler has it, adds what it finds to $(FUZZ_BUILD)/corpus/<name>/).
 FUZZ_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
-  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 FUZZ_ARTIFACT_DIR=$(abspath $(FUZZ_BUILD))
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 fuzz-build: deps
 	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTC_SANITIZE=ON >/dev/null
@@ -108,6 +108,7 @@ define run_fuzz
 	@for t in $(FUZZ_TARGETS); do \
 	  mkdir -p $(FUZZ_BUILD)/corpus/$$t; \
 	  $(FUZZ_ENV) ./$(FUZZ_BUILD)/fuzz/fuzz_$$t -max_total_time=$(1) \
+	    -artifact_prefix=$(abspath $(FUZZ_BUILD))/ \
 	    $(if $(FUZZ_RUNS),-runs=$(FUZZ_RUNS)) $(FUZZ_FLAGS) \
 	    $(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t 2>&1 | \
 	    grep -v '^INFO:\|^#[0-9]' ; \

@@ -104,10 +104,11 @@ TC_INTERNAL int tc__srv_room(tc_store_server_t *s, size_t n, tc__conn_t *c);
 /* Capacity growth of c->out needed for n more answer bytes (and the byte a
  * pending WAIT will need). */
 TC_INTERNAL size_t tc__srv_out_growth(const tc__conn_t *c, size_t n);
-/* Grows c->out for n more answer bytes; the room must have been made. 0, or
- * -1 when out of memory (c is then dropped). */
+/* Grows c->out for n more answer bytes, leaving `keep` bytes of the budget
+ * free (room for both must have been made). 0, or -1 when out of memory (c
+ * is then dropped). */
 TC_INTERNAL int tc__srv_reserve_out(tc_store_server_t *s, tc__conn_t *c,
-                                    size_t n);
+                                    size_t n, size_t keep);
 /* Marks c to be closed at the end of the round, logging why (rate-limited)
  * and, for level <= 1, keeping the reason for our client to ask. */
 TC_INTERNAL void tc__srv_drop(tc_store_server_t *s, tc__conn_t *c, int level,

@@ -319,7 +319,7 @@ int tc__srv_exec(tc_store_server_t *s, tc__conn_t *c, const uint8_t *req,
                  (unsigned long long)s->lim.max_bytes, s->used);
     return 1;
   }
-  if (tc__srv_reserve_out(s, c, answer)) return 1;
+  if (tc__srv_reserve_out(s, c, answer, store)) return 1;
   if (c->out.len == c->out_off && answer) c->out_since = tc__now();
 
   rd_t r = {req, 1};

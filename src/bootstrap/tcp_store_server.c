@@ -210,14 +210,17 @@ static int buf_grow(tc_store_server_t *s, tc__buf_t *b, size_t cap) {
   return 0;
 }
 
-int tc__srv_reserve_out(tc_store_server_t *s, tc__conn_t *c, size_t n) {
+int tc__srv_reserve_out(tc_store_server_t *s, tc__conn_t *c, size_t n,
+                        size_t keep) {
   size_t grow = tc__srv_out_growth(c, n);
   if (!grow) return 0;
   size_t exact = c->out.cap + grow, dbl = c->out.cap * 2;
-  /* doubling saves copies; it is taken only when it fits as it is */
-  size_t cap = dbl > exact && s->used + (dbl - c->out.cap) <= s->lim.max_bytes
+  /* doubling saves copies; it is taken only when it fits as it is, with
+   * `keep` bytes still free */
+  uint64_t avail = s->used < s->lim.max_bytes ? s->lim.max_bytes - s->used : 0;
+  size_t cap = dbl > exact && dbl - c->out.cap + (uint64_t)keep <= avail
                    ? dbl : exact;
-  if (cap < 64 && s->used + (64 - c->out.cap) <= s->lim.max_bytes) cap = 64;
+  if (cap < 64 && 64 - c->out.cap + (uint64_t)keep <= avail) cap = 64;
   if (buf_grow(s, &c->out, cap) == 0) return 0;
   tc__srv_drop(s, c, 0, "out of memory for an answer");
   return -1;

@@ -3,7 +3,7 @@
  * accepts libFuzzer's basic flags, so `make fuzz` runs either the same way.
  *
  *   fuzz_<name> [-runs=N] [-max_total_time=S] [-seed=N] [-max_len=N]
- *               [corpus directory or file ...]
+ *               [-artifact_prefix=P] [corpus directory or file ...]
  *
  * Every corpus file is run as it is, then inputs are made until N runs or S
  * seconds (default: 10000 runs): mostly mutations of a seed or of an
@@ -15,7 +15,7 @@
  *
  * The last line says "fuzz_<name>: <execs> executions, <crashes> crashes".
  * A crash (an ASan/UBSan report, abort, a fatal signal) saves the input to
- * crash-<name>-<exec> (in $FUZZ_ARTIFACT_DIR, default the current
+ * <P>crash-<name>-<exec> (P: -artifact_prefix, default none: the current
  * directory), prints that line with 1 crash, and the process fails. */
 #include <dirent.h>
 #include <errno.h>
@@ -47,6 +47,7 @@ typedef struct input {
 } input_t;
 
 static char name[128] = "fuzz";
+static const char *prefix = ""; /* -artifact_prefix */
 static const uint8_t *cur; /* the input being run, for crash reports */
 static size_t cur_len;
 static unsigned long long execs;
@@ -70,11 +71,7 @@ static void save_crash(void) {
   if (once) return;
   once = 1;
   char path[512] = "", num[32];
-  const char *dir = getenv("FUZZ_ARTIFACT_DIR");
-  if (dir && strlen(dir) < 300) {
-    strcat(path, dir);
-    strcat(path, "/");
-  }
+  if (strlen(prefix) < 300) strcat(path, prefix);
   strcat(path, "crash-");
   strcat(path, name);
   strcat(path, "-");
@@ -266,6 +263,7 @@ int main(int argc, char **argv) {
     else if (!strncmp(a, "-max_total_time=", 16)) max_time = atof(a + 16);
     else if (!strncmp(a, "-seed=", 6)) seed = strtoull(a + 6, NULL, 10), have_seed = 1;
     else if (!strncmp(a, "-max_len=", 9)) max_len = (size_t)strtoull(a + 9, NULL, 10);
+    else if (!strncmp(a, "-artifact_prefix=", 17)) prefix = a + 17;
     else if (a[0] == '-') fprintf(stderr, "%s: ignoring unknown flag %s\n", name, a);
   }
   if (max_len < 16) max_len = 16;
