@@ -109,9 +109,11 @@ static int setup_listen(setup_t *s) {
                          err, sizeof err);
   if (rc != TC_OK) return setup_fail(s, rc, "%s", err);
   if (everywhere)
-    s->a->host->log(1, "%s: %s is no address of this host (a NAT's?); "
-                    "listening on every interface (TORCHCOMMS_CPU_IFNAME "
-                    "picks one)", s->whoami, addr);
+    s->a->host->log(everywhere == 1 ? 1 : 2, "%s: %s %s; listening on every "
+                    "interface (TORCHCOMMS_CPU_IFNAME, or a numeric "
+                    "TORCHCOMMS_SOCKET_ADDR of this host, binds one)", s->whoami,
+                    addr, everywhere == 1 ? "is no address of this host (a "
+                    "NAT's?)" : "names several addresses");
   snprintf(s->pub, sizeof s->pub, strchr(addr, ':') ? "[%s]:%d" : "%s:%d",
            addr, port);
   return TC_OK;

@@ -159,8 +159,11 @@ int tc__tcp_listen_on(const char *addr, int backlog, int *fdp, int *port,
              gai_strerror(g));
     return TC_ERR_INVALID_ARGUMENT;
   }
-  int fd = -1, e = EADDRNOTAVAIL;
-  for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+  int fd = -1, e = EADDRNOTAVAIL, naddr = 0;
+  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) naddr++;
+  /* a name of several addresses: peers may reach any of them */
+  for (struct addrinfo *ai = naddr == 1 ? res : NULL; ai && fd < 0;
+       ai = ai->ai_next) {
     fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
       e = errno;
@@ -173,10 +176,10 @@ int tc__tcp_listen_on(const char *addr, int backlog, int *fdp, int *port,
     fd = -1;
   }
   freeaddrinfo(res);
-  if (fd < 0 && e == EADDRNOTAVAIL) { /* not ours: a NAT's address? */
+  if (fd < 0 && e == EADDRNOTAVAIL) { /* not ours (a NAT's?), or several */
     fd = listen_any(backlog);
     e = errno;
-    *everywhere = fd >= 0;
+    *everywhere = fd < 0 ? 0 : naddr == 1 ? 1 : 2;
   }
   if (fd < 0) {
     snprintf(err, errlen, "could not listen on %s: %s", host, strerror(e));

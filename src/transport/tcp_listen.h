@@ -41,7 +41,8 @@ TC_INTERNAL int tc__tcp_pick_addr(const char *advertise, char *addr,
 /* Listens on an ephemeral port of addr (a numeric address or a name).
  * When addr is no address of this host (bind: EADDRNOTAVAIL, e.g. a NAT's
  * address in TORCHCOMMS_SOCKET_ADDR) listens on every interface instead
- * and sets *everywhere. TC_OK with *fd and *port, or an error with err. */
+ * and sets *everywhere to 1; to 2 for a name of several addresses (peers
+ * may reach any). TC_OK with *fd and *port, or an error with err. */
 TC_INTERNAL int tc__tcp_listen_on(const char *addr, int backlog, int *fd,
                                   int *port, int *everywhere, char *err,
                                   size_t errlen);
