@@ -7,17 +7,27 @@
 #   make venv        the project-local Python environment (.venv)
 #   make bench       our cpu backend against Gloo, Open MPI and memcpy, 2 then
 #                    4 ranks, side by side (bench/run_bench.py; BENCH_RUNS=3)
+#   make fuzz        the parsers that read the network (store protocol, TCP
+#                    hello, message header) under ASan+UBSan with random and
+#                    mutated inputs, FUZZ_TIME seconds each (default 60) or
+#                    FUZZ_RUNS inputs each; make fuzz-short: a few seconds
+#                    each (part of make test)
 
 SHELL      := /bin/bash
 PYTHON     ?= python3
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_TIME  ?= 60
+FUZZ_RUNS  ?=
+FUZZ_SHORT_TIME ?= 4
+FUZZ_TARGETS := store_proto hello xfer_hdr
 VENV       ?= .venv
 VPY        := $(VENV)/bin/python
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 TORCH_VERSION := 2.13.0
 
-.PHONY: all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan venv deps clean install bench bench-deps
+.PHONY: all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan venv deps clean install bench bench-deps fuzz fuzz-short fuzz-build
 
 all: build
 
@@ -64,7 +74,7 @@ test-c-tcp: build
 test-py-tcp: build venv pyinstall
 	TORCHCOMMS_CPU_TRANSPORT=tcp TC_BUILD_DIR=$(abspath $(BUILD)) $(VPY) -m pytest -q tests/py
 
-test: test-c test-py test-c-tcp test-py-tcp
+test: test-c test-py test-c-tcp test-py-tcp fuzz-short
 
 # Open MPI (the anchor) from Debian when missing; matplotlib for the plot.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -83,8 +93,37 @@ check-asan: deps
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  TC_TEST_TIMEOUT=300 ./$(ASAN_BUILD)/tc_test
 
+# Fuzzing (tests/fuzz/README.md): only the fuzz executables, in their own
+# sanitizer build; seeds from tests/fuzz/corpus/<name>/ (libFuzzer, when the
+# compiler has it, adds what it finds to $(FUZZ_BUILD)/corpus/<name>/).
+FUZZ_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+fuzz-build: deps
+	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTC_SANITIZE=ON >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_all >/dev/null
+
+# $(1): seconds per target
+define run_fuzz
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$t; \
+	  $(FUZZ_ENV) ./$(FUZZ_BUILD)/fuzz/fuzz_$$t -max_total_time=$(1) \
+	    -artifact_prefix=$(abspath $(FUZZ_BUILD))/ \
+	    $(if $(FUZZ_RUNS),-runs=$(FUZZ_RUNS)) $(FUZZ_FLAGS) \
+	    $(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t 2>&1 | \
+	    grep -v '^INFO:\|^#[0-9]' ; \
+	  test $${PIPESTATUS[0]} -eq 0 || { echo "make: fuzz_$$t failed"; exit 1; }; \
+	done
+endef
+
+fuzz: fuzz-build
+	$(call run_fuzz,$(FUZZ_TIME))
+
+fuzz-short: fuzz-build
+	$(call run_fuzz,$(FUZZ_SHORT_TIME))
+
 install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

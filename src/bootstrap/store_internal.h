@@ -56,6 +56,49 @@ typedef enum tc__tcp_query {
 #define TC__WAIT_STOP_WAITING 0
 #define TC__WAIT_CANCELED 1
 
+/* ---- request scanning (store_proto.c) ---- */
+
+/* Keys longer than this are refused by the server. */
+#define TC__STORE_MAX_KEY ((uint64_t)1 << 20)
+/* Keys in one multi-key request, at most. */
+#define TC__STORE_MAX_KEY_COUNT ((uint64_t)1 << 20)
+/* Room beyond the value limit that one request may take (its key and
+ * headers): a request is at most max_value + TC__STORE_REQ_SLACK bytes. */
+#define TC__STORE_REQ_SLACK (TC__STORE_MAX_KEY + 1024)
+/* Prefix of the keys through which our client asks our server why it closed
+ * a connection: "torchcomms/refusal/<ip>:<port>" (torch's clients prefix
+ * every key with "/", so they never see these). */
+#define TC__STORE_REFUSAL_KEY "torchcomms/refusal/"
+
+enum {
+  TC__REQ_INCOMPLETE = 0, /* more bytes needed: at least `need` in all */
+  TC__REQ_COMPLETE = 1,   /* one whole request of `len` bytes */
+  TC__REQ_UNKNOWN = -1,   /* unknown command byte */
+  TC__REQ_TOO_BIG = -2    /* a length or count over the limits (`why`) */
+};
+
+/* What tc__store_req_scan found. */
+typedef struct tc__store_req {
+  uint8_t type;    /* the command byte */
+  size_t len;      /* COMPLETE: bytes of the request */
+  size_t need;     /* INCOMPLETE: the request has at least this many bytes */
+  uint64_t bad;    /* TOO_BIG: the offending length or count */
+  uint64_t limit;  /* TOO_BIG: the limit it exceeds */
+  const char *why; /* TOO_BIG: "value", "key", "key count" or "request" */
+} tc__store_req_t;
+
+/* Scans the request that starts at p[0] (avail > 0 bytes buffered) of
+ * torch's TCPStore protocol without executing it: a pure function of its
+ * arguments, so it can be fuzzed. A value may have at most max_value bytes,
+ * a key TC__STORE_MAX_KEY, a key list TC__STORE_MAX_KEY_COUNT entries, the
+ * whole request max_value + TC__STORE_REQ_SLACK bytes; a length over a
+ * limit is refused as soon as its 8 bytes arrive, before any more is read.
+ * Returns a TC__REQ_* code and fills *r. */
+TC_INTERNAL int tc__store_req_scan(const uint8_t *p, size_t avail,
+                                   uint64_t max_value, tc__store_req_t *r);
+/* Name of a request type ("SET"), or "unknown". */
+TC_INTERNAL const char *tc__store_req_name(uint8_t type);
+
 /* ---- the store object ---- */
 
 /* Optional functions of the built-in stores, beyond the public vtable. */

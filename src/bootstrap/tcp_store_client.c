@@ -11,6 +11,13 @@
  * with torch's client prefix "/" so that C and Python see the same keys.
  * A connection that failed mid-request is out of sync and is not reused:
  * later requests fail at once with the original reason.
+ *
+ * torch's protocol has no error answers: a server refusing a request (our
+ * server's limits, see tcp_store_server.c) can only close the connection.
+ * When the server closes ours, we ask it why on a fresh connection (a GET
+ * of TC__STORE_REFUSAL_KEY + our "ip:port"; torch's server answers empty)
+ * and report its reason. A SET is followed by a PING whose echo confirms
+ * it, so a refused SET fails in tc_store_set itself.
  */
 #include "bootstrap/store_internal.h"
 
@@ -24,6 +31,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -40,6 +48,8 @@ typedef struct tc__tcp_client {
   int port;
   double io_timeout;  /* for replies to requests that do not wait */
   char local[INET6_ADDRSTRLEN];
+  int local_port;
+  int no_explain;     /* a connection asking why: never asks itself */
   char hint[320];     /* " and using the same MASTER_ADDR:MASTER_PORT...?" */
 } tc__tcp_client_t;
 
@@ -69,6 +79,9 @@ static int tc__tcp_lose(tc__tcp_client_t *c, int rc, const char *fmt, ...) {
   return tc__set_error(rc, "torchcomms: %s", msg);
 }
 
+static int tc__tcp_closed(tc__tcp_client_t *c, int err, const char *op,
+                          const char *key);
+
 /* Sends len bytes before deadline. */
 static int tc__tcp_send(tc__tcp_client_t *c, const void *buf, size_t len,
                         double deadline, const char *op, const char *key) {
@@ -81,6 +94,8 @@ static int tc__tcp_send(tc__tcp_client_t *c, const void *buf, size_t len,
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EPIPE || errno == ECONNRESET))
+      return tc__tcp_closed(c, errno, op, key);
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
       return tc__tcp_lose(c, TC_ERR_REMOTE,
                           "store %s('%s'): sending to the store at %s:%d "
@@ -112,12 +127,8 @@ static int tc__tcp_recv(tc__tcp_client_t *c, void *buf, size_t len,
       len -= (size_t)n;
       continue;
     }
-    if (n == 0)
-      return tc__tcp_lose(c, TC_ERR_REMOTE,
-                          "store %s('%s'): the store at %s:%d closed the "
-                          "connection (did the process hosting the store "
-                          "exit, or did it reject the request?)",
-                          op, key, c->host, c->port);
+    if (n == 0 || errno == ECONNRESET)
+      return tc__tcp_closed(c, n == 0 ? 0 : errno, op, key);
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK)
       return tc__tcp_lose(c, TC_ERR_REMOTE,
@@ -137,6 +148,88 @@ static int tc__tcp_recv(tc__tcp_client_t *c, void *buf, size_t len,
                           op, key, c->host, c->port, c->io_timeout);
   }
   return TC_OK;
+}
+
+static int tc__tcp_try(tc__tcp_client_t *c, const struct addrinfo *ai,
+                       double deadline, char *why, size_t whylen);
+
+/* Asks the server, on a new connection, why it closed ours: 1 with its
+ * reason in why, 0 when it has none (torch's server, a server that exited,
+ * or a client it sees under another address). */
+static int tc__tcp_refusal(tc__tcp_client_t *c, char *why, size_t len) {
+  if (c->no_explain || !c->local[0] || c->local_port <= 0) return 0;
+  tc__tcp_client_t *q = calloc(1, sizeof *q);
+  if (!q) return 0;
+  q->fd = -1;
+  q->no_explain = 1;
+  snprintf(q->host, sizeof q->host, "%s", c->host);
+  q->port = c->port;
+  q->io_timeout = 2.0;
+  char portstr[16], err[256], saved[1024];
+  snprintf(saved, sizeof saved, "%s", tc_last_error());
+  snprintf(portstr, sizeof portstr, "%d", c->port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_NUMERICSERV}, *res = NULL;
+  int found = 0;
+  double deadline = tc__deadline(q->io_timeout);
+  if (getaddrinfo(c->host, portstr, &hints, &res) == 0) {
+    for (struct addrinfo *ai = res; ai && q->fd < 0; ai = ai->ai_next)
+      if (tc__tcp_try(q, ai, deadline, err, sizeof err) != TC_OK) q->fd = -1;
+    freeaddrinfo(res);
+  }
+  if (q->fd >= 0) {
+    char key[sizeof TC__STORE_REFUSAL_KEY + INET6_ADDRSTRLEN + 16];
+    snprintf(key, sizeof key, "%s%s:%d", TC__STORE_REFUSAL_KEY, c->local,
+             c->local_port);
+    tc__buf_t b = {0};
+    tc__buf_u8(&b, TC__Q_GET);
+    tc__buf_str(&b, key, strlen(key));
+    uint8_t x[8];
+    if (!b.oom && tc__tcp_send(q, b.p, b.len, deadline, "get", key) == TC_OK &&
+        tc__tcp_recv(q, x, 8, deadline, "get", key) == TC_OK) {
+      uint64_t n = tc__rd_u64(x);
+      if (n > 0 && n < len &&
+          tc__tcp_recv(q, why, (size_t)n, deadline, "get", key) == TC_OK) {
+        why[n] = 0;
+        found = 1;
+      }
+    }
+    tc__buf_free(&b);
+    if (q->fd >= 0) close(q->fd);
+  }
+  free(q);
+  tc__set_error_text(TC_OK, saved);
+  return found;
+}
+
+/* The server closed the connection (err: 0 for EOF, else errno): names
+ * its reason when it gives one, else the likely causes. */
+static int tc__tcp_closed(tc__tcp_client_t *c, int err, const char *op,
+                          const char *key) {
+  if (c->fd >= 0) {
+    close(c->fd);
+    c->fd = -1;
+  }
+  char why[300];
+  if (tc__tcp_refusal(c, why, sizeof why)) {
+    snprintf(c->lost, sizeof c->lost, "the store server refused a request: "
+             "%s", why);
+    return tc__set_error(TC_ERR_STORE,
+                         "torchcomms: store %s('%s'): the store server at "
+                         "%s:%d refused the request: %s; it closed the "
+                         "connection (create a new store connection)",
+                         op, key, c->host, c->port, why);
+  }
+  snprintf(c->lost, sizeof c->lost, "the store at %s:%d closed the "
+           "connection%s%s", c->host, c->port, err ? ": " : "",
+           err ? strerror(err) : "");
+  return tc__set_error(TC_ERR_REMOTE,
+                       "torchcomms: store %s('%s'): the store at %s:%d closed "
+                       "the connection%s%s (did the process hosting the store "
+                       "exit, or did it refuse the request? its log says "
+                       "why)",
+                       op, key, c->host, c->port, err ? ": " : "",
+                       err ? strerror(err) : "");
 }
 
 /* Fails when the connection was lost earlier or the request could not be
@@ -226,15 +319,29 @@ static int tc__tcp_do_wait(tc__tcp_client_t *c, const char *const *keys,
 
 /* ---- vtable ---- */
 
-/* vtable set: SET key value (no answer). */
+/* vtable set: SET key value (no answer), then a PING whose echo confirms
+ * that the server took it (a refused SET closes the connection instead). */
 static int tc__tcp_set(void *ctx, const char *key, const void *v, size_t n) {
   tc__tcp_client_t *c = ctx;
   tc__buf_t b = {0};
+  static _Atomic uint32_t seq;
+  uint32_t nonce = atomic_fetch_add(&seq, 1) ^ 0x5E7C0000u;
   tc__buf_u8(&b, TC__Q_SET);
   tc__buf_key(&b, key);
   tc__buf_str(&b, v, n);
+  tc__buf_u8(&b, TC__Q_PING);
+  tc__buf_u32(&b, nonce);
   pthread_mutex_lock(&c->mu);
   int rc = tc__tcp_request(c, &b, "set", key);
+  uint8_t echo[4];
+  if (rc == TC_OK)
+    rc = tc__tcp_recv(c, echo, 4, tc__deadline(c->io_timeout), "set", key);
+  if (rc == TC_OK && tc__rd_u32(echo) != nonce)
+    rc = tc__tcp_lose(c, TC_ERR_PROTOCOL,
+                      "store set('%s'): the store at %s:%d answered the "
+                      "confirming PING with 0x%08x instead of 0x%08x (not a "
+                      "TCPStore server?)",
+                      key, c->host, c->port, tc__rd_u32(echo), nonce);
   pthread_mutex_unlock(&c->mu);
   tc__buf_free(&b);
   return rc;
@@ -379,11 +486,14 @@ static void tc__tcp_note_local(tc__tcp_client_t *c) {
   struct sockaddr_storage ss;
   socklen_t sl = sizeof ss;
   c->local[0] = '\0';
+  c->local_port = 0;
   if (getsockname(c->fd, (struct sockaddr *)&ss, &sl)) return;
   if (ss.ss_family == AF_INET) {
     inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, c->local,
               sizeof c->local);
+    c->local_port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
   } else if (ss.ss_family == AF_INET6) {
+    c->local_port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
     struct in6_addr *a = &((struct sockaddr_in6 *)&ss)->sin6_addr;
     if (IN6_IS_ADDR_V4MAPPED(a))
       inet_ntop(AF_INET, &a->s6_addr[12], c->local, sizeof c->local);

@@ -4,149 +4,245 @@
  *
  * One background thread runs a poll() loop over the listening socket, a
  * wake-up pipe and every client (non-blocking sockets). Requests are parsed
- * only once complete, answers are buffered and sent as the socket accepts
- * them, and a WAIT (or BARRIER, or a blocking queue pop) is answered later,
- * when its keys appear, so a waiting client never blocks the others. Like
- * torch's libuv server, a connection must begin with VALIDATE and the magic
- * number, or it is dropped (and logged); a GET of a missing key answers an
- * empty value; an ADD on a non-integer value drops the connection.
+ * only once complete (tc__store_req_scan), executed by tcp_store_exec.c,
+ * answers are buffered and sent as the socket accepts them, and a WAIT (or
+ * BARRIER, or a blocking queue pop) is answered later, when its keys
+ * appear, so a waiting client never blocks the others. Like torch's libuv
+ * server, a connection must begin with VALIDATE and the magic number, or it
+ * is dropped.
+ *
+ * Hostile or broken clients are bounded (limits from the environment, read
+ * at start; README.md, "Environment"):
+ *  - TORCHCOMMS_STORE_MAX_BYTES (default 1 GiB): everything the server
+ *    holds -- stored data, buffered requests, unsent answers -- is accounted
+ *    and never exceeds it (store_server.h says how);
+ *  - TORCHCOMMS_STORE_MAX_VALUE_BYTES (default 256 MiB): a larger value (or
+ *    request: the value limit plus 1 MiB for keys) is refused as soon as its
+ *    length field arrives, before it is buffered;
+ *  - TORCHCOMMS_STORE_MAX_UNSENT_BYTES (default 16 MiB): past this many
+ *    unsent answer bytes a client's requests wait until it reads
+ *    (backpressure), and a client that reads nothing at all is evicted when
+ *    the memory is needed.
+ * torch's protocol cannot carry an error, so a refused client is closed;
+ * the reason is logged and kept, and our client asks for it on a fresh
+ * connection (the key TC__STORE_REFUSAL_KEY + "<its ip:port>", invisible to
+ * torch's clients) to report one clear sentence. Log lines are rate-limited
+ * (TC__STORE_LOG_BURST per TC__STORE_LOG_WINDOW_S, then counted).
  */
-#include "bootstrap/store_internal.h"
+#include "bootstrap/store_server.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #define TC__SERVER_MAGIC 0x53525652u /* "SRVR" */
-#define TC__MAX_KEY_LEN ((uint64_t)1 << 20)
-#define TC__MAX_VALUE_LEN ((uint64_t)1 << 34)
-#define TC__MAX_KEY_COUNT ((uint64_t)1 << 20)
-#define TC__READ_BUDGET (4u << 20) /* bytes read per client per round */
-#define TC__MAX_PENDING_OUT ((size_t)64 << 20) /* then stop reading it */
+#define READ_BUDGET (4u << 20)  /* bytes read per client per round */
+#define MIN_READ 4096u          /* free space a read wants at least */
+#define KEEP_BUF (64u << 10)    /* idle buffers above this are freed */
+#define HELD_POLL_MS 50         /* retry period of requests held for memory */
 
-typedef struct tc__conn {
-  int fd;
-  int validated;   /* sent VALIDATE with the magic number */
-  int dead;        /* to be closed at the end of this round */
-  char peer[64];
-  tc__buf_t in;    /* received bytes; in.p[in_off..in.len) not parsed yet */
-  size_t in_off;
-  tc__buf_t out;   /* answers; out.p[out_off..out.len) not sent yet */
-  size_t out_off;
-  char **wkeys;    /* keys a WAIT / BARRIER still waits for */
-  size_t *wklen;
-  size_t nwait;
-} tc__conn_t;
+enum { HELD_NONE = 0, HELD_EXEC, HELD_READ };
 
-struct tc_store_server {
-  uint32_t magic;
-  int lfd;
-  int port;
-  int wake[2];
-  pthread_t thread;
-  tc__conn_t **conns;
-  size_t nconns, cap;
-  struct pollfd *pfds;
-  size_t npfds;
-  tc__kv_t kv;
-  tc__kv_t queues; /* value: items, each a uint64 length + bytes */
-};
+/* ---- logging (rate-limited) and refusals ---- */
 
-/* Argument layout of each request: '4' uint32, '8' uint64, 'k' key string,
- * 'v' value string, 'N' a uint64 count of repeats of the rest. */
-static const char *const tc__spec[TC__Q_COUNT] = {
-    [TC__Q_VALIDATE] = "4",    [TC__Q_SET] = "kv",
-    [TC__Q_COMPARE_SET] = "kvv", [TC__Q_GET] = "k",
-    [TC__Q_ADD] = "k8",        [TC__Q_CHECK] = "Nk",
-    [TC__Q_WAIT] = "Nk",       [TC__Q_GETNUMKEYS] = "",
-    [TC__Q_DELETE_KEY] = "k",  [TC__Q_APPEND] = "kv",
-    [TC__Q_MULTI_GET] = "Nk",  [TC__Q_MULTI_SET] = "Nkv",
-    [TC__Q_CANCEL_WAIT] = "",  [TC__Q_PING] = "4",
-    [TC__Q_QUEUE_PUSH] = "kv", [TC__Q_QUEUE_POP] = "k",
-    [TC__Q_QUEUE_LEN] = "k",   [TC__Q_LIST_KEYS] = "",
-    [TC__Q_BARRIER] = "k8",
-};
-
-/* ---- parsing ---- */
-
-/* Walks the fields `spec` over p[*off..avail): 1 when all are there, 0 when
- * more bytes are needed, -1 when a length or count is out of bounds. */
-static int tc__walk(const char *spec, const uint8_t *p, size_t avail,
-                    size_t *off) {
-  for (const char *s = spec; *s; s++) {
-    if (*s == '4' || *s == '8') {
-      size_t n = *s == '4' ? 4 : 8;
-      if (avail - *off < n) return 0;
-      *off += n;
-    } else if (*s == 'k' || *s == 'v') {
-      if (avail - *off < 8) return 0;
-      uint64_t n = tc__rd_u64(p + *off);
-      if (n > (*s == 'k' ? TC__MAX_KEY_LEN : TC__MAX_VALUE_LEN)) return -1;
-      *off += 8;
-      if (avail - *off < n) return 0;
-      *off += (size_t)n;
-    } else { /* 'N' */
-      if (avail - *off < 8) return 0;
-      uint64_t n = tc__rd_u64(p + *off);
-      if (n > TC__MAX_KEY_COUNT) return -1;
-      *off += 8;
-      for (uint64_t i = 0; i < n; i++) {
-        int r = tc__walk(s + 1, p, avail, off);
-        if (r <= 0) return r;
-      }
-      return 1;
-    }
+/* Logs one line, at most TC__STORE_LOG_BURST per window; the rest are
+ * counted and reported by the next line of a later window (or at stop). */
+static void srv_logv(tc_store_server_t *s, int level, const char *fmt,
+                     va_list ap) {
+  if (!tc__log_enabled(level)) return;
+  double now = tc__now();
+  if (now - s->log_window >= TC__STORE_LOG_WINDOW_S) {
+    if (s->log_suppressed)
+      tc__log(1, "store server: %lu more log lines suppressed in the last "
+              "%.0f s (at most %d per %.0f s)", s->log_suppressed,
+              now - s->log_window, TC__STORE_LOG_BURST,
+              TC__STORE_LOG_WINDOW_S);
+    s->log_window = now;
+    s->log_lines = 0;
+    s->log_suppressed = 0;
   }
-  return 1;
+  if (s->log_lines >= TC__STORE_LOG_BURST) {
+    s->log_suppressed++;
+    return;
+  }
+  s->log_lines++;
+  char line[768];
+  vsnprintf(line, sizeof line, fmt, ap);
+  tc__log(level, "store server: %s", line);
 }
 
-/* A cursor over one complete request. */
-typedef struct tc__rd {
-  const uint8_t *p;
-  size_t off;
-} tc__rd_t;
-
-static uint64_t tc__rd64(tc__rd_t *r) {
-  uint64_t v = tc__rd_u64(r->p + r->off);
-  r->off += 8;
-  return v;
+static void srv_log(tc_store_server_t *s, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void srv_log(tc_store_server_t *s, int level, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  srv_logv(s, level, fmt, ap);
+  va_end(ap);
 }
 
-static const uint8_t *tc__rdstr(tc__rd_t *r, size_t *len) {
-  *len = (size_t)tc__rd64(r);
-  const uint8_t *s = r->p + r->off;
-  r->off += *len;
-  return s;
+void tc__srv_drop(tc_store_server_t *s, tc__conn_t *c, int level,
+                  const char *fmt, ...) {
+  if (c->dead) return;
+  c->dead = 1;
+  char why[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  srv_log(s, level, "closing the connection from %s: %s", c->peer, why);
+  if (level > 1) return;
+  tc__store_refusal_t *r = &s->refusals[s->nrefusals++ % TC__STORE_NREFUSALS];
+  snprintf(r->peer, sizeof r->peer, "%s", c->peer);
+  snprintf(r->why, sizeof r->why, "%s", why);
+}
+
+const char *tc__srv_refusal(const tc_store_server_t *s, const void *peer,
+                            size_t len) {
+  /* newest first: a port reused by a later connection has the later one */
+  for (unsigned i = 0; i < TC__STORE_NREFUSALS && i < s->nrefusals; i++) {
+    const tc__store_refusal_t *r =
+        &s->refusals[(s->nrefusals - 1 - i) % TC__STORE_NREFUSALS];
+    if (strlen(r->peer) == len && !memcmp(r->peer, peer, len)) return r->why;
+  }
+  return NULL;
+}
+
+/* ---- memory accounting ---- */
+
+void tc__srv_acct(tc_store_server_t *s, long long delta) {
+  s->used = (size_t)((long long)s->used + delta);
+  atomic_store_explicit(&s->used_pub, s->used, memory_order_relaxed);
+  if (s->used > atomic_load_explicit(&s->peak_pub, memory_order_relaxed))
+    atomic_store_explicit(&s->peak_pub, s->used, memory_order_relaxed);
+}
+
+static size_t unsent(const tc__conn_t *c) { return c->out.len - c->out_off; }
+
+/* Accounted bytes c holds. */
+static size_t conn_bytes(const tc__conn_t *c) {
+  return TC__STORE_CONN_COST + c->in.cap + c->out.cap + c->wcost;
+}
+
+/* Frees a buffer of c, accounted. */
+static void buf_release(tc_store_server_t *s, tc__buf_t *b) {
+  tc__srv_acct(s, -(long long)b->cap);
+  tc__buf_free(b);
+}
+
+/* Frees what c holds (it is dead); the socket is closed when reaped. */
+static void conn_release(tc_store_server_t *s, tc__conn_t *c) {
+  tc__srv_clear_wait(s, c);
+  buf_release(s, &c->in);
+  buf_release(s, &c->out);
+  c->in_off = c->out_off = c->in_need = 0;
+}
+
+/* Closes c and frees it. */
+static void conn_free(tc_store_server_t *s, tc__conn_t *c) {
+  conn_release(s, c);
+  if (c->fd >= 0) close(c->fd);
+  tc__srv_acct(s, -(long long)TC__STORE_CONN_COST);
+  free(c);
+}
+
+/* A connection that holds memory without progress: unsent answers and no
+ * send for TC__STORE_STALL_S, or a partial request and nothing received
+ * for as long. */
+static int stalled(const tc__conn_t *c, double now) {
+  if (c->dead) return 0;
+  if (unsent(c) && now - c->out_since >= TC__STORE_STALL_S) return 1;
+  return c->in.len > c->in_off && now - c->in_since >= TC__STORE_STALL_S &&
+         c->held != HELD_EXEC;
+}
+
+int tc__srv_room(tc_store_server_t *s, size_t n, tc__conn_t *c) {
+  uint64_t max = s->lim.max_bytes;
+  if (s->used + n <= max && s->used + n >= s->used) return 1;
+  if (n > max) return -1;
+  double now = tc__now();
+  for (;;) { /* evict stalled connections, the largest first */
+    tc__conn_t *worst = NULL;
+    for (size_t i = 0; i < s->nconns; i++) {
+      tc__conn_t *x = s->conns[i];
+      if (x != c && stalled(x, now) &&
+          (!worst || conn_bytes(x) > conn_bytes(worst)))
+        worst = x;
+    }
+    if (!worst) break;
+    size_t held = unsent(worst), part = worst->in.len - worst->in_off;
+    tc__srv_drop(s, worst, 1,
+                 "evicted: it left %zu answer bytes unread and %zu request "
+                 "bytes incomplete for %.1f s while the store needed memory "
+                 "(%zu of %" PRIu64 " bytes in use; TORCHCOMMS_STORE_MAX_BYTES)",
+                 held, part, now - worst->out_since, s->used, max);
+    conn_release(s, worst);
+    if (s->used + n <= max) return 1;
+  }
+  /* may others (or c itself) still free memory by reading or sending? */
+  for (size_t i = 0; i < s->nconns; i++) {
+    tc__conn_t *x = s->conns[i];
+    if (!x->dead && (unsent(x) || (x != c && x->in.len > x->in_off &&
+                                    x->held != HELD_EXEC)))
+      return 0;
+  }
+  return -1;
+}
+
+size_t tc__srv_out_growth(const tc__conn_t *c, size_t n) {
+  size_t want = c->out.len + n + (c->nwait ? 1 : 0);
+  return want > c->out.cap ? want - c->out.cap : 0;
+}
+
+/* Grows b to cap bytes, accounted. 0, or -1 when out of memory. */
+static int buf_grow(tc_store_server_t *s, tc__buf_t *b, size_t cap) {
+  uint8_t *p = realloc(b->p, cap);
+  if (!p) return -1;
+  tc__srv_acct(s, (long long)cap - (long long)b->cap);
+  b->p = p;
+  b->cap = cap;
+  return 0;
+}
+
+int tc__srv_reserve_out(tc_store_server_t *s, tc__conn_t *c, size_t n,
+                        size_t keep) {
+  size_t grow = tc__srv_out_growth(c, n);
+  if (!grow) return 0;
+  size_t exact = c->out.cap + grow, dbl = c->out.cap * 2;
+  /* doubling saves copies; it is taken only when it fits as it is, with
+   * `keep` bytes still free */
+  uint64_t avail = s->used < s->lim.max_bytes ? s->lim.max_bytes - s->used : 0;
+  size_t cap = dbl > exact && dbl - c->out.cap + (uint64_t)keep <= avail
+                   ? dbl : exact;
+  if (cap < 64 && 64 - c->out.cap + (uint64_t)keep <= avail) cap = 64;
+  if (buf_grow(s, &c->out, cap) == 0) return 0;
+  tc__srv_drop(s, c, 0, "out of memory for an answer");
+  return -1;
 }
 
 /* ---- connections ---- */
 
-/* Marks c dead (closed at the end of the round), logging why. */
-static void tc__conn_drop(tc__conn_t *c, int level, const char *why) {
-  if (!c->dead) tc__log(level, "store server: closing connection from %s: %s",
-                        c->peer, why);
-  c->dead = 1;
-}
-
-/* Sends buffered answers until the socket would block. */
-static void tc__conn_flush(tc__conn_t *c) {
+/* Sends buffered answers until the socket would block (a connection
+ * without a socket, fed by a fuzzer, drops them). */
+static void conn_flush(tc_store_server_t *s, tc__conn_t *c) {
   if (c->out.oom) {
-    tc__conn_drop(c, 0, "out of memory for an answer");
+    tc__srv_drop(s, c, 0, "out of memory for an answer");
     return;
   }
   while (!c->dead && c->out_off < c->out.len) {
-    ssize_t n = send(c->fd, c->out.p + c->out_off, c->out.len - c->out_off,
-                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = c->fd < 0 ? (ssize_t)(c->out.len - c->out_off)
+                          : send(c->fd, c->out.p + c->out_off,
+                                 c->out.len - c->out_off,
+                                 MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       c->out_off += (size_t)n;
+      c->out_since = tc__now();
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -157,343 +253,120 @@ static void tc__conn_flush(tc__conn_t *c) {
       }
       return;
     } else {
-      tc__conn_drop(c, 3, "send failed (client gone)");
+      tc__srv_drop(s, c, 3, "send failed (client gone)");
       return;
     }
   }
   c->out.len = c->out_off = 0;
+  /* an idle big buffer goes back (a pending WAIT keeps its byte) */
+  if (c->out.cap > KEEP_BUF && !c->nwait) buf_release(s, &c->out);
 }
 
-/* Forgets what c waits for. */
-static void tc__conn_clear_wait(tc__conn_t *c) {
-  for (size_t i = 0; i < c->nwait; i++) free(c->wkeys[i]);
-  free(c->wkeys);
-  free(c->wklen);
-  c->wkeys = NULL;
-  c->wklen = NULL;
-  c->nwait = 0;
-}
-
-/* Closes c and frees it. */
-static void tc__conn_free(tc__conn_t *c) {
-  if (c->fd >= 0) close(c->fd);
-  tc__conn_clear_wait(c);
-  tc__buf_free(&c->in);
-  tc__buf_free(&c->out);
-  free(c);
-}
-
-/* ---- store semantics ---- */
-
-/* A key exists: set, or a non-empty queue (torch's checkKeys). */
-static int tc__srv_present(tc_store_server_t *s, const void *k, size_t n) {
-  if (tc__kv_find(&s->kv, k, n)) return 1;
-  tc__kv_entry_t *q = tc__kv_find(&s->queues, k, n);
-  return q && q->vlen > 0;
-}
-
-/* The key was written: removes it from the waiting lists and answers
- * STOP_WAITING to clients that have nothing left to wait for (only the
- * first such client when `one`, for a queue push). */
-static void tc__srv_notify(tc_store_server_t *s, const void *k, size_t n,
-                           int one) {
-  for (size_t i = 0; i < s->nconns; i++) {
-    tc__conn_t *c = s->conns[i];
-    for (size_t j = 0; !c->dead && j < c->nwait; j++) {
-      if (c->wklen[j] != n || memcmp(c->wkeys[j], k, n)) continue;
-      free(c->wkeys[j]);
-      c->wkeys[j] = c->wkeys[c->nwait - 1];
-      c->wklen[j] = c->wklen[c->nwait - 1];
-      if (--c->nwait == 0) {
-        tc__conn_clear_wait(c);
-        tc__buf_u8(&c->out, TC__WAIT_STOP_WAITING);
-        tc__conn_flush(c);
-        if (one) return;
-      }
-      break;
-    }
-  }
-}
-
-/* Starts waiting for the keys among keys[0..n) that are missing (all of
- * them when `all`); answers STOP_WAITING at once when none is. */
-static void tc__srv_wait(tc_store_server_t *s, tc__conn_t *c, tc__rd_t *r,
-                         uint64_t n, int all) {
-  tc__conn_clear_wait(c);
-  c->wkeys = calloc(n ? n : 1, sizeof *c->wkeys);
-  c->wklen = calloc(n ? n : 1, sizeof *c->wklen);
-  if (!c->wkeys || !c->wklen) {
-    tc__conn_drop(c, 0, "out of memory for a wait");
-    return;
-  }
-  for (uint64_t i = 0; i < n; i++) {
-    size_t kl;
-    const uint8_t *k = tc__rdstr(r, &kl);
-    if (!all && tc__srv_present(s, k, kl)) continue;
-    char *copy = malloc(kl ? kl : 1);
-    if (!copy) {
-      tc__conn_drop(c, 0, "out of memory for a wait");
-      return;
-    }
-    memcpy(copy, k, kl);
-    c->wkeys[c->nwait] = copy;
-    c->wklen[c->nwait++] = kl;
-  }
-  if (c->nwait == 0) {
-    tc__conn_clear_wait(c);
-    tc__buf_u8(&c->out, TC__WAIT_STOP_WAITING);
-  }
-}
-
-/* Number of items in a queue value. */
-static int64_t tc__queue_len(const tc__kv_entry_t *q) {
-  int64_t n = 0;
-  for (size_t off = 0; q && off + 8 <= q->vlen; n++)
-    off += 8 + (size_t)tc__rd_u64(q->val + off);
-  return n;
-}
-
-/* Sets key, or drops c when out of memory; then wakes its waiters. */
-static void tc__srv_set(tc_store_server_t *s, tc__conn_t *c, const void *k,
-                        size_t kl, const void *v, size_t vl) {
-  if (!tc__kv_set(&s->kv, k, kl, v, vl)) {
-    tc__conn_drop(c, 0, "out of memory for a value");
-    return;
-  }
-  tc__srv_notify(s, k, kl, 0);
-}
-
-/* Executes one complete request of c. */
-static void tc__srv_exec(tc_store_server_t *s, tc__conn_t *c,
-                         const uint8_t *req) {
-  tc__rd_t r = {req, 1};
-  tc__buf_t *o = &c->out;
-  size_t kl, vl, el;
-  const uint8_t *k, *v, *e;
-  switch ((tc__tcp_query_t)req[0]) {
-  case TC__Q_VALIDATE: {
-    uint32_t m = tc__rd_u32(req + 1);
-    if (m != TC__TCP_VALIDATION_MAGIC) {
-      char why[96];
-      snprintf(why, sizeof why, "wrong validation magic 0x%08x (not a "
-               "TCPStore client?)", m);
-      tc__conn_drop(c, 1, why);
-    }
-    c->validated = 1;
-    break;
-  }
-  case TC__Q_PING:
-    tc__buf_put(o, req + 1, 4);
-    break;
-  case TC__Q_SET:
-    k = tc__rdstr(&r, &kl);
-    v = tc__rdstr(&r, &vl);
-    tc__srv_set(s, c, k, kl, v, vl);
-    break;
-  case TC__Q_COMPARE_SET: {
-    k = tc__rdstr(&r, &kl);
-    e = tc__rdstr(&r, &el);
-    v = tc__rdstr(&r, &vl);
-    tc__kv_entry_t *cur = tc__kv_find(&s->kv, k, kl);
-    if (!cur && el != 0) {
-      tc__buf_str(o, e, el); /* torch answers `expected` here */
-      break;
-    }
-    if (!cur || (cur->vlen == el && (!el || !memcmp(cur->val, e, el))))
-      tc__srv_set(s, c, k, kl, v, vl);
-    cur = tc__kv_find(&s->kv, k, kl);
-    if (cur) tc__buf_str(o, cur->val, cur->vlen);
-    break;
-  }
-  case TC__Q_GET: {
-    k = tc__rdstr(&r, &kl);
-    tc__kv_entry_t *cur = tc__kv_find(&s->kv, k, kl);
-    tc__buf_str(o, cur ? cur->val : NULL, cur ? cur->vlen : 0);
-    break;
-  }
-  case TC__Q_ADD: {
-    k = tc__rdstr(&r, &kl);
-    int64_t delta = (int64_t)tc__rd64(&r), res = 0;
-    int rc = tc__kv_add(&s->kv, k, kl, delta, &res);
-    if (rc != TC_OK) {
-      tc__conn_drop(c, 1, rc == TC_ERR_STORE ? "ADD on a key whose value is "
-                    "not an integer" : "out of memory");
-      break;
-    }
-    tc__buf_u64(o, (uint64_t)res);
-    tc__srv_notify(s, k, kl, 0);
-    break;
-  }
-  case TC__Q_CHECK: {
-    uint64_t n = tc__rd64(&r);
-    int ready = 1;
-    for (uint64_t i = 0; i < n; i++) {
-      k = tc__rdstr(&r, &kl);
-      ready &= tc__srv_present(s, k, kl);
-    }
-    tc__buf_u8(o, ready ? TC__CHECK_READY : TC__CHECK_NOT_READY);
-    break;
-  }
-  case TC__Q_WAIT: {
-    uint64_t n = tc__rd64(&r);
-    tc__srv_wait(s, c, &r, n, 0);
-    break;
-  }
-  case TC__Q_GETNUMKEYS:
-    tc__buf_u64(o, (uint64_t)s->kv.count);
-    break;
-  case TC__Q_DELETE_KEY:
-    k = tc__rdstr(&r, &kl);
-    tc__buf_u64(o, (uint64_t)tc__kv_delete(&s->kv, k, kl));
-    break;
-  case TC__Q_APPEND:
-    k = tc__rdstr(&r, &kl);
-    v = tc__rdstr(&r, &vl);
-    if (!tc__kv_append(&s->kv, k, kl, v, vl))
-      tc__conn_drop(c, 0, "out of memory for a value");
-    else
-      tc__srv_notify(s, k, kl, 0);
-    break;
-  case TC__Q_MULTI_GET: {
-    uint64_t n = tc__rd64(&r);
-    for (uint64_t i = 0; i < n; i++) {
-      k = tc__rdstr(&r, &kl);
-      tc__kv_entry_t *cur = tc__kv_find(&s->kv, k, kl);
-      tc__buf_str(o, cur ? cur->val : NULL, cur ? cur->vlen : 0);
-    }
-    break;
-  }
-  case TC__Q_MULTI_SET: {
-    uint64_t n = tc__rd64(&r);
-    for (uint64_t i = 0; i < n && !c->dead; i++) {
-      k = tc__rdstr(&r, &kl);
-      v = tc__rdstr(&r, &vl);
-      tc__srv_set(s, c, k, kl, v, vl);
-    }
-    break;
-  }
-  case TC__Q_CANCEL_WAIT:
-    tc__conn_clear_wait(c);
-    tc__buf_u8(o, TC__WAIT_CANCELED);
-    break;
-  case TC__Q_QUEUE_PUSH: {
-    k = tc__rdstr(&r, &kl);
-    v = tc__rdstr(&r, &vl);
-    tc__buf_t item = {0};
-    tc__buf_str(&item, v, vl);
-    if (item.oom || !tc__kv_append(&s->queues, k, kl, item.p, item.len))
-      tc__conn_drop(c, 0, "out of memory for a queue item");
-    else
-      tc__srv_notify(s, k, kl, 1);
-    tc__buf_free(&item);
-    break;
-  }
-  case TC__Q_QUEUE_POP: {
-    k = tc__rdstr(&r, &kl);
-    tc__kv_entry_t *q = tc__kv_find(&s->queues, k, kl);
-    int64_t n = tc__queue_len(q);
-    tc__buf_u64(o, (uint64_t)n);
-    if (n > 0) {
-      size_t il = (size_t)tc__rd_u64(q->val);
-      tc__buf_str(o, q->val + 8, il);
-      memmove(q->val, q->val + 8 + il, q->vlen - 8 - il);
-      q->vlen -= 8 + il;
-    }
-    break;
-  }
-  case TC__Q_QUEUE_LEN:
-    k = tc__rdstr(&r, &kl);
-    tc__buf_u64(o, (uint64_t)tc__queue_len(tc__kv_find(&s->queues, k, kl)));
-    break;
-  case TC__Q_LIST_KEYS:
-    tc__buf_u64(o, (uint64_t)s->kv.count);
-    for (size_t i = 0; i < s->kv.nbuckets; i++)
-      for (tc__kv_entry_t *x = s->kv.buckets[i]; x; x = x->next)
-        tc__buf_str(o, x->key, x->klen);
-    break;
-  case TC__Q_BARRIER: {
-    k = tc__rdstr(&r, &kl);
-    int64_t world = (int64_t)tc__rd64(&r), count = 0;
-    size_t key_off = r.off - kl - 8 - 8; /* re-read the key for the wait */
-    /* the count is stored without waking waiters until it is complete */
-    if (tc__kv_add(&s->kv, k, kl, 1, &count) != TC_OK) {
-      tc__conn_drop(c, 1, "BARRIER on a key whose value is not an integer");
-      break;
-    }
-    if (count >= world) {
-      tc__srv_notify(s, k, kl, 0);
-      tc__buf_u8(o, TC__WAIT_STOP_WAITING);
-    } else {
-      tc__rd_t kr = {req, key_off};
-      tc__srv_wait(s, c, &kr, 1, 1);
-    }
-    break;
-  }
-  default:
-    break;
-  }
-}
-
-/* Parses and executes the complete requests buffered for c, then sends
- * the answers. Requests wait while more than TC__MAX_PENDING_OUT bytes of
- * answers are unsent (backpressure); they resume after a flush. */
-static void tc__srv_process(tc_store_server_t *s, tc__conn_t *c) {
-  int held;
+/* Executes the complete requests buffered for c, then sends the answers.
+ * Requests wait while more than max_unsent answer bytes are unsent
+ * (backpressure), or while the memory they need is not free (c->held). */
+static void conn_process(tc_store_server_t *s, tc__conn_t *c) {
+  int again;
+  if (c->held == HELD_EXEC) c->held = HELD_NONE;
   do {
-    held = 0;
-    while (!c->dead && c->in_off < c->in.len) {
-      if (c->out.len - c->out_off > TC__MAX_PENDING_OUT) {
-        held = 1;
+    again = 0;
+    while (!c->dead && c->in_off < c->in.len && c->held != HELD_EXEC) {
+      if (unsent(c) > s->lim.max_unsent) {
+        again = 1;
         break;
       }
       const uint8_t *p = c->in.p + c->in_off;
-      size_t avail = c->in.len - c->in_off, off = 1;
-      char why[96];
+      size_t avail = c->in.len - c->in_off;
+      if (avail < c->in_need) break; /* the rest has not arrived */
       if (!c->validated && p[0] != TC__Q_VALIDATE) {
-        snprintf(why, sizeof why, "first request is %u, not VALIDATE (not a "
-                 "TCPStore client?)", p[0]);
-        tc__conn_drop(c, 1, why);
+        tc__srv_drop(s, c, 1, "first request is %u, not VALIDATE (not a "
+                     "TCPStore client?)", p[0]);
         break;
       }
-      if (p[0] >= TC__Q_COUNT) {
-        snprintf(why, sizeof why, "unknown request type %u", p[0]);
-        tc__conn_drop(c, 1, why);
-        break;
+      tc__store_req_t r;
+      int w = tc__store_req_scan(p, avail, s->lim.max_value, &r);
+      if (w == TC__REQ_UNKNOWN) {
+        tc__srv_drop(s, c, 1, "unknown request type %u", p[0]);
+      } else if (w == TC__REQ_TOO_BIG) {
+        int keys = !strcmp(r.why, "key count");
+        const char *var =
+            !strcmp(r.why, "value") ? " (TORCHCOMMS_STORE_MAX_VALUE_BYTES)"
+            : !strcmp(r.why, "request") ? " (TORCHCOMMS_STORE_MAX_VALUE_BYTES "
+                                          "plus 1 MiB for keys)"
+                                        : "";
+        tc__srv_drop(s, c, 1, "a %s of %" PRIu64 " %s exceeds its limit of "
+                     "%" PRIu64 "%s (%s request)", r.why, r.bad,
+                     keys ? "keys" : "bytes", r.limit, var,
+                     tc__store_req_name(r.type));
+      } else if (w == TC__REQ_INCOMPLETE) {
+        c->in_need = r.need;
+      } else if (!tc__srv_exec(s, c, p, r.len)) {
+        c->held = HELD_EXEC;
+      } else {
+        c->in_off += r.len;
+        c->in_need = 0;
+        s->nexec++;
+        continue;
       }
-      int w = tc__walk(tc__spec[p[0]], p, avail, &off);
-      if (w < 0) tc__conn_drop(c, 1, "request with an oversized length field");
-      if (w <= 0) break;
-      tc__srv_exec(s, c, p);
-      c->in_off += off;
+      break;
     }
+    if (c->dead) return;
     if (c->in_off == c->in.len) {
       c->in.len = c->in_off = 0;
-    } else if (c->in_off > c->in.len / 2) {
+      if (c->in.cap > KEEP_BUF) buf_release(s, &c->in);
+    } else if (c->in_off > 0) { /* the pending request moves to the front */
       memmove(c->in.p, c->in.p + c->in_off, c->in.len - c->in_off);
       c->in.len -= c->in_off;
       c->in_off = 0;
     }
-    tc__conn_flush(c);
+    conn_flush(s, c);
     /* held back but the client drained enough already: go on now, since
      * no poll event may come for the held requests */
-  } while (held && !c->dead &&
-           c->out.len - c->out_off <= TC__MAX_PENDING_OUT);
+  } while (again && !c->dead && unsent(c) <= s->lim.max_unsent);
+}
+
+/* Free space in c->in for the next read, growing the buffer (up to the end
+ * of the pending request when its size is known) if the budget allows:
+ * > 0, or 0 when it must wait for memory (c->held), or 0 with c dropped. */
+static size_t conn_in_room(tc_store_server_t *s, tc__conn_t *c) {
+  size_t free_now = c->in.cap - c->in.len;
+  size_t end = c->in_off + c->in_need; /* where the pending request ends */
+  size_t want = end > c->in.len ? end - c->in.len : 0;
+  if (want < MIN_READ) want = MIN_READ;
+  if (free_now >= MIN_READ || free_now >= want) return free_now;
+  size_t cap = c->in.cap * 2;
+  if (cap < c->in.len + MIN_READ) cap = c->in.len + MIN_READ;
+  if (cap > c->in.len + want) cap = c->in.len + want;
+  int room = tc__srv_room(s, cap - c->in.cap, c);
+  if (room > 0 && buf_grow(s, &c->in, cap) == 0) return cap - c->in.len;
+  if (room == 0) {
+    c->held = HELD_READ;
+  } else if (room < 0) {
+    tc__srv_drop(s, c, 1, "a %s request of %zu bytes does not fit in the "
+                 "server's memory budget (%zu of %" PRIu64 " bytes in use; "
+                 "TORCHCOMMS_STORE_MAX_BYTES)",
+                 tc__store_req_name(c->in.len > c->in_off ?
+                                    c->in.p[c->in_off] : 0),
+                 c->in_need, s->used, s->lim.max_bytes);
+  } else {
+    tc__srv_drop(s, c, 0, "out of memory for a request");
+  }
+  return 0;
 }
 
 /* Reads what c sent (up to a budget), then processes it. */
-static void tc__srv_read(tc_store_server_t *s, tc__conn_t *c) {
+static void conn_read(tc_store_server_t *s, tc__conn_t *c) {
   size_t got = 0;
   int eof = 0;
-  while (got < TC__READ_BUDGET) {
-    if (tc__buf_reserve(&c->in, 65536)) {
-      tc__conn_drop(c, 0, "out of memory for a request");
-      return;
-    }
-    ssize_t n = recv(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len,
-                     MSG_DONTWAIT);
+  if (c->held == HELD_READ) c->held = HELD_NONE;
+  while (got < READ_BUDGET && !c->dead && !c->held) {
+    size_t room = conn_in_room(s, c);
+    if (!room) break;
+    ssize_t n = recv(c->fd, c->in.p + c->in.len, room, MSG_DONTWAIT);
     if (n > 0) {
       c->in.len += (size_t)n;
       got += (size_t)n;
+      c->in_since = tc__now(); /* progress, for stalled() */
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else {
@@ -501,12 +374,51 @@ static void tc__srv_read(tc_store_server_t *s, tc__conn_t *c) {
       break;
     }
   }
-  tc__srv_process(s, c);
-  if (eof) tc__conn_drop(c, 3, "client closed the connection");
+  conn_process(s, c);
+  if (eof) tc__srv_drop(s, c, 3, "client closed the connection");
+}
+
+/* Formats a peer address as "ip:port" (IPv4-mapped IPv6 as IPv4), as our
+ * client names itself when it asks why it was refused. */
+static void peer_name(const struct sockaddr_storage *ss, char *buf,
+                      size_t len) {
+  char ip[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (ss->ss_family == AF_INET) {
+    const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+    inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+    port = ntohs(a->sin_port);
+  } else if (ss->ss_family == AF_INET6) {
+    const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr))
+      inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], ip, sizeof ip);
+    else
+      inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
+    port = ntohs(a->sin6_port);
+  }
+  snprintf(buf, len, "%s:%d", ip, port);
+}
+
+/* Adds a connection (fd -1: fed by a fuzzer); NULL when out of memory. */
+static tc__conn_t *conn_add(tc_store_server_t *s, int fd) {
+  if (s->nconns == s->cap) {
+    size_t cap = s->cap ? s->cap * 2 : 16;
+    tc__conn_t **a = realloc(s->conns, cap * sizeof *a);
+    if (!a) return NULL;
+    s->conns = a;
+    s->cap = cap;
+  }
+  tc__conn_t *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->fd = fd;
+  c->out_since = c->in_since = tc__now();
+  s->conns[s->nconns++] = c;
+  tc__srv_acct(s, TC__STORE_CONN_COST);
+  return c;
 }
 
 /* Accepts every pending connection. */
-static void tc__srv_accept(tc_store_server_t *s) {
+static void srv_accept(tc_store_server_t *s) {
   for (;;) {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
@@ -516,50 +428,50 @@ static void tc__srv_accept(tc_store_server_t *s) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EMFILE || errno == ENFILE) {
         /* out of descriptors: back off rather than spin on the listener */
-        tc__log(1, "store server: accept: %s (raise ulimit -n?)",
-                strerror(errno));
+        srv_log(s, 1, "accept: %s (raise ulimit -n?)", strerror(errno));
         usleep(10000);
       } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        tc__log(1, "store server: accept: %s", strerror(errno));
+        srv_log(s, 1, "accept: %s", strerror(errno));
       }
       return;
     }
-    tc__conn_t *c = calloc(1, sizeof *c);
-    if (c && s->nconns == s->cap) {
-      size_t cap = s->cap ? s->cap * 2 : 16;
-      tc__conn_t **a = realloc(s->conns, cap * sizeof *a);
-      if (a) {
-        s->conns = a;
-        s->cap = cap;
-      }
-    }
-    if (!c || s->nconns == s->cap) {
-      tc__log(0, "store server: out of memory accepting a connection");
-      free(c);
+    char peer[64];
+    peer_name(&ss, peer, sizeof peer);
+    tc__conn_t *c = NULL;
+    int room = tc__srv_room(s, TC__STORE_CONN_COST, NULL);
+    if (room <= 0 || !(c = conn_add(s, fd))) {
+      srv_log(s, room <= 0 ? 1 : 0, "refusing the connection from %s: %s",
+              peer, room <= 0 ? "the memory budget is exhausted "
+              "(TORCHCOMMS_STORE_MAX_BYTES)" : "out of memory");
       close(fd);
-      return;
+      continue;
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    c->fd = fd;
-    char host[INET6_ADDRSTRLEN] = "?", port[16] = "?";
-    getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, port,
-                sizeof port, NI_NUMERICHOST | NI_NUMERICSERV);
-    snprintf(c->peer, sizeof c->peer, "%s:%s", host, port);
-    s->conns[s->nconns++] = c;
-    tc__log(3, "store server: connection from %s", c->peer);
+    snprintf(c->peer, sizeof c->peer, "%s", peer);
+    srv_log(s, 3, "connection from %s", c->peer);
   }
 }
 
+/* Closes and forgets the dead connections, keeping the order. */
+static void srv_reap(tc_store_server_t *s) {
+  size_t j = 0;
+  for (size_t i = 0; i < s->nconns; i++) {
+    if (s->conns[i]->dead) conn_free(s, s->conns[i]);
+    else s->conns[j++] = s->conns[i];
+  }
+  s->nconns = j;
+}
+
 /* The server thread: the poll loop, until the wake pipe is written. */
-static void *tc__srv_main(void *arg) {
+static void *srv_main(void *arg) {
   tc_store_server_t *s = arg;
   for (;;) {
     size_t n = 2 + s->nconns;
     if (n > s->npfds) {
       struct pollfd *p = realloc(s->pfds, n * 2 * sizeof *p);
       if (!p) {
-        tc__log(0, "store server: out of memory; waiting");
+        srv_log(s, 0, "out of memory; waiting");
         usleep(100000);
         continue;
       }
@@ -569,18 +481,19 @@ static void *tc__srv_main(void *arg) {
     s->pfds[0] = (struct pollfd){.fd = s->wake[0], .events = POLLIN};
     s->pfds[1] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
     size_t npoll = s->nconns;
+    int held = 0;
     for (size_t i = 0; i < npoll; i++) {
       tc__conn_t *c = s->conns[i];
       /* a client that does not read its answers is not read either */
-      size_t pending = c->out.len - c->out_off;
-      short ev = pending > TC__MAX_PENDING_OUT ? 0 : POLLIN;
-      if (pending) ev |= POLLOUT;
+      short ev = unsent(c) > s->lim.max_unsent || c->held ? 0 : POLLIN;
+      if (unsent(c)) ev |= POLLOUT;
+      held |= c->held != HELD_NONE;
       s->pfds[2 + i] = (struct pollfd){.fd = c->fd, .events = ev};
     }
-    int r = poll(s->pfds, 2 + npoll, -1);
+    int r = poll(s->pfds, 2 + npoll, held ? HELD_POLL_MS : -1);
     if (r < 0) {
       if (errno == EINTR) continue;
-      tc__log(0, "store server: poll: %s", strerror(errno));
+      srv_log(s, 0, "poll: %s", strerror(errno));
       usleep(10000);
       continue;
     }
@@ -588,22 +501,102 @@ static void *tc__srv_main(void *arg) {
     for (size_t i = 0; i < npoll; i++) {
       tc__conn_t *c = s->conns[i];
       short re = s->pfds[2 + i].revents;
-      if (c->dead || !re) continue;
+      if (c->dead) continue;
       if (re & POLLOUT) {
-        tc__conn_flush(c);
-        if (c->in_off < c->in.len) tc__srv_process(s, c); /* held back */
+        conn_flush(s, c);
+        if (c->in_off < c->in.len) conn_process(s, c); /* held back */
       }
-      if (re & (POLLIN | POLLHUP | POLLERR)) tc__srv_read(s, c);
+      if (!c->dead && (re & (POLLIN | POLLHUP | POLLERR)))
+        conn_read(s, c);
+      else if (!c->dead && c->held == HELD_READ)
+        conn_read(s, c);
+      else if (!c->dead && c->held == HELD_EXEC)
+        conn_process(s, c);
     }
-    if (s->pfds[1].revents) tc__srv_accept(s);
-    size_t j = 0; /* reap dead connections, keeping the order */
-    for (size_t i = 0; i < s->nconns; i++) {
-      if (s->conns[i]->dead) tc__conn_free(s->conns[i]);
-      else s->conns[j++] = s->conns[i];
-    }
-    s->nconns = j;
+    if (s->pfds[1].revents) srv_accept(s);
+    srv_reap(s);
   }
   return NULL;
+}
+
+/* ---- limits ---- */
+
+/* The limits, read from the environment now. */
+static tc__store_limits_t read_limits(void) {
+  tc__store_limits_t l = {
+      .max_bytes = tc__env_bytes("TORCHCOMMS_STORE_MAX_BYTES", (uint64_t)1 << 30,
+                             (uint64_t)1 << 20),
+      .max_value = tc__env_bytes("TORCHCOMMS_STORE_MAX_VALUE_BYTES",
+                             (uint64_t)256 << 20, 1024),
+      .max_unsent = tc__env_bytes("TORCHCOMMS_STORE_MAX_UNSENT_BYTES",
+                              (uint64_t)16 << 20, 4096)};
+  return l;
+}
+
+void tc__store_server_memory(tc_store_server_t *s, size_t *used, size_t *peak,
+                             size_t *budget) {
+  *used = atomic_load(&s->used_pub);
+  *peak = atomic_load(&s->peak_pub);
+  *budget = (size_t)s->lim.max_bytes;
+}
+
+/* Accounted bytes recomputed from scratch (the fuzzer checks it). */
+static size_t recount(const tc_store_server_t *s) {
+  size_t n = 0;
+  for (size_t i = 0; i < s->nconns; i++) n += conn_bytes(s->conns[i]);
+  const tc__kv_t *kvs[2] = {&s->kv, &s->queues};
+  for (int t = 0; t < 2; t++)
+    for (size_t i = 0; i < kvs[t]->nbuckets; i++)
+      for (tc__kv_entry_t *e = kvs[t]->buckets[i]; e; e = e->next)
+        n += TC__STORE_ENTRY_COST(e->klen, e->vlen);
+  return n;
+}
+
+size_t tc__store_server_fuzz(const uint8_t *data, size_t len) {
+  tc_store_server_t *s = calloc(1, sizeof *s);
+  if (!s) return 0;
+  s->lim = (tc__store_limits_t){.max_bytes = 1u << 20, .max_value = 64u << 10,
+                                .max_unsent = 16u << 10};
+  s->log_window = tc__now();
+  s->log_lines = TC__STORE_LOG_BURST; /* quiet */
+  tc__conn_t *c[2] = {conn_add(s, -1), conn_add(s, -1)};
+  for (int i = 0; i < 2; i++)
+    if (c[i]) snprintf(c[i]->peer, sizeof c[i]->peer, "fuzz:%d", i);
+  /* chunks: one byte (bit 7: which client, bits 0-6: length), then data */
+  for (size_t off = 0; c[0] && c[1] && off < len;) {
+    tc__conn_t *x = c[data[off] >> 7];
+    size_t n = data[off++] & 0x7f;
+    if (n > len - off) n = len - off;
+    const uint8_t *p = data + off;
+    off += n;
+    for (int i = 0; i < 2; i++) { /* retry what waits for memory */
+      if (c[i]->dead || !c[i]->held) continue;
+      c[i]->held = HELD_NONE;
+      conn_process(s, c[i]);
+    }
+    while (n > 0 && !x->dead && !x->held) {
+      size_t room = conn_in_room(s, x);
+      if (!room) break;
+      size_t k = room < n ? room : n;
+      memcpy(x->in.p + x->in.len, p, k);
+      x->in.len += k;
+      p += k;
+      n -= k;
+      conn_process(s, x);
+    }
+    if (recount(s) != s->used || s->used > s->lim.max_bytes) {
+      fprintf(stderr, "store server fuzz: accounted %zu, recounted %zu, "
+              "budget %" PRIu64 "\n", s->used, recount(s), s->lim.max_bytes);
+      abort();
+    }
+  }
+  size_t done = s->nexec;
+  for (size_t i = 0; i < s->nconns; i++) conn_free(s, s->conns[i]);
+  free(s->conns);
+  tc__kv_free(&s->kv);
+  tc__kv_free(&s->queues);
+  free(s);
+  return done;
 }
 
 /* ---- public API ---- */
@@ -611,7 +604,7 @@ static void *tc__srv_main(void *arg) {
 /* Creates, binds and listens on the server socket; returns the fd or -1
  * with *err set. bind_host NULL/""/"0.0.0.0"/"::" means every interface
  * (dual-stack IPv6 when available, else IPv4). */
-static int tc__srv_listen(const char *bind_host, int port, int *err,
+static int srv_listen(const char *bind_host, int port, int *err,
                           int *gai) {
   int any = !bind_host || !*bind_host || !strcmp(bind_host, "0.0.0.0") ||
             !strcmp(bind_host, "::");
@@ -678,7 +671,7 @@ int tc_store_server_start(const char *bind_host, int port,
   s->wake[0] = s->wake[1] = -1;
   const char *where = bind_host && *bind_host ? bind_host : "0.0.0.0";
   int err = 0, gai = 0, rc;
-  s->lfd = tc__srv_listen(bind_host, port, &err, &gai);
+  s->lfd = srv_listen(bind_host, port, &err, &gai);
   if (s->lfd < 0) {
     if (gai)
       rc = tc__set_error(TC_ERR_INVALID_ARGUMENT, "torchcomms: %s: cannot "
@@ -708,7 +701,9 @@ int tc_store_server_start(const char *bind_host, int port,
     return rc;
   }
   s->magic = TC__SERVER_MAGIC;
-  int e = pthread_create(&s->thread, NULL, tc__srv_main, s);
+  s->lim = read_limits();
+  s->log_window = tc__now();
+  int e = pthread_create(&s->thread, NULL, srv_main, s);
   if (e) {
     close(s->lfd);
     close(s->wake[0]);
@@ -717,7 +712,10 @@ int tc_store_server_start(const char *bind_host, int port,
     return tc__set_error(TC_ERR_SYSTEM, "torchcomms: %s: pthread_create: %s",
                          fn, strerror(e));
   }
-  tc__log(2, "store server listening on %s:%d", where, s->port);
+  tc__log(2, "store server listening on %s:%d (limits: %" PRIu64 " bytes in "
+          "all, %" PRIu64 " per value, %" PRIu64 " unsent per client)",
+          where, s->port, s->lim.max_bytes, s->lim.max_value,
+          s->lim.max_unsent);
   *out = s;
   return TC_OK;
 }
@@ -745,7 +743,13 @@ void tc_store_server_stop(tc_store_server_t *server) {
     w = write(server->wake[1], "x", 1);
   } while (w < 0 && errno == EINTR);
   pthread_join(server->thread, NULL);
-  for (size_t i = 0; i < server->nconns; i++) tc__conn_free(server->conns[i]);
+  for (size_t i = 0; i < server->nconns; i++)
+    conn_free(server, server->conns[i]);
+  if (server->log_suppressed)
+    tc__log(1, "store server: %lu more log lines suppressed in the last %.0f "
+            "s (at most %d per %.0f s)", server->log_suppressed,
+            tc__now() - server->log_window, TC__STORE_LOG_BURST,
+            TC__STORE_LOG_WINDOW_S);
   free(server->conns);
   free(server->pfds);
   close(server->lfd);

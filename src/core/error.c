@@ -2,6 +2,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -90,6 +91,23 @@ int tc__env_bool(const char *name, int dflt) {
   return dflt;
 }
 
+uint64_t tc__env_bytes(const char *name, uint64_t dflt, uint64_t least) {
+  const char *v = tc__env_str(name);
+  if (!v) return dflt;
+  uint64_t b;
+  if (tc__parse_bytes(v, &b) != 0) {
+    tc__log(1, "%s='%s' is not a byte count (digits with an "
+            "optional K, M, G or T suffix); using %" PRIu64, name, v, dflt);
+    return dflt;
+  }
+  if (b < least) {
+    tc__log(1, "%s=%s is below the least useful %" PRIu64
+            " bytes; using %" PRIu64, name, v, least, least);
+    b = least;
+  }
+  return b;
+}
+
 static int tc__log_level = -1;
 static pthread_once_t tc__log_once = PTHREAD_ONCE_INIT;
 
@@ -101,6 +119,11 @@ static void tc__log_init(void) {
   else if (!strcasecmp(v, "warn")) tc__log_level = 1;
   else if (!strcasecmp(v, "info")) tc__log_level = 2;
   else if (!strcasecmp(v, "debug")) tc__log_level = 3;
+}
+
+int tc__log_enabled(int level) {
+  pthread_once(&tc__log_once, tc__log_init);
+  return level <= tc__log_level;
 }
 
 void tc__log(int level, const char *fmt, ...) {

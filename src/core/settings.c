@@ -9,13 +9,14 @@
 #include "core.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-typedef enum { ST_NUM, ST_INT, ST_BOOL, ST_CHOICE, ST_TEXT, ST_ADDR } st_kind_t;
+typedef enum { ST_NUM, ST_INT, ST_BOOL, ST_CHOICE, ST_TEXT, ST_ADDR, ST_BYTES } st_kind_t;
 
 typedef struct tc__setting {
   const char *name;
@@ -32,6 +33,7 @@ typedef struct tc__setting {
 #define CHOICE(n, c, h) {n, ST_CHOICE, 0, 0, 0, c, h}
 #define TEXT(n, h) {n, ST_TEXT, 0, 0, 0, NULL, h}
 #define ADDR(n, h) {n, ST_ADDR, 0, 0, 0, NULL, h}
+#define BYTES(n, h) {n, ST_BYTES, 0, 0, 0, NULL, h}
 #define BIG 1e18
 
 static const tc__setting_t tc__settings[] = {
@@ -56,7 +58,32 @@ static const tc__setting_t tc__settings[] = {
     NUM("TORCHCOMMS_CPU_TCP_SPIN_US", 0, 1e9, 0, "TCP busy-poll before sleeping, microseconds"),
     NUM("TORCHCOMMS_CPU_YIELD_US", 0, 1e9, 0,
         "oversubscribed: sched_yield polling before sleeping, microseconds (200)"),
+    TEXT("TORCHCOMMS_CPU_IFNAME", "network interface whose address TCP binds and publishes"),
+    BOOL("TORCHCOMMS_SHM_SWEEP", "remove /dev/shm segments of dead creators at setup (1)"),
+    BYTES("TORCHCOMMS_STORE_MAX_BYTES", "store server memory budget (1G)"),
+    BYTES("TORCHCOMMS_STORE_MAX_VALUE_BYTES", "largest value the store server accepts (256M)"),
+    BYTES("TORCHCOMMS_STORE_MAX_UNSENT_BYTES",
+          "unsent answers per store client before the server stops reading it (16M)"),
 };
+
+int tc__parse_bytes(const char *v, uint64_t *out) {
+  char *end = NULL;
+  errno = 0;
+  unsigned long long n = strtoull(v, &end, 10);
+  int shift = 0, digits = end != v;
+  if (end && (*end == 'k' || *end == 'K')) shift = 10;
+  else if (end && (*end == 'm' || *end == 'M')) shift = 20;
+  else if (end && (*end == 'g' || *end == 'G')) shift = 30;
+  else if (end && (*end == 't' || *end == 'T')) shift = 40;
+  if (shift) {
+    end++;
+    if (*end == 'i') end++;
+  }
+  if (digits && (*end == 'B' || *end == 'b')) end++;
+  if (errno || !digits || *end || *v == '-' || (shift && n > (UINT64_MAX >> shift))) return -1;
+  *out = (uint64_t)n << shift;
+  return 0;
+}
 
 static int tc__setting_bad(const tc__setting_t *s, const char *v, char *err, size_t len) {
   const char *want = "";
@@ -75,6 +102,7 @@ static int tc__setting_bad(const tc__setting_t *s, const char *v, char *err, siz
   case ST_CHOICE: snprintf(buf, sizeof buf, "one of %s", s->choices); want = buf; break;
   case ST_ADDR: want = "a numeric IPv4 or IPv6 address"; break;
   case ST_TEXT: want = "text"; break;
+  case ST_BYTES: want = "a byte count (digits with an optional K, M, G or T suffix)"; break;
   }
   snprintf(err, len, "%s='%s' is not valid: expected %s (%s)", s->name, v, want, s->help);
   return TC_ERR_INVALID_ARGUMENT;
@@ -113,6 +141,10 @@ static int tc__setting_check(const tc__setting_t *s, const char *v, char *err, s
     unsigned char a[16];
     if (inet_pton(AF_INET, v, a) == 1 || inet_pton(AF_INET6, v, a) == 1) return TC_OK;
     return tc__setting_bad(s, v, err, len);
+  }
+  case ST_BYTES: {
+    uint64_t b;
+    return tc__parse_bytes(v, &b) == 0 ? TC_OK : tc__setting_bad(s, v, err, len);
   }
   case ST_TEXT: return TC_OK;
   }

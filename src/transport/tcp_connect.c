@@ -1,10 +1,19 @@
 /* tcp_connect.c -- builds the TCP transport's full mesh: a random token in
- * the store, every rank listening on an ephemeral port and publishing
- * "addr:port", rank i connecting to every j < i and accepting every j > i,
- * both sides exchanging a hello {magic, version, rank, size, token} before a
- * connection counts. Anything else that connects is refused and logged. All
- * non-blocking, in one poll loop, under the bootstrap deadline. */
+ * the store, every rank listening on an ephemeral port of the one address
+ * it publishes ("addr:port"; TORCHCOMMS_CPU_IFNAME picks the interface),
+ * rank i connecting to every j < i and accepting every j > i, both sides
+ * exchanging a hello {magic, version, rank, size, token} before a
+ * connection counts. All non-blocking, in one poll loop, under the
+ * bootstrap deadline.
+ *
+ * Against strangers on the port (scans, idle connections, other jobs): an
+ * incoming connection must send a valid hello within
+ * TC__TCP_HELLO_TIMEOUT_S; at most the expected peers plus
+ * TC__TCP_PENDING_EXTRA connections wait unauthenticated, the oldest dropped
+ * first for a newer one; refusals are logged once per source, then counted
+ * and reported once (tcp_listen.c). */
 #include "transport/tcp_internal.h"
+#include "transport/tcp_listen.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -19,11 +28,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+_Static_assert(TCP_HELLO == TC__TCP_HELLO_BYTES &&
+                   TCP_HELLO_MAGIC == TC__TCP_HELLO_MAGIC &&
+                   TCP_HELLO_VERSION == TC__TCP_HELLO_VERSION,
+               "one hello format");
+
 typedef struct conn {
   int fd;
   int peer;  /* known for outgoing; from the hello for incoming */
   int state; /* CONN_* */
   double retry_at;
+  double since; /* incoming: when accepted */
   size_t off;
   unsigned char out[TCP_HELLO], in[TCP_HELLO];
   char ip[64];
@@ -39,8 +54,12 @@ typedef struct setup {
   double deadline;
   int lfd;
   conn_t *out;     /* [rank]: connections to lower ranks */
-  conn_t pend[TCP_MAX_PENDING];
-  int npend;
+  conn_t *pend;    /* [maxpend]: incoming, not yet authenticated */
+  int npend, maxpend;
+  struct pollfd *pfd; /* [2 + maxpend + rank] */
+  int *who;
+  tc__tcp_refusals_t refused;
+  char whoami[200]; /* "cpu backend 'name' rank r" for log lines */
   char *err;
   size_t errlen;
   char **addrs; /* [rank] "host:port" of lower ranks */
@@ -61,30 +80,6 @@ static int setup_fail(setup_t *s, int rc, const char *fmt, ...) {
   return rc;
 }
 
-static void put_hello(unsigned char *b, int rank, int size, const unsigned char *tok) {
-  uint32_t m = TCP_HELLO_MAGIC, v = TCP_HELLO_VERSION;
-  int32_t r = rank, n = size;
-  memcpy(b, &m, 4);
-  memcpy(b + 4, &v, 4);
-  memcpy(b + 8, &r, 4);
-  memcpy(b + 12, &n, 4);
-  memcpy(b + 16, tok, 16);
-}
-
-/* The peer rank a hello names, or -1 if it is not one of ours. */
-static int check_hello(const unsigned char *b, int size, const unsigned char *tok) {
-  uint32_t m, v;
-  int32_t r, n;
-  memcpy(&m, b, 4);
-  memcpy(&v, b + 4, 4);
-  memcpy(&r, b + 8, 4);
-  memcpy(&n, b + 12, 4);
-  if (m != TCP_HELLO_MAGIC || v != TCP_HELLO_VERSION || n != size) return -1;
-  if (memcmp(b + 16, tok, 16) != 0) return -1;
-  if (r < 0 || r >= size) return -1;
-  return r;
-}
-
 static void tune_socket(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -101,44 +96,26 @@ static void sockaddr_ip(const struct sockaddr_storage *ss, char *buf, size_t len
   }
 }
 
-/* Listens on an ephemeral port of every address (dual stack if possible). */
-static int setup_listen(setup_t *s, int *port) {
-  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd >= 0) {
-    int zero = 0;
-    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = in6addr_any};
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0) {
-      close(fd);
-      fd = -1;
-    }
-  }
-  if (fd < 0) {
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-      return setup_fail(s, TC_ERR_SYSTEM, "could not create a socket: %s", strerror(errno));
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0) {
-      int e = errno;
-      close(fd);
-      return setup_fail(s, TC_ERR_SYSTEM, "could not bind a listening socket: %s", strerror(e));
-    }
-  }
-  if (listen(fd, s->t->size + 16) < 0) {
-    int e = errno;
-    close(fd);
-    return setup_fail(s, TC_ERR_SYSTEM, "listen failed: %s", strerror(e));
-  }
-  struct sockaddr_storage ss;
-  socklen_t sl = sizeof ss;
-  if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
-    int e = errno;
-    close(fd);
-    return setup_fail(s, TC_ERR_SYSTEM, "getsockname failed: %s", strerror(e));
-  }
-  *port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                         : ((struct sockaddr_in *)&ss)->sin_port);
-  s->lfd = fd;
+/* Listens on an ephemeral port of the address it publishes (s->pub is
+ * set to "addr:port"). */
+static int setup_listen(setup_t *s) {
+  char addr[256], err[400];
+  int rc = tc__tcp_pick_addr(s->a->advertise_addr, addr, sizeof addr, err,
+                             sizeof err);
+  if (rc != TC_OK) return setup_fail(s, rc, "%s", err);
+  int port = 0, everywhere = 0;
+  /* a backlog for bursts: connections wait there until accepted */
+  rc = tc__tcp_listen_on(addr, s->t->size + 1024, &s->lfd, &port, &everywhere,
+                         err, sizeof err);
+  if (rc != TC_OK) return setup_fail(s, rc, "%s", err);
+  if (everywhere)
+    s->a->host->log(everywhere == 1 ? 1 : 2, "%s: %s %s; listening on every "
+                    "interface (TORCHCOMMS_CPU_IFNAME, or a numeric "
+                    "TORCHCOMMS_SOCKET_ADDR of this host, binds one)", s->whoami,
+                    addr, everywhere == 1 ? "is no address of this host (a "
+                    "NAT's?)" : "names several addresses");
+  snprintf(s->pub, sizeof s->pub, strchr(addr, ':') ? "[%s]:%d" : "%s:%d",
+           addr, port);
   return TC_OK;
 }
 
@@ -196,7 +173,7 @@ static void conn_start(setup_t *s, int j) {
   }
   c->fd = fd;
   c->off = 0;
-  put_hello(c->out, s->t->rank, s->t->size, s->token);
+  tc__tcp_put_hello(c->out, s->t->rank, s->t->size, s->token);
   c->state = r == 0 ? CONN_SENDING : CONN_CONNECTING;
 }
 
@@ -229,32 +206,50 @@ static int conn_io(conn_t *c, int sending) {
   return 1;
 }
 
-static void pend_drop(setup_t *s, int i) {
+/* Closes pending connection i (refused for `why` unless NULL). */
+static void pend_drop(setup_t *s, int i, const char *why) {
+  if (why)
+    tc__tcp_refused(&s->refused, s->a->host->log, s->whoami, s->pend[i].ip,
+                    why);
   if (s->pend[i].fd >= 0) close(s->pend[i].fd);
   s->pend[i] = s->pend[--s->npend];
 }
 
+static int setup_incoming(setup_t *s, int i, short re);
+
+/* Accepts every waiting connection; when the pending table is full the
+ * oldest unauthenticated one makes room. A hello already there is read at
+ * once. */
 static void setup_accept(setup_t *s) {
   for (;;) {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return; /* EAGAIN, or a transient error: poll again */
-    char ip[64];
-    sockaddr_ip(&ss, ip, sizeof ip);
-    if (s->npend == TCP_MAX_PENDING) {
-      s->a->host->log(1, "cpu backend '%s' rank %d: refused connection from %s: "
-                      "too many unauthenticated connections", s->t->name, s->t->rank, ip);
-      close(fd);
-      continue;
+    if (s->npend == s->maxpend) {
+      int old = 0;
+      for (int i = 1; i < s->npend; i++)
+        if (s->pend[i].since < s->pend[old].since) old = i;
+      pend_drop(s, old, "dropped for a newer connection (too many "
+                "connections without a hello)");
     }
     conn_t *c = &s->pend[s->npend++];
     memset(c, 0, sizeof *c);
     c->fd = fd;
     c->peer = -1;
     c->state = CONN_RECEIVING;
-    snprintf(c->ip, sizeof c->ip, "%s", ip);
+    c->since = tc__now();
+    sockaddr_ip(&ss, c->ip, sizeof c->ip);
+    setup_incoming(s, s->npend - 1, POLLIN);
   }
+}
+
+/* Closes the pending connections that sent no hello in time. */
+static void setup_expire(setup_t *s, double now) {
+  for (int i = s->npend - 1; i >= 0; i--)
+    if (s->pend[i].state == CONN_RECEIVING &&
+        now - s->pend[i].since >= TC__TCP_HELLO_TIMEOUT_S)
+      pend_drop(s, i, "no hello within the deadline (an idle connection)");
 }
 
 /* Progresses one incoming connection; may drop it (then returns 1). */
@@ -265,34 +260,32 @@ static int setup_incoming(setup_t *s, int i, short re) {
     int r = conn_io(c, 0);
     if (r == 0 && !(re & (POLLHUP | POLLERR))) return 0;
     if (r <= 0) {
-      s->a->host->log(2, "cpu backend '%s' rank %d: connection from %s closed before "
-                      "its hello", t->name, t->rank, c->ip);
-      pend_drop(s, i);
+      pend_drop(s, i, "closed before its hello (a port scan?)");
       return 1;
     }
-    int peer = check_hello(c->in, t->size, s->token);
-    if (peer <= t->rank || t->fd[peer] >= 0) {
-      s->a->host->log(1, "cpu backend '%s' rank %d: refused connection from %s: %s",
-                      t->name, t->rank, c->ip,
-                      peer < 0 ? "bad token" : "unexpected or duplicate rank");
-      pend_drop(s, i);
+    const char *why = NULL;
+    int peer = tc__tcp_parse_hello(c->in, TCP_HELLO, t->size, s->token, &why);
+    if (peer >= 0 && (peer <= t->rank || t->fd[peer] >= 0))
+      why = "a hello from an unexpected or duplicate rank";
+    if (why) {
+      pend_drop(s, i, why);
       return 1;
     }
     c->peer = peer;
-    put_hello(c->out, t->rank, t->size, s->token);
+    tc__tcp_put_hello(c->out, t->rank, t->size, s->token);
     c->state = CONN_SENDING;
   }
   if (c->state == CONN_SENDING) {
     int r = conn_io(c, 1);
     if (r == 0) return 0;
     if (r < 0) {
-      pend_drop(s, i);
+      pend_drop(s, i, NULL); /* a peer that went away: it retries */
       return 1;
     }
     tune_socket(c->fd);
     t->fd[c->peer] = c->fd;
     c->fd = -1;
-    pend_drop(s, i);
+    pend_drop(s, i, NULL);
     return 1;
   }
   return 0;
@@ -321,7 +314,8 @@ static void setup_outgoing(setup_t *s, int j, short re) {
     int r = conn_io(c, 0);
     if (r < 0) conn_reset(c, errno ? errno : ECONNABORTED);
     if (r <= 0) return;
-    if (check_hello(c->in, t->size, s->token) != j) {
+    const char *why = NULL;
+    if (tc__tcp_parse_hello(c->in, TCP_HELLO, t->size, s->token, &why) != j) {
       /* a stale address: someone else listens there; retry later */
       conn_reset(c, EACCES);
       return;
@@ -365,8 +359,9 @@ static int setup_mesh(setup_t *s) {
                         "this address (advertise address, firewall)",
                         missing, s->pub, s->a->timeout_s, missing);
     }
-    struct pollfd pfd[1 + 1 + TCP_MAX_PENDING + 1024];
-    int who[sizeof pfd / sizeof pfd[0]]; /* -1 wake, -2 listen, 0.. out, 10000+ pend */
+    setup_expire(s, now);
+    struct pollfd *pfd = s->pfd;
+    int *who = s->who; /* -1 wake, -2 listen, 0.. out, 10000+ pend */
     int np = 0;
     double next_retry = s->deadline;
     pfd[np] = (struct pollfd){.fd = s->a->wake_fd, .events = POLLIN};
@@ -380,6 +375,8 @@ static int setup_mesh(setup_t *s) {
       pfd[np] = (struct pollfd){.fd = c->fd,
                                 .events = c->state == CONN_SENDING ? POLLOUT : POLLIN};
       who[np++] = 10000 + i;
+      if (c->since + TC__TCP_HELLO_TIMEOUT_S < next_retry)
+        next_retry = c->since + TC__TCP_HELLO_TIMEOUT_S;
     }
     for (int j = 0; j < t->rank; j++) {
       conn_t *c = &s->out[j];
@@ -391,7 +388,6 @@ static int setup_mesh(setup_t *s) {
           continue;
         }
       }
-      if (np >= (int)(sizeof pfd / sizeof pfd[0])) break;
       pfd[np] = (struct pollfd){.fd = c->fd,
                                 .events = c->state == CONN_RECEIVING ? POLLIN : POLLOUT};
       who[np++] = j;
@@ -485,9 +481,14 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
     rc = setup_fail(&s, TC_ERR_NOT_SUPPORTED, "the TCP transport supports at most 1024 ranks");
     goto out;
   }
+  snprintf(s.whoami, sizeof s.whoami, "cpu backend '%s' rank %d", t->name, t->rank);
+  s.maxpend = a->size - 1 - a->rank + TC__TCP_PENDING_EXTRA;
   s.out = calloc(n, sizeof *s.out);
   s.addrs = calloc(n, sizeof *s.addrs);
-  if (!s.out || !s.addrs) {
+  s.pend = calloc((size_t)s.maxpend, sizeof *s.pend);
+  s.pfd = calloc(2 + (size_t)s.maxpend + n, sizeof *s.pfd);
+  s.who = calloc(2 + (size_t)s.maxpend + n, sizeof *s.who);
+  if (!s.out || !s.addrs || !s.pend || !s.pfd || !s.who) {
     rc = setup_fail(&s, TC_ERR_NOMEM, "out of memory");
     goto out;
   }
@@ -535,11 +536,8 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
 
   /* 2. listen and publish (ranks that higher ranks connect to) */
   if (t->rank < t->size - 1) {
-    int port = 0;
-    TC_CHECK_GOTO(setup_listen(&s, &port), rc, out);
-    const char *adv = a->advertise_addr && *a->advertise_addr ? a->advertise_addr : "127.0.0.1";
+    TC_CHECK_GOTO(setup_listen(&s), rc, out);
     char key[64];
-    snprintf(s.pub, sizeof s.pub, strchr(adv, ':') ? "[%s]:%d" : "%s:%d", adv, port);
     snprintf(key, sizeof key, "cpu/addr/%d", t->rank);
     rc = a->host->store_set(a->store, key, s.pub, strlen(s.pub));
     if (rc != TC_OK) {
@@ -590,7 +588,13 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
 
 out:
   if (s.lfd >= 0) close(s.lfd);
-  while (s.npend > 0) pend_drop(&s, s.npend - 1);
+  while (s.npend > 0) /* those still sending our hello are peers */
+    pend_drop(&s, s.npend - 1, s.pend[s.npend - 1].state == CONN_SENDING ? NULL
+              : "still without a hello when the setup ended");
+  tc__tcp_refusals_report(&s.refused, a->host->log, s.whoami);
+  free(s.pend);
+  free(s.pfd);
+  free(s.who);
   if (s.out)
     for (size_t i = 0; i < n; i++)
       if (s.out[i].fd >= 0) close(s.out[i].fd);

@@ -780,7 +780,7 @@ static void badtoken_rank(tc_ctx_t *ctx) {
   }
   dcomm_t *d = d_init(ctx, "tok", 20);
   D_OK(d, .type = TC_OP_BARRIER);
-  if (ctx->rank == 0) TC_ASSERT_CONTAINS(d_logbuf, "refused connection from 127.0.0.1: bad token");
+  if (ctx->rank == 0) TC_ASSERT_CONTAINS(d_logbuf, "refused a connection from 127.0.0.1: no torchcomms hello");
   d_finalize(d);
 }
 

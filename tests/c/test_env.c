@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <stdlib.h>
 
+#include "core/internal.h"
 #include "runner.h"
 
 /* Every variable tc_env_rank_size reads, in its order. */
@@ -166,4 +167,29 @@ TC_TEST(env_null_arguments) {
                 "tc_env_rank_size");
   TC_ASSERT_ERR(tc_env_rank_size(&v, NULL, NULL), TC_ERR_INVALID_ARGUMENT,
                 "NULL");
+}
+
+/* tc__env_bytes: the byte counts of TORCHCOMMS_STORE_* and friends. */
+static uint64_t bytes_of(const char *text, uint64_t dflt, uint64_t least) {
+  if (text) setenv("TC_TEST_BYTES", text, 1);
+  else unsetenv("TC_TEST_BYTES");
+  return tc__env_bytes("TC_TEST_BYTES", dflt, least);
+}
+
+TC_TEST(env_byte_counts) {
+  TC_ASSERT_EQ(bytes_of(NULL, 77, 0), 77);
+  TC_ASSERT_EQ(bytes_of("4096", 77, 0), 4096);
+  TC_ASSERT_EQ(bytes_of("4096B", 77, 0), 4096);
+  TC_ASSERT_EQ(bytes_of("4k", 77, 0), 4096);
+  TC_ASSERT_EQ(bytes_of("16MiB", 77, 0), 16ull << 20);
+  TC_ASSERT_EQ(bytes_of("16MB", 77, 0), 16ull << 20);
+  TC_ASSERT_EQ(bytes_of("2G", 77, 0), 2ull << 30);
+  TC_ASSERT_EQ(bytes_of("1t", 77, 0), 1ull << 40);
+  /* malformed: the default (and a warning) */
+  TC_ASSERT_EQ(bytes_of("12x", 77, 0), 77);
+  TC_ASSERT_EQ(bytes_of("-5", 77, 0), 77);
+  TC_ASSERT_EQ(bytes_of("M", 77, 0), 77);
+  TC_ASSERT_EQ(bytes_of("99999999999T", 77, 0), 77); /* overflows */
+  /* below the least useful value: raised to it */
+  TC_ASSERT_EQ(bytes_of("100", 77, 1024), 1024);
 }

@@ -35,6 +35,8 @@ TC_TEST(settings_bad_values_refused) {
       {"TORCHCOMMS_CPU_SPIN_US", "fast", "expected a number >= 0"},
       {"TORCHCOMMS_SOCKET_ADDR", "my-host", "expected a numeric IPv4 or IPv6 address"},
       {"TORCHELASTIC_RESTART_COUNT", "1.5", "expected an integer from 0"},
+      {"TORCHCOMMS_STORE_MAX_BYTES", "lots", "expected a byte count"},
+      {"TORCHCOMMS_SHM_SWEEP", "sometimes", "expected 1, 0, true, false"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     setenv(bad[i].name, bad[i].value, 1);
@@ -96,7 +98,9 @@ TC_TEST(settings_readme_lists_every_setting) {
       "TORCHCOMMS_CPU_TRANSPORT", "TORCHCOMMS_SHM_BYTES", "TORCHCOMMS_CPU_CMA",
       "TORCHCOMMS_CPU_CMA_BYTES", "TORCHCOMMS_CPU_INLINE_BYTES",
       "TORCHCOMMS_CPU_SHM_SMALL_BYTES", "TORCHCOMMS_CPU_SPIN_US", "TORCHCOMMS_CPU_TCP_SPIN_US",
-      "TORCHCOMMS_CPU_YIELD_US"};
+      "TORCHCOMMS_CPU_YIELD_US", "TORCHCOMMS_CPU_IFNAME", "TORCHCOMMS_SHM_SWEEP",
+      "TORCHCOMMS_STORE_MAX_BYTES", "TORCHCOMMS_STORE_MAX_VALUE_BYTES",
+      "TORCHCOMMS_STORE_MAX_UNSENT_BYTES"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (!strstr(readme, names[i]))
       tc_test_fail(__FILE__, __LINE__, "README.md does not document %s", names[i]);

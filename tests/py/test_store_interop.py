@@ -266,6 +266,37 @@ def test_our_server_survives_torch_client_exit(lib, our_server):
     c.close()
 
 
+@pytest.mark.parametrize("use_libuv", [True, False])
+def test_torch_client_over_our_value_limit(lib, use_libuv, monkeypatch):
+    """torch's client setting a value over TORCHCOMMS_STORE_MAX_VALUE_BYTES
+    gets an error (the connection is closed: torch's protocol has no error
+    answer); our server keeps serving the others."""
+    monkeypatch.setenv("TORCHCOMMS_STORE_MAX_VALUE_BYTES", "64K")
+    srv = ctypes.c_void_p()
+    assert lib.tc_store_server_start(b"127.0.0.1", 0, ctypes.byref(srv)) == TC_OK
+    port = lib.tc_store_server_port(srv)
+    try:
+        s = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=TIMEOUT,
+                          use_libuv=use_libuv)
+        s.set("small", b"x" * 65536)  # exactly the limit
+        with pytest.raises(Exception):
+            s.set("big", b"y" * 65537)
+            s.get("small")  # a set has no answer: the next request fails
+        c = CStore(lib, "127.0.0.1", port)
+        assert c.get("small") == b"x" * 65536
+        assert c.check(["big"]) is False
+        with pytest.raises(RuntimeError, match="refused the request: a value of "
+                           "65537 bytes exceeds its limit of 65536"):
+            c.set("big", b"y" * 65537)
+        c.close()
+        t = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=TIMEOUT,
+                          use_libuv=use_libuv)
+        assert t.get("small") == b"x" * 65536
+        del s, t
+    finally:
+        lib.tc_store_server_stop(srv)
+
+
 # --------------------------------------------------------------------------
 # (2) our client against torch's TCPStore server
 # --------------------------------------------------------------------------
