@@ -5,6 +5,10 @@
 #   make check-asan  the C tests under ASan+UBSan
 #   make build       configure and build (build/)
 #   make venv        the project-local Python environment (.venv)
+#   make chaos       N (200) chaos trials: 2-8 ranks, shm and TCP, one rank
+#                    SIGKILLed or SIGSTOPped at a random moment (tests/chaos/;
+#                    SEED=..., CHAOS_FLAGS=--create kills during creation)
+#   make chaos-short 1 clean + 12 chaos trials (part of make test)
 #   make bench       our cpu backend against Gloo, Open MPI and memcpy, 2 then
 #                    4 ranks, side by side (bench/run_bench.py; BENCH_RUNS=3)
 
@@ -17,7 +21,7 @@ VPY        := $(VENV)/bin/python
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 TORCH_VERSION := 2.13.0
 
-.PHONY: all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan venv deps clean install bench bench-deps
+.PHONY: chaos chaos-short all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan venv deps clean install bench bench-deps
 
 all: build
 
@@ -64,7 +68,18 @@ test-c-tcp: build
 test-py-tcp: build venv pyinstall
 	TORCHCOMMS_CPU_TRANSPORT=tcp TC_BUILD_DIR=$(abspath $(BUILD)) $(VPY) -m pytest -q tests/py
 
-test: test-c test-py test-c-tcp test-py-tcp
+test: test-c test-py test-c-tcp test-py-tcp chaos-short
+
+# Chaos trials (tests/chaos/chaos_driver.c): every survivor must fail within
+# the deadline naming the peer, with nothing left behind.
+N          ?= 200
+SEED       ?= $(shell date +%s)
+CHAOS_FLAGS ?=
+chaos: build
+	./$(BUILD)/chaos/chaos_driver --trials $(N) --seed $(SEED) $(CHAOS_FLAGS)
+
+chaos-short: build
+	./$(BUILD)/chaos/chaos_driver --clean 1 --trials 12 --seed 1 $(CHAOS_FLAGS)
 
 # Open MPI (the anchor) from Debian when missing; matplotlib for the plot.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
