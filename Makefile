@@ -9,6 +9,9 @@
 #                    SIGKILLed or SIGSTOPped at a random moment (tests/chaos/;
 #                    SEED=..., CHAOS_FLAGS=--create kills during creation)
 #   make chaos-short 1 clean + 12 chaos trials (part of make test)
+#   make soak        10^6 mixed operations per rank from Python on 2 ranks,
+#                    private RSS, descriptors and threads flat (SOAK_OPS=...;
+#                    the short one is tests/py/test_soak.py)
 #   make bench       our cpu backend against Gloo, Open MPI and memcpy, 2 then
 #                    4 ranks, side by side (bench/run_bench.py; BENCH_RUNS=3)
 
@@ -21,7 +24,7 @@ VPY        := $(VENV)/bin/python
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 TORCH_VERSION := 2.13.0
 
-.PHONY: chaos chaos-short all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan venv deps clean install bench bench-deps
+.PHONY: soak chaos chaos-short all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan venv deps clean install bench bench-deps
 
 all: build
 
@@ -80,6 +83,11 @@ chaos: build
 
 chaos-short: build
 	./$(BUILD)/chaos/chaos_driver --clean 1 --trials 12 --seed 1 $(CHAOS_FLAGS)
+
+SOAK_OPS   ?= 1000000
+SOAK_FLAGS ?=
+soak: build pyinstall
+	TC_BUILD_DIR=$(abspath $(BUILD)) $(VPY) tests/soak/soak.py --ops $(SOAK_OPS) $(SOAK_FLAGS)
 
 # Open MPI (the anchor) from Debian when missing; matplotlib for the plot.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

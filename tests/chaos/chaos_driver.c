@@ -373,7 +373,7 @@ static int trial(const cfg_t *c, int t, int port, chaos_stats_t *st) {
   double worst = 0;
   for (int i = 0; i < n; i++) {
     rank_t *x = &rk[i];
-    char why[600] = "";
+    char why[400] = "";
     if (hung & (1 << i)) {
       snprintf(why, sizeof why, "did not exit by the deadline (hang?)");
     } else if (x->wrong) {
