@@ -63,11 +63,16 @@ static int tc_cmp_tests(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
   int list = 0;
-  const char *filters[64];
+  const char *filters[1024];
   int nfilters = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--list")) list = 1;
-    else if (nfilters < 64) filters[nfilters++] = argv[i];
+    else if (nfilters < (int)(sizeof filters / sizeof filters[0]))
+      filters[nfilters++] = argv[i];
+    else {
+      fprintf(stderr, "tc_test: more than %d filters\n", nfilters);
+      return 2;
+    }
   }
   qsort(tc_tests, (size_t)tc_ntests, sizeof tc_tests[0], tc_cmp_tests);
   double timeout = tc__env_double("TC_TEST_TIMEOUT", 120.0);
