@@ -50,6 +50,7 @@
 
 #include "chaos_stats.h"
 #include "torchcomms.h"
+#include "transport/shm.h" /* tc__shm_sweep */
 
 extern char **environ;
 
@@ -364,6 +365,9 @@ static int trial(const cfg_t *c, int t, int port, chaos_stats_t *st) {
     while (waitpid(-pgid, NULL, WNOHANG) > 0) {
     }
   }
+  /* as a launcher does (tcrun): remove the segments of dead creators (ranks
+   * killed during creation, --create); what is left after it is a leak */
+  tc__shm_sweep();
   int left_shm = shm_leftovers(hash, 1);
   st->leftover_shm += left_shm;
   st->leftover_procs += left_procs;
