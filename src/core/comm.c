@@ -42,6 +42,10 @@ int tc__comm_check(const tc_comm_t *c, const char *fn) {
   if (!c)
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: %s: argument 'comm' is NULL", fn);
+  if ((uintptr_t)c & 7u) /* no communicator's address (a batch handle, say) */
+    return tc__set_error(TC_ERR_INVALID_USAGE,
+                         "torchcomms: %s: argument 'comm' is not a "
+                         "communicator handle", fn);
   if (c->magic == TC_COMM_DEAD)
     return tc__set_error(TC_ERR_INVALID_USAGE,
                          "torchcomms: %s: the communicator handle was "

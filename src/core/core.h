@@ -64,10 +64,14 @@ struct tc_work {
   struct tc_work *pool_next;
 };
 
+/* A batch lives in a slot of the batch table (ops.c); the handle users hold
+ * is the slot's index and generation, never a pointer, so a freed or stale
+ * handle is an error and never touches memory, and the table's size is
+ * bounded by the most batches alive at once. */
 struct tc_batch {
   uint32_t magic;
   tc_comm_t *comm;
-  tc_p2p_t *ops;
+  tc_p2p_t *ops; /* kept (emptied) when freed, reused by the slot's next batch */
   size_t n, cap;
 };
 

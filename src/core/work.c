@@ -73,6 +73,9 @@ int tc__work_check(const tc_work_t *w, const char *fn) {
   if (!w)
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: %s: argument 'work' is NULL", fn);
+  if ((uintptr_t)w & 7u) /* no work's address (a batch handle, say): not read */
+    return tc__set_error(TC_ERR_INVALID_USAGE,
+                         "torchcomms: %s: argument 'work' is not a work handle", fn);
   if (w->magic == TC_WORK_FREED ||
       (w->magic == TC_WORK_MAGIC && atomic_load(&((tc_work_t *)w)->user_released)))
     return tc__set_error(TC_ERR_INVALID_USAGE,
