@@ -215,6 +215,20 @@ tc_store_t *tc_ctx_store(tc_ctx_t *ctx) {
   return s;
 }
 
+int tc_world1_create(const char *name, const char *device, tc_comm_t **out) {
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  o.rank = 0;
+  o.world_size = 1;
+  o.name = name;
+  tc_store_t *s = NULL;
+  TC_ASSERT_OK(tc_store_memory(&s));
+  o.store = s;
+  *out = NULL;
+  int rc = tc_comm_create("cpu", device, &o, out);
+  tc_store_release(s); /* the communicator holds its own reference */
+  return rc;
+}
+
 tc_comm_t *tc_ctx_comm(tc_ctx_t *ctx, const char *name,
                        tc_comm_options_t *opts) {
   tc_comm_options_t o = TC_COMM_OPTIONS_INIT;

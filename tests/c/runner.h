@@ -117,6 +117,10 @@ tc_store_t *tc_ctx_store(tc_ctx_t *ctx);
  * NULL (its rank, world_size and store are filled in). Asserts success. */
 tc_comm_t *tc_ctx_comm(tc_ctx_t *ctx, const char *name, tc_comm_options_t *opts);
 
+/* A world-of-one communicator of backend "cpu" on `device` over an
+ * in-process store (no other rank needed); returns tc_comm_create's code. */
+int tc_world1_create(const char *name, const char *device, tc_comm_t **out);
+
 /* Deterministic test data: element i of rank r for a given seed, converted
  * to dtype (small integers, so sums and products stay exact: 1..4 with
  * signs; float8_e4m3fn +-1, +-2; float8_e5m2 +-1). */

@@ -15,16 +15,8 @@ static long rss_kib(void) {
 }
 
 static tc_comm_t *world1(void) {
-  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
-  o.rank = 0;
-  o.world_size = 1;
-  o.name = "batches";
-  tc_store_t *s = NULL;
-  TC_ASSERT_OK(tc_store_memory(&s));
-  o.store = s;
   tc_comm_t *c = NULL;
-  TC_ASSERT_OK(tc_comm_create("cpu", "cpu", &o, &c));
-  tc_store_release(s);
+  TC_ASSERT_OK(tc_world1_create("batches", "cpu", &c));
   return c;
 }
 

@@ -6,16 +6,7 @@
 #include "runner.h"
 
 static int create1(const char *device, tc_comm_t **c) {
-  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
-  o.rank = 0;
-  o.world_size = 1;
-  o.name = "settings";
-  tc_store_t *s = NULL;
-  TC_ASSERT_OK(tc_store_memory(&s));
-  o.store = s;
-  int rc = tc_comm_create("cpu", device, &o, c);
-  tc_store_release(s);
-  return rc;
+  return tc_world1_create("settings", device, c);
 }
 
 typedef struct { const char *name, *value, *want; } bad_t;
