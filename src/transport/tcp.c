@@ -250,6 +250,23 @@ static int tcp_timeout(tcp_t *t, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) 
                   op->timeout_s, list);
 }
 
+/* A peer hung up while the exchange still needs it. A rank that found a
+ * mismatch of collectives fails, and often exits, at once: its hang-up can
+ * reach this rank before the fingerprint that explains it, which another
+ * peer sent ahead of everything else and which is already in its socket.
+ * The cause is reported rather than its consequence: the fingerprints
+ * waiting from the other peers are read (no waiting) before the dead peer. */
+static int tcp_dead_or_cause(tcp_t *t, tc_xfer_t *x, const tc_tp_op_t *op, int dead,
+                             int dead_err, size_t *remaining) {
+  for (int p = 0; p < t->size && op->fp; p++) {
+    int k = t->recv_head[p];
+    if (p == dead || k < 0 || x[k].kind != TC_XFER_FP) continue;
+    int rc = tcp_progress(t, x, &t->recv_head[p], 0, remaining, op);
+    if (rc == TC_ERR_PROTOCOL) return rc; /* op->msg names the mismatch */
+  }
+  return tcp_dead(t, op, dead, dead_err);
+}
+
 static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) {
   tcp_t *t = vtp;
   if (nx == 0) return TC_OK;
@@ -337,7 +354,7 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
       dead = p;
       if (re & POLLERR) dead_err = tc__tcp_sock_error(t->fd[p]);
     }
-    if (dead >= 0 && remaining > 0) return tcp_dead(t, op, dead, dead_err);
+    if (dead >= 0 && remaining > 0) return tcp_dead_or_cause(t, x, op, dead, dead_err, &remaining);
   }
   return TC_OK;
 }
