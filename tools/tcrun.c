@@ -171,6 +171,7 @@ static void tcrun_usage(FILE *f) {
       "                          (default 0: no limit)\n"
       "  --port PORT             the store's port (default 0: a free port)\n"
       "  -h, --help              print this help and exit\n"
+      "  --help-env              print every TORCHCOMMS_* setting and exit\n"
       "\n"
       "exit status: 0 if every rank exits 0; else the first failing rank's\n"
       "exit code (128+S if killed by signal S); 124 on --timeout; 127/126 if\n"
@@ -240,6 +241,9 @@ static void tcrun_parse_args(int argc, char **argv, tcrun_opts_t *o) {
     if (a[0] != '-' || a[1] == '\0') break; /* the program */
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       tcrun_usage(stdout);
+      exit(0);
+    } else if (!strcmp(a, "--help-env")) {
+      tc__settings_print(stdout);
       exit(0);
     } else if (!strcmp(a, "--tag-output")) {
       o->tag_output = 1;

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "torchcomms.h"
 #include "torchcomms_backend.h"
@@ -30,6 +31,10 @@ TC_INTERNAL void tc__log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* 1 when a message of this level would be printed. */
 TC_INTERNAL int tc__log_enabled(int level);
+
+/* Prints every declared setting (src/core/settings.c), its help and its
+ * value when set: tcrun --help-env. */
+TC_INTERNAL void tc__settings_print(FILE *f);
 
 /* Environment settings, read once and cached. */
 TC_INTERNAL double tc__env_double(const char *name, double dflt);

@@ -168,3 +168,16 @@ const char *tc__settings_name(size_t i, const char **help) {
   if (help) *help = tc__settings[i].help;
   return tc__settings[i].name;
 }
+
+void tc__settings_print(FILE *f) {
+  fprintf(f, "torchcomms settings (environment), checked when a communicator is created:\n");
+  for (size_t i = 0; i < tc__settings_count(); i++) {
+    const tc__setting_t *st = &tc__settings[i];
+    const char *v = getenv(st->name);
+    fprintf(f, "  %-34s %s%s%s%s\n", st->name, st->help, v && *v ? " [set: " : "",
+            v && *v ? v : "", v && *v ? "]" : "");
+  }
+  fprintf(f, "  %-34s %s\n", "TORCHCOMMS_BACKEND_LIB_PATH_<NAME>",
+          "file or directory of libtorchcomms-<name>.so");
+}
+
