@@ -84,13 +84,21 @@ static void tc__key_part(char *out, size_t len, const char *v) {
   out[i] = 0;
 }
 
+/* The job id and the attempt the keys are scoped by ("-" and "0" if unset). */
+static void tc__scope(const char **job, const char **attempt) {
+  *job = tc__env_str("TORCHCOMMS_JOB_ID");
+  if (!*job) *job = tc__env_str("TORCHELASTIC_RUN_ID");
+  if (!*job) *job = "-";
+  *attempt = tc__env_str("TORCHELASTIC_RESTART_COUNT");
+  if (!*attempt) *attempt = "0";
+}
+
 void tc__comm_scope_prefix(char *buf, size_t len, const char *name, uint64_t generation) {
-  const char *job = tc__env_str("TORCHCOMMS_JOB_ID");
-  if (!job) job = tc__env_str("TORCHELASTIC_RUN_ID");
-  const char *attempt = tc__env_str("TORCHELASTIC_RESTART_COUNT");
+  const char *job, *attempt;
+  tc__scope(&job, &attempt);
   char j[80], a[80];
-  tc__key_part(j, sizeof j, job ? job : "-");
-  tc__key_part(a, sizeof a, attempt ? attempt : "0");
+  tc__key_part(j, sizeof j, job);
+  tc__key_part(a, sizeof a, attempt);
   snprintf(buf, len, "tc/%s/%s/%s/%llu", j, a, name, (unsigned long long)generation);
 }
 
@@ -105,9 +113,8 @@ int tc__comm_arrive(tc_comm_t *c, const char *fn) {
                           "store server is running and reachable", why);
   }
   if (ticket > (int64_t)c->size) {
-    const char *job = tc__env_str("TORCHCOMMS_JOB_ID");
-    if (!job) job = tc__env_str("TORCHELASTIC_RUN_ID");
-    const char *attempt = tc__env_str("TORCHELASTIC_RESTART_COUNT");
+    const char *job, *attempt;
+    tc__scope(&job, &attempt);
     return tc__comm_error(
         c, TC_ERR_INVALID_USAGE, fn,
         "the store already holds keys of an earlier communicator '%s' under '%s' "
@@ -115,8 +122,7 @@ int tc__comm_arrive(tc_comm_t *c, const char *fn) {
         "or attempt on the same store whose creation did not complete (job id '%s', "
         "restart %s). Use a fresh store, set TORCHCOMMS_JOB_ID to a new value, or "
         "choose another communicator name",
-        c->name, c->prefix, (long long)ticket, c->size, job ? job : "-",
-        attempt ? attempt : "0");
+        c->name, c->prefix, (long long)ticket, c->size, job, attempt);
   }
   return TC_OK;
 }

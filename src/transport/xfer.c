@@ -4,6 +4,7 @@
  * fingerprints that catch ranks calling different collectives (transport.h). */
 #include "transport/transport.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -85,29 +86,39 @@ static int fp_has_root(uint8_t op) {
   }
 }
 
+/* Appends to buf (length *l so far, capacity len), truncating. */
+static void fp_append(char *buf, size_t len, size_t *l, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void fp_append(char *buf, size_t len, size_t *l, const char *fmt, ...) {
+  if (*l + 1 >= len) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int w = vsnprintf(buf + *l, len - *l, fmt, ap);
+  va_end(ap);
+  if (w > 0) *l += (size_t)w < len - *l ? (size_t)w : len - *l - 1;
+}
+
 void tc__opfp_describe(const tc_opfp_t *f, char *buf, size_t len) {
-  const char *name = tc_backend_op_name((tc_op_type_t)f->op);
+  const char *dt = tc_dtype_name((tc_dtype_t)f->dtype);
   size_t l = 0;
-  int w = snprintf(buf, len, "%s #%llu", name, (unsigned long long)f->seq);
-  if (w > 0) l = (size_t)w < len ? (size_t)w : len - 1;
-  if (f->op != TC_OP_BARRIER && l < len) {
+  buf[0] = 0;
+  fp_append(buf, len, &l, "%s #%llu", tc_backend_op_name((tc_op_type_t)f->op),
+            (unsigned long long)f->seq);
+  if (f->op != TC_OP_BARRIER) {
     if (f->flags & TC_OPFP_COUNTS_HASHED)
-      w = snprintf(buf + l, len - l, " of %s with per-rank counts #%08llx",
-                   tc_dtype_name((tc_dtype_t)f->dtype), (unsigned long long)(f->count & 0xffffffffu));
+      fp_append(buf, len, &l, " of %s with per-rank counts #%08llx", dt,
+                (unsigned long long)(f->count & 0xffffffffu));
     else if (f->flags & TC_OPFP_COUNTS_PER_PEER)
-      w = snprintf(buf + l, len - l, " of %s", tc_dtype_name((tc_dtype_t)f->dtype));
+      fp_append(buf, len, &l, " of %s", dt);
     else
-      w = snprintf(buf + l, len - l, " of %llu %s", (unsigned long long)f->count,
-                   tc_dtype_name((tc_dtype_t)f->dtype));
-    if (w > 0) l += (size_t)w < len - l ? (size_t)w : len - l - 1;
+      fp_append(buf, len, &l, " of %llu %s", (unsigned long long)f->count, dt);
   }
-  if (f->redop != TC_OPFP_NO_REDOP && l < len) {
-    w = snprintf(buf + l, len - l, " with %s", tc_redop_name((tc_redop_type_t)f->redop));
-    if (w > 0) l += (size_t)w < len - l ? (size_t)w : len - l - 1;
-  }
-  if (fp_has_root(f->op) && l < len)
-    snprintf(buf + l, len - l, "%s root %d",
-             f->op == TC_OP_BROADCAST || f->op == TC_OP_SCATTER ? " from" : " to", (int)f->root);
+  if (f->redop != TC_OPFP_NO_REDOP)
+    fp_append(buf, len, &l, " with %s", tc_redop_name((tc_redop_type_t)f->redop));
+  if (fp_has_root(f->op))
+    fp_append(buf, len, &l, "%s root %d",
+              f->op == TC_OP_BROADCAST || f->op == TC_OP_SCATTER ? " from" : " to",
+              (int)f->root);
 }
 
 int tc__opfp_mismatch(const tc_opfp_t *mine, int rank, const tc_opfp_t *theirs, int peer,

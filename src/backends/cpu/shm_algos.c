@@ -224,9 +224,7 @@ int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, size_t *by
 /* ------------------------------------------------------------------------ */
 
 static void fp_put_hdr(cpu_ctx_t *ctx, uint64_t s, size_t bytes) {
-  const tc_backend_op_t *op = ctx->op;
   fp_hdr_t *h = (fp_hdr_t *)tc__shm_slot(ctx->c->shm, ctx->rank, (int)(s & 1));
-  (void)op;
   h->fp = ctx->fp; /* set for every collective, the check on or off */
   h->bytes = bytes;
   atomic_store_explicit(&h->sync, s, memory_order_release);
