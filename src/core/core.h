@@ -64,7 +64,7 @@ struct tc_work {
   struct tc_work *pool_next;
 };
 
-/* A batch lives in a slot of the batch table (ops.c); the handle users hold
+/* A batch lives in a slot of the batch table (batch.c); the handle users hold
  * is the slot's index and generation, never a pointer, so a freed or stale
  * handle is an error and never touches memory, and the table's size is
  * bounded by the most batches alive at once. */
@@ -102,6 +102,18 @@ TC_INTERNAL void tc__comm_record_error(tc_comm_t *c, const char *text);
  * in issue order, and either returns the work (async) or waits for it. */
 TC_INTERNAL int tc__op_issue(tc_comm_t *c, const char *fn, tc_backend_op_t *op,
                              const tc_op_options_t *opts, tc_work_t **work);
+
+/* Argument checks shared by every operation (ops.c): each returns TC_OK or
+ * sets the full message ("torchcomms: <fn> on '<comm>' (rank r of n): argument
+ * ...") and returns the error. */
+TC_INTERNAL int tc__v_comm(tc_comm_t *c, const char *fn, const tc_op_options_t *o);
+TC_INTERNAL int tc__v_dtype(tc_comm_t *c, const char *fn, tc_dtype_t dt);
+/* count elements of dt, times mult, must fit in the addressable size. */
+TC_INTERNAL int tc__v_count(tc_comm_t *c, const char *fn, const char *arg,
+                            size_t count, tc_dtype_t dt, size_t mult);
+TC_INTERNAL int tc__v_buf(tc_comm_t *c, const char *fn, const char *arg,
+                          const void *p, size_t count);
+TC_INTERNAL int tc__v_rank(tc_comm_t *c, const char *fn, const char *arg, int r);
 
 /* Creation keys (comm_keys.c): the attempt-scoped prefix "tc/<job>/<attempt>/
  * <name>/<n>"; the arrival ticket that detects keys left by an earlier job
