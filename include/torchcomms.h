@@ -369,6 +369,66 @@ TC_API const char *tc_work_status_name(int status);
 /* Operations. opts may be NULL; work == NULL makes the call synchronous.    */
 /* ------------------------------------------------------------------------ */
 
+/* The one list of operations: X(ID, name, kind, flags) generates the enum
+ * tc_op_type_t (TC_OP_<ID>), the names (tc_op_name), the flags (tc_op_flags),
+ * the backends' operation kinds (torchcomms_backend.h) and the Python method
+ * table. `name` is the function's suffix (tc_<name>) and the name messages
+ * show; `kind` is what the operation does (several call forms share one:
+ * all_gather, all_gather_v and all_gather_single are all ALL_GATHER);
+ * `flags` are TC_OPF_* below. Append-only: a new operation takes the next
+ * value. TC_COMM_OP_MAP holds the operations called on a communicator,
+ * TC_OP_MAP adds the batch (issued through tc_batch_issue). */
+#define TC_OPF_REDUCE 0x1u      /* takes a reduction (argument 'op') */
+#define TC_OPF_ROOT 0x2u        /* takes a root (broadcast, scatter, ...) */
+#define TC_OPF_PEER 0x4u        /* point to point with one peer */
+#define TC_OPF_UNIFORM 0x8u     /* one count for every rank's block, the same
+                                 * on every rank */
+#define TC_OPF_SEND_CONTIG 0x10u /* the per-rank input blocks lie back to
+                                  * back in one buffer */
+#define TC_OPF_RECV_CONTIG 0x20u /* the per-rank output blocks lie back to
+                                  * back in one buffer */
+#define TC_COMM_OP_MAP(X)                                                      \
+  X(SEND, send, SEND, TC_OPF_PEER)                                             \
+  X(RECV, recv, RECV, TC_OPF_PEER)                                             \
+  X(BROADCAST, broadcast, BROADCAST, TC_OPF_ROOT)                              \
+  X(ALL_REDUCE, all_reduce, ALL_REDUCE, TC_OPF_REDUCE)                         \
+  X(REDUCE, reduce, REDUCE, TC_OPF_REDUCE | TC_OPF_ROOT)                       \
+  X(ALL_GATHER, all_gather, ALL_GATHER, TC_OPF_UNIFORM)                        \
+  X(ALL_GATHER_V, all_gather_v, ALL_GATHER, 0)                                 \
+  X(ALL_GATHER_SINGLE, all_gather_single, ALL_GATHER,                          \
+    TC_OPF_UNIFORM | TC_OPF_RECV_CONTIG)                                       \
+  X(REDUCE_SCATTER, reduce_scatter, REDUCE_SCATTER,                            \
+    TC_OPF_REDUCE | TC_OPF_UNIFORM)                                            \
+  X(REDUCE_SCATTER_V, reduce_scatter_v, REDUCE_SCATTER, TC_OPF_REDUCE)         \
+  X(REDUCE_SCATTER_SINGLE, reduce_scatter_single, REDUCE_SCATTER,              \
+    TC_OPF_REDUCE | TC_OPF_UNIFORM | TC_OPF_SEND_CONTIG)                       \
+  X(ALL_TO_ALL_SINGLE, all_to_all_single, ALL_TO_ALL,                          \
+    TC_OPF_UNIFORM | TC_OPF_SEND_CONTIG | TC_OPF_RECV_CONTIG)                  \
+  X(ALL_TO_ALL_V_SINGLE, all_to_all_v_single, ALL_TO_ALL,                      \
+    TC_OPF_SEND_CONTIG | TC_OPF_RECV_CONTIG)                                   \
+  X(ALL_TO_ALL, all_to_all, ALL_TO_ALL, 0)                                     \
+  X(BARRIER, barrier, BARRIER, 0)                                              \
+  X(SCATTER, scatter, SCATTER, TC_OPF_ROOT | TC_OPF_UNIFORM)                   \
+  X(GATHER, gather, GATHER, TC_OPF_ROOT | TC_OPF_UNIFORM)                      \
+  X(GATHER_SINGLE, gather_single, GATHER,                                      \
+    TC_OPF_ROOT | TC_OPF_UNIFORM | TC_OPF_RECV_CONTIG)
+#define TC_OP_MAP(X)                                                           \
+  TC_COMM_OP_MAP(X)                                                            \
+  X(BATCH, batch_op_issue, BATCH, 0)
+
+typedef enum tc_op_type {
+#define TC__OP_ENUM(id, name, kind, flags) TC_OP_##id,
+  TC_OP_MAP(TC__OP_ENUM)
+#undef TC__OP_ENUM
+  TC_OP_TYPE_COUNT
+} tc_op_type_t;
+
+/* The operation's name ("all_reduce"; "batch_op_issue" for a batch), or
+ * "unknown" outside the enum. */
+TC_API const char *tc_op_name(tc_op_type_t type);
+/* The operation's TC_OPF_* flags (0 outside the enum). */
+TC_API uint32_t tc_op_flags(tc_op_type_t type);
+
 /* Point to point. peer is a rank of comm other than the caller. */
 TC_API int tc_send(tc_comm_t *comm, const void *buf, size_t count,
                    tc_dtype_t dtype, int peer, const tc_op_options_t *opts,

@@ -6,18 +6,21 @@
  * registered by the core; an out-of-tree backend is a shared object
  * `libtorchcomms-<name>.so` that exports one symbol:
  *
- *     const tc_backend_ops_t tc_backend_v1 = { .abi_version = ..., ... };
+ *     const tc_backend_ops_t tc_backend_table = { .abi_version = ..., ... };
  *
  * The loader looks in $TORCHCOMMS_BACKEND_LIB_PATH_<NAME> (a file or a
  * directory), then beside libtorchcomms, then the built-ins; it checks
  * abi_version and size before using the table.
  *
- * The core validates every argument before calling the backend, so a backend
- * may trust the tc_backend_op_t it is given. Op entries must not block: they
- * queue the operation and return; the backend reports progress with
- * host->work_started(work) and host->work_complete(work, status, message).
- * Operations must run in the order they were posted on one communicator.
- * An op entry may be NULL: the core then reports TC_ERR_NOT_SUPPORTED.
+ * Every operation reaches the backend through one entry, post(), as one
+ * normalised descriptor (tc_backend_op_t); supports() says beforehand which
+ * (operation, dtype, reduction) the backend runs (docs/backends.md says why
+ * one entry rather than one member per operation). The core validates every
+ * argument before calling the backend, so a backend may trust the
+ * descriptor. post() must not block: it queues the operation and returns;
+ * the backend reports progress with host->work_started(work) and
+ * host->work_complete(work, status, reason). Operations must run in the
+ * order they were posted on one communicator.
  *
  * Append-only: new members go at the end; the core reads a member only when
  * the table's `size` covers it.
@@ -31,56 +34,56 @@
 extern "C" {
 #endif
 
-#define TC_BACKEND_ABI_VERSION 1u
+#define TC_BACKEND_ABI_VERSION 2u
 
-typedef enum tc_op_type {
-  TC_OP_SEND = 0,
-  TC_OP_RECV,
-  TC_OP_BROADCAST,
-  TC_OP_ALL_REDUCE,
-  TC_OP_REDUCE,
-  TC_OP_ALL_GATHER,
-  TC_OP_ALL_GATHER_V,
-  TC_OP_ALL_GATHER_SINGLE,
-  TC_OP_REDUCE_SCATTER,
-  TC_OP_REDUCE_SCATTER_V,
-  TC_OP_REDUCE_SCATTER_SINGLE,
-  TC_OP_ALL_TO_ALL_SINGLE,
-  TC_OP_ALL_TO_ALL_V_SINGLE,
-  TC_OP_ALL_TO_ALL,
-  TC_OP_BARRIER,
-  TC_OP_SCATTER,
-  TC_OP_GATHER,
-  TC_OP_GATHER_SINGLE,
-  TC_OP_BATCH,
-  TC_OP_TYPE_COUNT
-} tc_op_type_t;
+/* What an operation does, whatever form it was called in: algorithms
+ * switch on the kind, never on the type (generated from TC_OP_MAP). */
+typedef enum tc_op_kind {
+  TC_KIND_SEND = 0,
+  TC_KIND_RECV,
+  TC_KIND_BROADCAST,
+  TC_KIND_ALL_REDUCE,
+  TC_KIND_REDUCE,
+  TC_KIND_ALL_GATHER,
+  TC_KIND_REDUCE_SCATTER,
+  TC_KIND_ALL_TO_ALL,
+  TC_KIND_BARRIER,
+  TC_KIND_SCATTER,
+  TC_KIND_GATHER,
+  TC_KIND_BATCH,
+  TC_KIND_COUNT
+} tc_op_kind_t;
+
+/* The kind of an operation type (TC_KIND_COUNT outside the enum). Inline,
+ * like the names below, so that backends need not link the core. */
+static inline tc_op_kind_t tc_backend_op_kind(tc_op_type_t t) {
+  static const tc_op_kind_t kinds[TC_OP_TYPE_COUNT] = {
+#define TC__OP_KIND(id, name, kind, flags) [TC_OP_##id] = TC_KIND_##kind,
+      TC_OP_MAP(TC__OP_KIND)
+#undef TC__OP_KIND
+  };
+  return (unsigned)t < TC_OP_TYPE_COUNT ? kinds[t] : TC_KIND_COUNT;
+}
+
+/* The operation's TC_OPF_* flags (tc_op_flags). */
+static inline uint32_t tc_backend_op_flags(tc_op_type_t t) {
+  static const uint32_t flags[TC_OP_TYPE_COUNT] = {
+#define TC__OP_FLAGS(id, name, kind, f) [TC_OP_##id] = (f),
+      TC_OP_MAP(TC__OP_FLAGS)
+#undef TC__OP_FLAGS
+  };
+  return (unsigned)t < TC_OP_TYPE_COUNT ? flags[t] : 0;
+}
 
 /* The operation's name as error messages show it ("all_reduce", ...);
- * "unknown" outside the enum. Inline, so backends need not link the core. */
+ * "unknown" outside the enum. */
 static inline const char *tc_backend_op_name(tc_op_type_t t) {
   static const char *const names[TC_OP_TYPE_COUNT] = {
-      [TC_OP_SEND] = "send",
-      [TC_OP_RECV] = "recv",
-      [TC_OP_BROADCAST] = "broadcast",
-      [TC_OP_ALL_REDUCE] = "all_reduce",
-      [TC_OP_REDUCE] = "reduce",
-      [TC_OP_ALL_GATHER] = "all_gather",
-      [TC_OP_ALL_GATHER_V] = "all_gather_v",
-      [TC_OP_ALL_GATHER_SINGLE] = "all_gather_single",
-      [TC_OP_REDUCE_SCATTER] = "reduce_scatter",
-      [TC_OP_REDUCE_SCATTER_V] = "reduce_scatter_v",
-      [TC_OP_REDUCE_SCATTER_SINGLE] = "reduce_scatter_single",
-      [TC_OP_ALL_TO_ALL_SINGLE] = "all_to_all_single",
-      [TC_OP_ALL_TO_ALL_V_SINGLE] = "all_to_all_v_single",
-      [TC_OP_ALL_TO_ALL] = "all_to_all",
-      [TC_OP_BARRIER] = "barrier",
-      [TC_OP_SCATTER] = "scatter",
-      [TC_OP_GATHER] = "gather",
-      [TC_OP_GATHER_SINGLE] = "gather_single",
-      [TC_OP_BATCH] = "batch_op_issue",
+#define TC__OP_NAME(id, name, kind, flags) [TC_OP_##id] = #name,
+      TC_OP_MAP(TC__OP_NAME)
+#undef TC__OP_NAME
   };
-  return (unsigned)t < TC_OP_TYPE_COUNT && names[t] ? names[t] : "unknown";
+  return (unsigned)t < TC_OP_TYPE_COUNT ? names[t] : "unknown";
 }
 
 /* One send or receive of a batch. */
@@ -92,69 +95,91 @@ typedef struct tc_p2p {
   tc_dtype_t dtype;
 } tc_p2p_t;
 
-/* Everything an operation needs, already validated by the core. Which fields
- * are used depends on `type`:
- *  send/recv:            recvbuf|sendbuf, count, root = peer
- *  broadcast:            recvbuf (in/out), count, root
- *  all_reduce:           recvbuf (in/out), count, redop
- *  reduce:               recvbuf (in/out at root, input elsewhere), root
- *  all_gather:           sendbuf, count, recvbufs[size]
- *  all_gather_v:         sendbuf, count (= recvcounts[rank]), recvbufs,
- *                        recvcounts
- *  all_gather_single:    sendbuf, count (per rank), recvbuf
- *  reduce_scatter:       sendbufs[size], count, recvbuf
- *  reduce_scatter_v:     sendbufs, sendcounts, recvbuf, count (= own count)
- *  reduce_scatter_single sendbuf (size*count), recvbuf, count (per rank)
- *  all_to_all_single:    sendbuf, recvbuf, count (per rank)
- *  all_to_all_v_single:  sendbuf, sendcounts, recvbuf, recvcounts
- *  all_to_all:           sendbufs, sendcounts, recvbufs, recvcounts
- *  barrier:              -
- *  scatter:              sendbufs (root), recvbuf, count, root
- *  gather:               sendbuf, recvbufs (root), count, root
- *  gather_single:        sendbuf, recvbuf (root, size*count), count, root
- *  batch:                p2p[num_p2p]
- * For AVG and PREMUL_SUM, `redop` carries the type and the factor; the
- * backend applies them. */
+/* One rank's block of a per-rank operation: where it lies and how many
+ * elements it has (const for input blocks). */
+typedef struct tc_block {
+  void *buf;
+  size_t count;
+} tc_block_t;
+
+/* The one descriptor of an operation, validated and normalised by the core:
+ * whichever form was called (one buffer, a list of buffers, counts per
+ * rank), the per-rank blocks are resolved into `send` / `recv`, so a
+ * backend switches on `kind` and never looks at the form. By kind:
+ *  SEND / RECV      sendbuf | recvbuf, count, root = the peer
+ *  BROADCAST        recvbuf (in/out), count, root
+ *  ALL_REDUCE       recvbuf (in/out), count, redop
+ *  REDUCE           recvbuf (in/out at root, input elsewhere), count, redop,
+ *                   root
+ *  ALL_GATHER       sendbuf, count (this rank's block = recv[rank].count),
+ *                   recv[size]
+ *  REDUCE_SCATTER   send[size], recvbuf, count (= send[rank].count), redop
+ *  ALL_TO_ALL       send[size] (to rank i), recv[size] (from rank i)
+ *  BARRIER          -
+ *  SCATTER          send[size] at root (NULL elsewhere), recvbuf, count, root
+ *  GATHER           sendbuf, count, recv[size] at root (NULL elsewhere), root
+ *  BATCH            p2p[num_p2p]
+ * `flags` carry the type's TC_OPF_* (tc_op_flags): TC_OPF_UNIFORM says every
+ * block on every rank has `count` elements (for ALL_TO_ALL too: `count` is
+ * then the per-rank count), so a backend may pick a path by it that every
+ * rank picks alike; TC_OPF_SEND_CONTIG / TC_OPF_RECV_CONTIG say the blocks
+ * lie back to back from sendbuf / recvbuf (which are then set). For AVG and
+ * PREMUL_SUM, `redop` carries the type and the factor; the backend applies
+ * them. */
 typedef struct tc_backend_op {
   uint32_t size; /* sizeof(tc_backend_op_t) */
-  tc_op_type_t type;
+  tc_op_type_t type; /* the call (names, fingerprints) */
+  tc_op_kind_t kind; /* what it does (algorithms) */
+  uint32_t flags;    /* TC_OPF_* of the type, plus TC_BACKEND_OP_* */
   tc_dtype_t dtype;
   tc_redop_t redop;
-  int root;
+  int root; /* root or peer; -1 when none */
   size_t count;
   const void *sendbuf;
   void *recvbuf;
-  const void *const *sendbufs;
-  void *const *recvbufs;
-  const size_t *sendcounts;
-  const size_t *recvcounts;
+  const tc_block_t *send; /* [world size], or NULL */
+  const tc_block_t *recv; /* [world size], or NULL */
   const tc_p2p_t *p2p;
   size_t num_p2p;
   double timeout_s; /* effective deadline: start of execution + timeout_s */
-  const tc_hint_t *hints; /* valid during the op entry's call only: copy */
+  const tc_hint_t *hints; /* valid during the post call only: copy */
   size_t num_hints;       /* what the backend needs before returning */
   void *stream; /* device stream, or NULL */
   uint64_t seq; /* 1, 2, ... in issue order on this communicator */
-  /* Appended (read only when `size` covers it): TC_BACKEND_OP_* bits. */
-  uint32_t flags;
 } tc_backend_op_t;
 
 /* The caller holds a work object (asynchronous call); without it the core
  * waits for the operation before returning. A device backend may use it to
  * order the caller's stream after a synchronous operation only. */
-#define TC_BACKEND_OP_ASYNC 0x1u
+#define TC_BACKEND_OP_ASYNC 0x80000000u
+
+/* Shorthands of the descriptor, for backends: */
+static inline int tc_backend_op_reduces(const tc_backend_op_t *op) {
+  return (op->flags & TC_OPF_REDUCE) != 0;
+}
+static inline int tc_backend_op_is_collective(const tc_backend_op_t *op) {
+  return op->kind != TC_KIND_SEND && op->kind != TC_KIND_RECV &&
+         op->kind != TC_KIND_BATCH;
+}
 
 /* Opaque to backends: the core's work object. */
 typedef struct tc_work tc_work_t;
+
+/* Errors, one way everywhere: an entry that fails returns its status and
+ * writes one sentence into its `err` buffer (init, split, finalize, post),
+ * and an operation that fails later passes it to work_complete. The
+ * sentence says what went wrong and what to do; it does NOT start with
+ * "torchcomms: <op> on '<comm>' (rank r of n): ", which the core adds, so
+ * every message of the library has one format. */
 
 /* Services the core gives a backend. */
 typedef struct tc_backend_host {
   uint32_t size;
   /* The operation began executing (its deadline starts now). */
   void (*work_started)(tc_work_t *work);
-  /* The operation finished: status TC_OK, or an error with a message that
-   * names the operation, the communicator, the rank and the peer. */
-  void (*work_complete)(tc_work_t *work, int status, const char *message);
+  /* The operation finished: status TC_OK (reason NULL), or an error and
+   * its sentence (see above). */
+  void (*work_complete)(tc_work_t *work, int status, const char *reason);
   /* Store functions (see torchcomms.h) on the communicator's own prefix. */
   int (*store_set)(tc_store_t *s, const char *key, const void *v, size_t len);
   int (*store_get)(tc_store_t *s, const char *key, void **v, size_t *len,
@@ -164,11 +189,6 @@ typedef struct tc_backend_host {
   void (*free)(void *ptr);
   /* Logs a line at level 0 (error) .. 3 (debug), gated by TORCHCOMMS_LOG. */
   void (*log)(int level, const char *fmt, ...);
-  /* Appended (check `size` before use): sets the calling thread's last
-   * error (tc_last_error) to `message` and returns status; for an op entry,
-   * finalize or split that returns an error, so that the caller sees the
-   * backend's own sentence. */
-  int (*set_error)(int status, const char *message);
 } tc_backend_host_t;
 
 /* What a backend's init receives. */
@@ -187,44 +207,30 @@ typedef struct tc_backend_init_args {
   size_t num_hints;
 } tc_backend_init_args_t;
 
-typedef int (*tc_backend_op_fn)(void *bcomm, const tc_backend_op_t *op,
-                                tc_work_t *work);
-
 typedef struct tc_backend_ops {
   uint32_t abi_version; /* TC_BACKEND_ABI_VERSION */
   uint32_t size;        /* sizeof(tc_backend_ops_t) at build time */
   const char *name;
   const char *version;
-  /* Creates the backend state of one communicator (collective). On failure
-   * writes one sentence into err. */
+  /* Creates the backend state of one communicator (collective). */
   int (*init)(const tc_backend_init_args_t *args, void **bcomm, char *err,
               size_t errlen);
   /* Completes pending operations and closes (collective). */
-  int (*finalize)(void *bcomm);
+  int (*finalize)(void *bcomm, char *err, size_t errlen);
   /* Fails every pending operation with TC_ERR_ABORTED at once. */
   int (*abort)(void *bcomm);
   /* Frees the state (after finalize or abort). */
   void (*destroy)(void *bcomm);
-  /* One entry per operation, indexed like tc_op_type_t (may be NULL). */
-  tc_backend_op_fn send;
-  tc_backend_op_fn recv;
-  tc_backend_op_fn broadcast;
-  tc_backend_op_fn all_reduce;
-  tc_backend_op_fn reduce;
-  tc_backend_op_fn all_gather;
-  tc_backend_op_fn all_gather_v;
-  tc_backend_op_fn all_gather_single;
-  tc_backend_op_fn reduce_scatter;
-  tc_backend_op_fn reduce_scatter_v;
-  tc_backend_op_fn reduce_scatter_single;
-  tc_backend_op_fn all_to_all_single;
-  tc_backend_op_fn all_to_all_v_single;
-  tc_backend_op_fn all_to_all;
-  tc_backend_op_fn barrier;
-  tc_backend_op_fn scatter;
-  tc_backend_op_fn gather;
-  tc_backend_op_fn gather_single;
-  tc_backend_op_fn batch;
+  /* Queues one operation (every operation, whatever its kind) and returns
+   * without blocking; completion through host->work_started/work_complete.
+   * A refusal (nothing queued) returns the status with the reason in err. */
+  int (*post)(void *bcomm, const tc_backend_op_t *op, tc_work_t *work,
+              char *err, size_t errlen);
+  /* Whether the backend runs `type` on `dtype` with reduction `redop`
+   * (a tc_redop_type_t, or -1 for an operation that does not reduce): 1
+   * yes, 0 no (the core then fails the call with TC_ERR_NOT_SUPPORTED
+   * before anything is posted). NULL: everything. */
+  int (*supports)(void *bcomm, tc_op_type_t type, tc_dtype_t dtype, int redop);
   /* Optional native split; NULL: the core splits with init on a child store.
    * ranks: the new group in parent ranks (caller included). Collective over
    * the parent: the core calls it on every rank of the parent, after the
@@ -233,12 +239,13 @@ typedef struct tc_backend_ops {
   int (*split)(void *parent, const int *ranks, size_t nranks,
                const tc_backend_init_args_t *child_args, void **child,
                char *err, size_t errlen);
-  /* Which dtypes the backend supports; NULL: all of TC_DTYPE_MAP. */
-  int (*supports_dtype)(tc_dtype_t dtype);
 } tc_backend_ops_t;
 
 /* The symbol a plugin exports. */
-#define TC_BACKEND_SYMBOL "tc_backend_v1"
+#define TC_BACKEND_SYMBOL "tc_backend_table"
+/* The symbol of ABI version 1 (one member per operation), which the loader
+ * recognises only to say that the plugin must be rebuilt. */
+#define TC_BACKEND_SYMBOL_V1 "tc_backend_v1"
 
 #ifdef __cplusplus
 }

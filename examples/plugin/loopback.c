@@ -3,18 +3,20 @@
  * (docs/backends.md explains every rule it follows).
  *
  * What it shows:
- *  - the one exported symbol, tc_backend_v1, a table with designated
+ *  - the one exported symbol, tc_backend_table, a table with designated
  *    initializers; everything else is static (and the build hides symbols);
  *  - init refusing what the backend cannot do (world size > 1, a device
  *    other than "cpu") with one sentence, the core adding the communicator
  *    and rank;
- *  - op entries that never block: they copy the operation into a FIFO queue
- *    and return; one progress thread per communicator runs the queue in
- *    post order and reports through host->work_started / work_complete;
- *  - every operation of the table implemented for one rank (a collective
- *    over one rank is a local copy; PREMUL_SUM scales by its factor), and
- *    failures reported through work_complete with a message that names the
- *    operation, the communicator and the rank;
+ *  - one post entry that never blocks: it copies the operation's descriptor
+ *    into a FIFO queue and returns; one progress thread per communicator
+ *    runs the queue in post order and reports through host->work_started /
+ *    work_complete;
+ *  - every kind of operation implemented for one rank, on the descriptor's
+ *    per-rank blocks whatever form the user called (a collective over one
+ *    rank is a local copy; PREMUL_SUM scales by its factor), and failures
+ *    reported with a reason, to which the core adds the operation, the
+ *    communicator and the rank;
  *  - per-operation deadlines, finalize (drains the queue), abort (fails
  *    pending operations at once), destroy (joins the thread);
  *  - no call into libtorchcomms: the plugin is linked against libc and
@@ -44,9 +46,6 @@
 #define LB_NAME "loopback"
 #define LB_VERSION "1.0.0"
 #define LB_HINT_DELAY "loopback.delay_ms"
-
-/* The names the core uses in its messages (from torchcomms_backend.h). */
-static const char *lb_op_name(tc_op_type_t t) { return tc_backend_op_name(t); }
 
 /* Element size from the header's dtype list (a plugin does not call
  * tc_dtype_size: it does not link libtorchcomms). */
@@ -91,14 +90,16 @@ static double lb_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* "torchcomms: <op> on '<comm>' (rank 0 of 1): loopback: <what>" */
+/* The reason "loopback: <what>"; the core makes it "torchcomms: <op> on
+ * '<comm>' (rank 0 of 1): loopback: <what>". */
 static int lb_fail(const lb_comm_t *c, const tc_backend_op_t *op, char *msg,
                    size_t len, int rc, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 static int lb_fail(const lb_comm_t *c, const tc_backend_op_t *op, char *msg,
                    size_t len, int rc, const char *fmt, ...) {
-  int n = snprintf(msg, len, "torchcomms: %s on '%s' (rank 0 of 1): " LB_NAME
-                   ": ", lb_op_name(op->type), c->name);
+  (void)c;
+  (void)op;
+  int n = snprintf(msg, len, LB_NAME ": ");
   if (n >= 0 && (size_t)n < len) {
     va_list ap;
     va_start(ap, fmt);
@@ -159,55 +160,42 @@ static int lb_batch(const lb_comm_t *c, const tc_backend_op_t *op, char *msg,
   return TC_OK;
 }
 
-/* Runs one operation; TC_OK, or an error code with msg filled in. */
+/* Runs one operation; TC_OK, or an error code with msg filled in. With one
+ * rank every per-rank list has one block: block 0, the own one. */
 static int lb_execute(const lb_comm_t *c, const tc_backend_op_t *op, char *msg,
                       size_t len) {
-  switch (op->type) {
-  case TC_OP_BARRIER:
-  case TC_OP_BROADCAST: /* the root's buffer is already the result */
+  switch (op->kind) {
+  case TC_KIND_BARRIER:
+  case TC_KIND_BROADCAST: /* the root's buffer is already the result */
     return TC_OK;
-  case TC_OP_ALL_REDUCE:
-  case TC_OP_REDUCE:
+  case TC_KIND_ALL_REDUCE:
+  case TC_KIND_REDUCE:
     return lb_reduce_one(c, op, op->recvbuf, op->count, msg, len);
-  case TC_OP_ALL_GATHER:
-  case TC_OP_ALL_GATHER_V: /* count == recvcounts[0] */
-  case TC_OP_GATHER:
-    lb_copy(op->recvbufs[0], op->sendbuf, op->count, op->dtype);
+  case TC_KIND_ALL_GATHER:
+  case TC_KIND_GATHER: /* count == recv[0].count */
+    lb_copy(op->recv[0].buf, op->sendbuf, op->count, op->dtype);
     return TC_OK;
-  case TC_OP_ALL_GATHER_SINGLE:
-  case TC_OP_ALL_TO_ALL_SINGLE:
-  case TC_OP_GATHER_SINGLE:
-    lb_copy(op->recvbuf, op->sendbuf, op->count, op->dtype);
+  case TC_KIND_SCATTER:
+    lb_copy(op->recvbuf, op->send[0].buf, op->count, op->dtype);
     return TC_OK;
-  case TC_OP_SCATTER:
-    lb_copy(op->recvbuf, op->sendbufs[0], op->count, op->dtype);
-    return TC_OK;
-  case TC_OP_REDUCE_SCATTER:
-  case TC_OP_REDUCE_SCATTER_V: /* count == sendcounts[0] */
-    lb_copy(op->recvbuf, op->sendbufs[0], op->count, op->dtype);
+  case TC_KIND_REDUCE_SCATTER: /* count == send[0].count */
+    lb_copy(op->recvbuf, op->send[0].buf, op->count, op->dtype);
     return lb_reduce_one(c, op, op->recvbuf, op->count, msg, len);
-  case TC_OP_REDUCE_SCATTER_SINGLE:
-    lb_copy(op->recvbuf, op->sendbuf, op->count, op->dtype);
-    return lb_reduce_one(c, op, op->recvbuf, op->count, msg, len);
-  case TC_OP_ALL_TO_ALL_V_SINGLE:
-  case TC_OP_ALL_TO_ALL: {
+  case TC_KIND_ALL_TO_ALL: {
     /* what rank 0 sends to itself must fit what it receives from itself:
      * the core cannot check this across ranks, the backend does */
-    size_t sc = op->sendcounts[0], rc = op->recvcounts[0];
+    size_t sc = op->send[0].count, rc = op->recv[0].count;
     if (sc != rc)
       return lb_fail(c, op, msg, len, TC_ERR_INVALID_ARGUMENT,
                      "rank 0 sends %zu elements to itself but expects to "
                      "receive %zu", sc, rc);
-    if (op->type == TC_OP_ALL_TO_ALL)
-      lb_copy(op->recvbufs[0], op->sendbufs[0], sc, op->dtype);
-    else
-      lb_copy(op->recvbuf, op->sendbuf, sc, op->dtype);
+    lb_copy(op->recv[0].buf, op->send[0].buf, sc, op->dtype);
     return TC_OK;
   }
-  case TC_OP_BATCH:
+  case TC_KIND_BATCH:
     return lb_batch(c, op, msg, len);
-  case TC_OP_SEND: /* unreachable: the core refuses a peer equal to self */
-  case TC_OP_RECV:
+  case TC_KIND_SEND: /* unreachable: the core refuses a peer equal to self */
+  case TC_KIND_RECV:
   default:
     return lb_fail(c, op, msg, len, TC_ERR_NOT_SUPPORTED,
                    "operation type %d is not supported", (int)op->type);
@@ -304,23 +292,15 @@ static void lb_read_hints(const tc_backend_op_t *op, lb_entry_t *e) {
   }
 }
 
-/* Every op entry of the table: queue the operation and return at once. */
-static int lb_post(void *bcomm, const tc_backend_op_t *op, tc_work_t *work) {
+/* The post entry, for every operation: queue it and return at once. */
+static int lb_post(void *bcomm, const tc_backend_op_t *op, tc_work_t *work,
+                   char *err, size_t errlen) {
   lb_comm_t *c = bcomm;
   lb_entry_t *e = calloc(1, sizeof *e);
-  if (!e) {
-    /* An error return refuses the work (never complete it then); it is only
-     * for a failure to queue. host->set_error was appended to the host
-     * table: use it only when the core's table is long enough. */
-    if (offsetof(tc_backend_host_t, set_error) < c->host->size &&
-        c->host->set_error) {
-      char msg[256];
-      lb_fail(c, op, msg, sizeof msg, TC_ERR_NOMEM,
-              "out of memory queueing the operation");
-      return c->host->set_error(TC_ERR_NOMEM, msg);
-    }
-    return TC_ERR_NOMEM;
-  }
+  if (!e) /* an error return refuses the work (never complete it then); it
+           * is only for a failure to queue */
+    return lb_fail(c, op, err, errlen, TC_ERR_NOMEM,
+                   "out of memory queueing the operation");
   /* A core built against a newer header may pass a larger op; read only
    * the members this plugin knows. */
   memcpy(&e->op, op, op->size < sizeof e->op ? op->size : sizeof e->op);
@@ -403,8 +383,10 @@ static void lb_join(lb_comm_t *c) {
 
 /* Runs every queued operation (each ends by its own deadline), then stops
  * the thread. No operation is posted once finalize has begun. */
-static int lb_finalize(void *bcomm) {
+static int lb_finalize(void *bcomm, char *err, size_t errlen) {
   lb_comm_t *c = bcomm;
+  (void)err; /* finalize cannot fail here: each operation ends by its deadline */
+  (void)errlen;
   pthread_mutex_lock(&c->mu);
   c->stopping = 1;
   pthread_cond_broadcast(&c->cv);
@@ -425,7 +407,7 @@ static int lb_abort(void *bcomm) {
   pthread_mutex_unlock(&c->mu);
   while (e) {
     lb_entry_t *next = e->next;
-    char msg[512];
+    char msg[256];
     lb_fail(c, &e->op, msg, sizeof msg, TC_ERR_ABORTED,
             "communicator was aborted");
     c->host->work_complete(e->work, TC_ERR_ABORTED, msg);
@@ -444,13 +426,17 @@ static void lb_destroy(void *bcomm) {
   lb_free(c);
 }
 
-static int lb_supports_dtype(tc_dtype_t dtype) {
-  return lb_esize(dtype) != 0; /* every dtype of TC_DTYPE_MAP */
+/* Every operation, every dtype of TC_DTYPE_MAP, every reduction (PREMUL_SUM
+ * on the narrow float types is refused when it runs, with a reason). */
+static int lb_supports(void *bcomm, tc_op_type_t type, tc_dtype_t dtype, int redop) {
+  (void)bcomm;
+  (void)redop;
+  return (unsigned)type < TC_OP_TYPE_COUNT &&
+         (dtype == TC_DTYPE_COUNT || lb_esize(dtype) != 0);
 }
 
-/* The only exported symbol. Every op entry is the same queueing function;
- * the progress thread dispatches on op->type. */
-TC_API const tc_backend_ops_t tc_backend_v1 = {
+/* The only exported symbol. */
+TC_API const tc_backend_ops_t tc_backend_table = {
     .abi_version = TC_BACKEND_ABI_VERSION,
     .size = sizeof(tc_backend_ops_t),
     .name = LB_NAME,
@@ -459,25 +445,7 @@ TC_API const tc_backend_ops_t tc_backend_v1 = {
     .finalize = lb_finalize,
     .abort = lb_abort,
     .destroy = lb_destroy,
-    .send = lb_post,
-    .recv = lb_post,
-    .broadcast = lb_post,
-    .all_reduce = lb_post,
-    .reduce = lb_post,
-    .all_gather = lb_post,
-    .all_gather_v = lb_post,
-    .all_gather_single = lb_post,
-    .reduce_scatter = lb_post,
-    .reduce_scatter_v = lb_post,
-    .reduce_scatter_single = lb_post,
-    .all_to_all_single = lb_post,
-    .all_to_all_v_single = lb_post,
-    .all_to_all = lb_post,
-    .barrier = lb_post,
-    .scatter = lb_post,
-    .gather = lb_post,
-    .gather_single = lb_post,
-    .batch = lb_post,
-    .split = NULL, /* the core splits by calling init on a child store */
-    .supports_dtype = lb_supports_dtype,
+    .post = lb_post,
+    .supports = lb_supports,
+    .split = NULL, /* the core splits with init */
 };

@@ -193,17 +193,9 @@ TCPY_HIDDEN int tcpy_comm_live(TorchCommObject *self, const char *op);
 TCPY_HIDDEN void tcpy_comm_reap(TorchCommObject *self);
 
 /* One call into the library, described by value so that it can run with the
- * GIL released. */
-typedef enum tcpy_call_kind {
-  TCPY_SEND, TCPY_RECV, TCPY_BROADCAST, TCPY_ALL_REDUCE, TCPY_REDUCE,
-  TCPY_ALL_GATHER, TCPY_ALL_GATHER_V, TCPY_ALL_GATHER_SINGLE,
-  TCPY_REDUCE_SCATTER, TCPY_REDUCE_SCATTER_V, TCPY_REDUCE_SCATTER_SINGLE,
-  TCPY_ALL_TO_ALL_SINGLE, TCPY_ALL_TO_ALL_V_SINGLE, TCPY_ALL_TO_ALL,
-  TCPY_BARRIER, TCPY_SCATTER, TCPY_GATHER, TCPY_GATHER_SINGLE, TCPY_BATCH
-} tcpy_call_kind_t;
-
+ * GIL released; `type` is the operation (TC_OP_MAP, torchcomms.h). */
 typedef struct tcpy_call {
-  tcpy_call_kind_t kind;
+  tc_op_type_t type;
   void *recvbuf;
   const void *sendbuf;
   void **recvbufs;
@@ -231,6 +223,12 @@ TCPY_HIDDEN PyObject *tcpy_issue_opts(TorchCommObject *self, const char *op,
                                       tcpy_opts_t *opts, PyObject *refs);
 
 /* ---- operations (_comms_ops.c) ---- */
+/* TorchComm's operation methods, generated from TC_COMM_OP_MAP, and their
+ * aliases. */
 TCPY_HIDDEN extern PyMethodDef tcpy_comm_op_methods[];
+/* Calls the library function of call->type (no Python API: the GIL may be
+ * released). */
+TCPY_HIDDEN int tcpy_call_run(tc_comm_t *c, const tcpy_call_t *call,
+                              const tc_op_options_t *o, tc_work_t **w);
 
 #endif /* TORCHCOMMS_PY_COMMS_H */

@@ -54,66 +54,6 @@ void tcpy_comm_reap(TorchCommObject *self) {
   Py_SETREF(self->pending, keep);
 }
 
-/* ---- the library call, run without the GIL ---- */
-
-static int tcpy_call(tc_comm_t *c, const tcpy_call_t *a,
-                     const tc_op_options_t *o, tc_work_t **w) {
-  switch (a->kind) {
-  case TCPY_SEND:
-    return tc_send(c, a->sendbuf, a->count, a->dtype, a->root, o, w);
-  case TCPY_RECV:
-    return tc_recv(c, a->recvbuf, a->count, a->dtype, a->root, o, w);
-  case TCPY_BROADCAST:
-    return tc_broadcast(c, a->recvbuf, a->count, a->dtype, a->root, o, w);
-  case TCPY_ALL_REDUCE:
-    return tc_all_reduce(c, a->recvbuf, a->count, a->dtype, a->op, o, w);
-  case TCPY_REDUCE:
-    return tc_reduce(c, a->recvbuf, a->count, a->dtype, a->op, a->root, o, w);
-  case TCPY_ALL_GATHER:
-    return tc_all_gather(c, a->recvbufs, a->sendbuf, a->count, a->dtype, o, w);
-  case TCPY_ALL_GATHER_V:
-    return tc_all_gather_v(c, a->recvbufs, a->recvcounts, a->sendbuf,
-                           a->count, a->dtype, o, w);
-  case TCPY_ALL_GATHER_SINGLE:
-    return tc_all_gather_single(c, a->recvbuf, a->sendbuf, a->count, a->dtype,
-                                o, w);
-  case TCPY_REDUCE_SCATTER:
-    return tc_reduce_scatter(c, a->recvbuf, (const void *const *)a->sendbufs,
-                             a->count, a->dtype, a->op, o, w);
-  case TCPY_REDUCE_SCATTER_V:
-    return tc_reduce_scatter_v(c, a->recvbuf, a->recvcount,
-                               (const void *const *)a->sendbufs, a->sendcounts,
-                               a->dtype, a->op, o, w);
-  case TCPY_REDUCE_SCATTER_SINGLE:
-    return tc_reduce_scatter_single(c, a->recvbuf, a->sendbuf, a->count,
-                                    a->dtype, a->op, o, w);
-  case TCPY_ALL_TO_ALL_SINGLE:
-    return tc_all_to_all_single(c, a->recvbuf, a->sendbuf, a->count, a->dtype,
-                                o, w);
-  case TCPY_ALL_TO_ALL_V_SINGLE:
-    return tc_all_to_all_v_single(c, a->recvbuf, a->recvcounts, a->sendbuf,
-                                  a->sendcounts, a->dtype, o, w);
-  case TCPY_ALL_TO_ALL:
-    return tc_all_to_all(c, a->recvbufs, a->recvcounts,
-                         (const void *const *)a->sendbufs, a->sendcounts,
-                         a->dtype, o, w);
-  case TCPY_BARRIER:
-    return tc_barrier(c, o, w);
-  case TCPY_SCATTER:
-    return tc_scatter(c, a->recvbuf, (const void *const *)a->sendbufs,
-                      a->count, a->dtype, a->root, o, w);
-  case TCPY_GATHER:
-    return tc_gather(c, a->recvbufs, a->sendbuf, a->count, a->dtype, a->root,
-                     o, w);
-  case TCPY_GATHER_SINGLE:
-    return tc_gather_single(c, a->recvbuf, a->sendbuf, a->count, a->dtype,
-                            a->root, o, w);
-  case TCPY_BATCH:
-    return tc_batch_issue(a->batch, o, w);
-  }
-  return TC_ERR_INTERNAL;
-}
-
 PyObject *tcpy_issue_opts(TorchCommObject *self, const char *op,
                           tcpy_call_t *call, int async_op, tcpy_opts_t *opts,
                           PyObject *refs) {
@@ -128,7 +68,7 @@ PyObject *tcpy_issue_opts(TorchCommObject *self, const char *op,
   char text[TCPY_ERRBUF];
   int rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = tcpy_call(c, call, &opts->o, async_op ? &work : NULL);
+  rc = tcpy_call_run(c, call, &opts->o, async_op ? &work : NULL);
   TCPY_SAVE_ERROR(text, rc);
   Py_END_ALLOW_THREADS
   if (rc != TC_OK) return tcpy_raise(rc, text);

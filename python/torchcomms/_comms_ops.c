@@ -90,7 +90,7 @@ static PyObject *tcpy_p2p(TorchCommObject *self, PyObject *args, PyObject *kw,
       tcpy_int(peer, fn, send ? "dst" : "src", &p) < 0 ||
       tcpy_refs(async_op, &refs, 1, tensor) < 0)
     return NULL;
-  tcpy_call_t c = {.kind = send ? TCPY_SEND : TCPY_RECV, .count = t.numel,
+  tcpy_call_t c = {.type = send ? TC_OP_SEND : TC_OP_RECV, .count = t.numel,
                    .dtype = t.dtype, .root = p};
   if (send) c.sendbuf = t.ptr;
   else c.recvbuf = t.ptr;
@@ -120,7 +120,7 @@ static PyObject *tcpy_op_broadcast(TorchCommObject *self, PyObject *args,
       tcpy_int(root, fn, "root", &r) < 0 ||
       tcpy_refs(async_op, &refs, 1, tensor) < 0)
     return NULL;
-  tcpy_call_t c = {.kind = TCPY_BROADCAST, .recvbuf = t.ptr, .count = t.numel,
+  tcpy_call_t c = {.type = TC_OP_BROADCAST, .recvbuf = t.ptr, .count = t.numel,
                    .dtype = t.dtype, .root = r};
   return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
 }
@@ -141,7 +141,7 @@ static PyObject *tcpy_op_all_reduce(TorchCommObject *self, PyObject *args,
       tcpy_redop(op, fn, &rop) < 0 || tcpy_check_redop(fn, t.dtype, rop) < 0 ||
       tcpy_refs(async_op, &refs, 1, tensor) < 0)
     return NULL;
-  tcpy_call_t c = {.kind = TCPY_ALL_REDUCE, .recvbuf = t.ptr, .count = t.numel,
+  tcpy_call_t c = {.type = TC_OP_ALL_REDUCE, .recvbuf = t.ptr, .count = t.numel,
                    .dtype = t.dtype, .op = rop};
   return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
 }
@@ -165,7 +165,7 @@ static PyObject *tcpy_op_reduce(TorchCommObject *self, PyObject *args,
       tcpy_check_redop(fn, t.dtype, rop) < 0 ||
       tcpy_refs(async_op, &refs, 1, tensor) < 0)
     return NULL;
-  tcpy_call_t c = {.kind = TCPY_REDUCE, .recvbuf = t.ptr, .count = t.numel,
+  tcpy_call_t c = {.type = TC_OP_REDUCE, .recvbuf = t.ptr, .count = t.numel,
                    .dtype = t.dtype, .op = rop, .root = r};
   return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
 }
@@ -206,7 +206,7 @@ static PyObject *tcpy_gather_list(TorchCommObject *self, PyObject *args,
       goto out;
   }
   if (tcpy_refs(async_op, &refs, 2, seq, tensor) < 0) goto out;
-  tcpy_call_t c = {.kind = v ? TCPY_ALL_GATHER_V : TCPY_ALL_GATHER,
+  tcpy_call_t c = {.type = v ? TC_OP_ALL_GATHER_V : TC_OP_ALL_GATHER,
                    .recvbufs = ptrs, .recvcounts = v ? counts : NULL,
                    .sendbuf = t.ptr, .count = t.numel, .dtype = t.dtype};
   res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
@@ -229,14 +229,14 @@ static PyObject *tcpy_op_all_gather_v(TorchCommObject *s, PyObject *a,
 
 /* Two-tensor operations: output, input (+ op). */
 static PyObject *tcpy_pair(TorchCommObject *self, PyObject *args, PyObject *kw,
-                           tcpy_call_kind_t kind) {
+                           tc_op_type_t kind) {
   const char *fn;
   switch (kind) {
-  case TCPY_ALL_GATHER_SINGLE: fn = "all_gather_single"; break;
-  case TCPY_REDUCE_SCATTER_SINGLE: fn = "reduce_scatter_single"; break;
+  case TC_OP_ALL_GATHER_SINGLE: fn = "all_gather_single"; break;
+  case TC_OP_REDUCE_SCATTER_SINGLE: fn = "reduce_scatter_single"; break;
   default: fn = "all_to_all_single"; break;
   }
-  int with_op = kind == TCPY_REDUCE_SCATTER_SINGLE;
+  int with_op = kind == TC_OP_REDUCE_SCATTER_SINGLE;
   static char *kw2[] = {"output", "input", "async_op", "hints", "timeout", NULL};
   static char *kw3[] = {"output", "input", "op", "async_op", "hints",
                         "timeout", NULL};
@@ -248,7 +248,7 @@ static PyObject *tcpy_pair(TorchCommObject *self, PyObject *args, PyObject *kw,
                                      &timeout);
   else
     ok = PyArg_ParseTupleAndKeywords(args, kw,
-                                     kind == TCPY_ALL_GATHER_SINGLE
+                                     kind == TC_OP_ALL_GATHER_SINGLE
                                          ? "OO|pOO:all_gather_single"
                                          : "OO|pOO:all_to_all_single",
                                      kw2, &out, &in, &async_op, &hints,
@@ -265,12 +265,12 @@ static PyObject *tcpy_pair(TorchCommObject *self, PyObject *args, PyObject *kw,
                   tcpy_check_redop(fn, o.dtype, rop) < 0))
     return NULL;
   size_t n = TCPY_SIZE(self), count;
-  if (kind == TCPY_ALL_GATHER_SINGLE) {
+  if (kind == TC_OP_ALL_GATHER_SINGLE) {
     if (tcpy_numel_is(fn, "output", -1, o.numel, "world size x input has",
                       n * i.numel, "output holds one input per rank") < 0)
       return NULL;
     count = i.numel;
-  } else if (kind == TCPY_REDUCE_SCATTER_SINGLE) {
+  } else if (kind == TC_OP_REDUCE_SCATTER_SINGLE) {
     if (tcpy_numel_is(fn, "input", -1, i.numel, "world size x output has",
                       n * o.numel, "input holds one output per rank") < 0)
       return NULL;
@@ -287,24 +287,24 @@ static PyObject *tcpy_pair(TorchCommObject *self, PyObject *args, PyObject *kw,
     count = i.numel / n;
   }
   if (tcpy_refs(async_op, &refs, 2, out, in) < 0) return NULL;
-  tcpy_call_t c = {.kind = kind, .recvbuf = o.ptr, .sendbuf = i.ptr,
+  tcpy_call_t c = {.type = kind, .recvbuf = o.ptr, .sendbuf = i.ptr,
                    .count = count, .dtype = o.dtype, .op = rop};
   return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
 }
 
 static PyObject *tcpy_op_all_gather_single(TorchCommObject *s, PyObject *a,
                                            PyObject *k) {
-  return tcpy_pair(s, a, k, TCPY_ALL_GATHER_SINGLE);
+  return tcpy_pair(s, a, k, TC_OP_ALL_GATHER_SINGLE);
 }
 
 static PyObject *tcpy_op_reduce_scatter_single(TorchCommObject *s, PyObject *a,
                                                PyObject *k) {
-  return tcpy_pair(s, a, k, TCPY_REDUCE_SCATTER_SINGLE);
+  return tcpy_pair(s, a, k, TC_OP_REDUCE_SCATTER_SINGLE);
 }
 
 static PyObject *tcpy_op_all_to_all_single(TorchCommObject *s, PyObject *a,
                                            PyObject *k) {
-  return tcpy_pair(s, a, k, TCPY_ALL_TO_ALL_SINGLE);
+  return tcpy_pair(s, a, k, TC_OP_ALL_TO_ALL_SINGLE);
 }
 
 /* reduce_scatter (v = 0) and reduce_scatter_v (v = 1). */
@@ -342,7 +342,7 @@ static PyObject *tcpy_scatter_list(TorchCommObject *self, PyObject *args,
       goto out;
   }
   if (tcpy_refs(async_op, &refs, 2, out, seq) < 0) goto out;
-  tcpy_call_t c = {.kind = v ? TCPY_REDUCE_SCATTER_V : TCPY_REDUCE_SCATTER,
+  tcpy_call_t c = {.type = v ? TC_OP_REDUCE_SCATTER_V : TC_OP_REDUCE_SCATTER,
                    .recvbuf = o.ptr, .sendbufs = ptrs,
                    .sendcounts = v ? counts : NULL, .count = o.numel,
                    .recvcount = o.numel, .dtype = o.dtype, .op = rop};
@@ -455,7 +455,7 @@ static PyObject *tcpy_op_all_to_all_v_single(TorchCommObject *self,
       tcpy_splits(fn, "input_split_sizes", isp, n, irows, irow, rc + n) < 0 ||
       tcpy_refs(async_op, &refs, 2, out, in) < 0)
     goto out;
-  tcpy_call_t c = {.kind = TCPY_ALL_TO_ALL_V_SINGLE, .recvbuf = o.ptr,
+  tcpy_call_t c = {.type = TC_OP_ALL_TO_ALL_V_SINGLE, .recvbuf = o.ptr,
                    .recvcounts = rc, .sendbuf = i.ptr, .sendcounts = rc + n,
                    .dtype = o.dtype};
   res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
@@ -487,7 +487,7 @@ static PyObject *tcpy_op_all_to_all(TorchCommObject *self, PyObject *args,
                       idt) < 0 ||
       tcpy_refs(async_op, &refs, 2, oseq, iseq) < 0)
     goto out;
-  tcpy_call_t c = {.kind = TCPY_ALL_TO_ALL, .recvbufs = optr,
+  tcpy_call_t c = {.type = TC_OP_ALL_TO_ALL, .recvbufs = optr,
                    .recvcounts = ocnt, .sendbufs = iptr, .sendcounts = icnt,
                    .dtype = odt};
   res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
@@ -509,7 +509,7 @@ static PyObject *tcpy_op_barrier(TorchCommObject *self, PyObject *args,
   if (!PyArg_ParseTupleAndKeywords(args, kw, "|pOO:barrier", kwlist, &async_op,
                                    &hints, &timeout))
     return NULL;
-  tcpy_call_t c = {.kind = TCPY_BARRIER};
+  tcpy_call_t c = {.type = TC_OP_BARRIER};
   return tcpy_issue(self, "barrier", &c, async_op, hints, timeout, NULL);
 }
 
@@ -555,7 +555,7 @@ static PyObject *tcpy_rooted_list(TorchCommObject *self, PyObject *args,
         goto out;
   }
   if (tcpy_refs(async_op, &refs, 2, tensor, seq) < 0) goto out;
-  tcpy_call_t c = {.kind = gather ? TCPY_GATHER : TCPY_SCATTER,
+  tcpy_call_t c = {.type = gather ? TC_OP_GATHER : TC_OP_SCATTER,
                    .count = t.numel, .dtype = t.dtype, .root = r};
   if (gather) {
     c.sendbuf = t.ptr;
@@ -604,81 +604,154 @@ static PyObject *tcpy_op_gather_single(TorchCommObject *self, PyObject *args,
                      n * i.numel, "root's output holds one input per rank") < 0))
     return NULL;
   if (tcpy_refs(async_op, &refs, 2, out, in) < 0) return NULL;
-  tcpy_call_t c = {.kind = TCPY_GATHER_SINGLE, .recvbuf = o.ptr,
+  tcpy_call_t c = {.type = TC_OP_GATHER_SINGLE, .recvbuf = o.ptr,
                    .sendbuf = i.ptr, .count = i.numel, .dtype = i.dtype,
                    .root = r};
   return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
 }
 
+/* ---- the library call, run without the GIL ---- */
+
+int tcpy_call_run(tc_comm_t *c, const tcpy_call_t *a, const tc_op_options_t *o,
+                  tc_work_t **w) {
+  switch (a->type) {
+  case TC_OP_SEND:
+    return tc_send(c, a->sendbuf, a->count, a->dtype, a->root, o, w);
+  case TC_OP_RECV:
+    return tc_recv(c, a->recvbuf, a->count, a->dtype, a->root, o, w);
+  case TC_OP_BROADCAST:
+    return tc_broadcast(c, a->recvbuf, a->count, a->dtype, a->root, o, w);
+  case TC_OP_ALL_REDUCE:
+    return tc_all_reduce(c, a->recvbuf, a->count, a->dtype, a->op, o, w);
+  case TC_OP_REDUCE:
+    return tc_reduce(c, a->recvbuf, a->count, a->dtype, a->op, a->root, o, w);
+  case TC_OP_ALL_GATHER:
+    return tc_all_gather(c, a->recvbufs, a->sendbuf, a->count, a->dtype, o, w);
+  case TC_OP_ALL_GATHER_V:
+    return tc_all_gather_v(c, a->recvbufs, a->recvcounts, a->sendbuf,
+                           a->count, a->dtype, o, w);
+  case TC_OP_ALL_GATHER_SINGLE:
+    return tc_all_gather_single(c, a->recvbuf, a->sendbuf, a->count, a->dtype,
+                                o, w);
+  case TC_OP_REDUCE_SCATTER:
+    return tc_reduce_scatter(c, a->recvbuf, (const void *const *)a->sendbufs,
+                             a->count, a->dtype, a->op, o, w);
+  case TC_OP_REDUCE_SCATTER_V:
+    return tc_reduce_scatter_v(c, a->recvbuf, a->recvcount,
+                               (const void *const *)a->sendbufs, a->sendcounts,
+                               a->dtype, a->op, o, w);
+  case TC_OP_REDUCE_SCATTER_SINGLE:
+    return tc_reduce_scatter_single(c, a->recvbuf, a->sendbuf, a->count,
+                                    a->dtype, a->op, o, w);
+  case TC_OP_ALL_TO_ALL_SINGLE:
+    return tc_all_to_all_single(c, a->recvbuf, a->sendbuf, a->count, a->dtype,
+                                o, w);
+  case TC_OP_ALL_TO_ALL_V_SINGLE:
+    return tc_all_to_all_v_single(c, a->recvbuf, a->recvcounts, a->sendbuf,
+                                  a->sendcounts, a->dtype, o, w);
+  case TC_OP_ALL_TO_ALL:
+    return tc_all_to_all(c, a->recvbufs, a->recvcounts,
+                         (const void *const *)a->sendbufs, a->sendcounts,
+                         a->dtype, o, w);
+  case TC_OP_BARRIER:
+    return tc_barrier(c, o, w);
+  case TC_OP_SCATTER:
+    return tc_scatter(c, a->recvbuf, (const void *const *)a->sendbufs,
+                      a->count, a->dtype, a->root, o, w);
+  case TC_OP_GATHER:
+    return tc_gather(c, a->recvbufs, a->sendbuf, a->count, a->dtype, a->root,
+                     o, w);
+  case TC_OP_GATHER_SINGLE:
+    return tc_gather_single(c, a->recvbuf, a->sendbuf, a->count, a->dtype,
+                            a->root, o, w);
+  case TC_OP_BATCH:
+    return tc_batch_issue(a->batch, o, w);
+  case TC_OP_TYPE_COUNT:
+    break;
+  }
+  return TC_ERR_INTERNAL;
+}
+
 /* ---- the table (TorchComm's operations and their aliases) ---- */
+
+static const char tcpy_doc_send[] =
+    "send(tensor, dst, async_op=False, hints=None, timeout=None)";
+static const char tcpy_doc_recv[] =
+    "recv(tensor, src, async_op=False, hints=None, timeout=None)";
+static const char tcpy_doc_broadcast[] =
+    "broadcast(tensor, root, async_op=False, hints=None, timeout=None)";
+static const char tcpy_doc_all_reduce[] =
+    "all_reduce(tensor, op=ReduceOp.SUM, async_op=False, hints=None, "
+    "timeout=None): in place over every rank.";
+static const char tcpy_doc_reduce[] =
+    "reduce(tensor, root, op=ReduceOp.SUM, async_op=False, ...): the "
+    "result lands in root's tensor.";
+static const char tcpy_doc_all_gather[] =
+    "all_gather(tensor_list, tensor, async_op=False, ...)";
+static const char tcpy_doc_all_gather_v[] =
+    "all_gather_v(tensor_list, tensor, async_op=False, ...): entries "
+    "may differ in size.";
+static const char tcpy_doc_all_gather_single[] =
+    "all_gather_single(output, input, async_op=False, ...)";
+static const char tcpy_doc_reduce_scatter[] =
+    "reduce_scatter(output, input_list, op=ReduceOp.SUM, "
+    "async_op=False, ...)";
+static const char tcpy_doc_reduce_scatter_v[] =
+    "reduce_scatter_v(output, input_list, op=ReduceOp.SUM, "
+    "async_op=False, ...): entries may differ in size.";
+static const char tcpy_doc_reduce_scatter_single[] =
+    "reduce_scatter_single(output, input, op=ReduceOp.SUM, "
+    "async_op=False, ...)";
+static const char tcpy_doc_all_to_all_single[] =
+    "all_to_all_single(output, input, async_op=False, ...)";
+static const char tcpy_doc_all_to_all_v_single[] =
+    "all_to_all_v_single(output, input, output_split_sizes, "
+    "input_split_sizes, async_op=False, ...): split sizes count rows "
+    "of dim 0 ([] = equal splits).";
+static const char tcpy_doc_all_to_all[] =
+    "all_to_all(output_tensor_list, input_tensor_list, "
+    "async_op=False, ...)";
+static const char tcpy_doc_barrier[] =
+    "barrier(async_op=False, hints=None, timeout=None)";
+static const char tcpy_doc_scatter[] =
+    "scatter(output_tensor, input_tensor_list, root, async_op=False, "
+    "...): the list is read at root only.";
+static const char tcpy_doc_gather[] =
+    "gather(output_tensor_list, input_tensor, root, async_op=False, "
+    "...): the list is written at root only.";
+static const char tcpy_doc_gather_single[] =
+    "gather_single(output, input, root, async_op=False, ...): output "
+    "is used at root only.";
 
 #define TCPY_OP(name, fn, doc)                                                 \
   {name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc}
+/* One method per operation of TC_COMM_OP_MAP: tcpy_op_<name> with its
+ * tcpy_doc_<name> (a missing binding does not compile). */
+#define TCPY_OP_METHOD(id, name, kind, flags) TCPY_OP(#name, tcpy_op_##name, tcpy_doc_##name),
 
 PyMethodDef tcpy_comm_op_methods[] = {
-    TCPY_OP("send", tcpy_op_send,
-            "send(tensor, dst, async_op=False, hints=None, timeout=None)"),
-    TCPY_OP("recv", tcpy_op_recv,
-            "recv(tensor, src, async_op=False, hints=None, timeout=None)"),
-    TCPY_OP("broadcast", tcpy_op_broadcast,
-            "broadcast(tensor, root, async_op=False, hints=None, timeout=None)"),
-    TCPY_OP("all_reduce", tcpy_op_all_reduce,
-            "all_reduce(tensor, op=ReduceOp.SUM, async_op=False, hints=None, "
-            "timeout=None): in place over every rank."),
-    TCPY_OP("reduce", tcpy_op_reduce,
-            "reduce(tensor, root, op=ReduceOp.SUM, async_op=False, ...): the "
-            "result lands in root's tensor."),
-    TCPY_OP("all_gather", tcpy_op_all_gather,
-            "all_gather(tensor_list, tensor, async_op=False, ...)"),
-    TCPY_OP("all_gather_v", tcpy_op_all_gather_v,
-            "all_gather_v(tensor_list, tensor, async_op=False, ...): entries "
-            "may differ in size."),
-    TCPY_OP("all_gather_single", tcpy_op_all_gather_single,
-            "all_gather_single(output, input, async_op=False, ...)"),
-    TCPY_OP("reduce_scatter", tcpy_op_reduce_scatter,
-            "reduce_scatter(output, input_list, op=ReduceOp.SUM, "
-            "async_op=False, ...)"),
-    TCPY_OP("reduce_scatter_v", tcpy_op_reduce_scatter_v,
-            "reduce_scatter_v(output, input_list, op=ReduceOp.SUM, "
-            "async_op=False, ...): entries may differ in size."),
-    TCPY_OP("reduce_scatter_single", tcpy_op_reduce_scatter_single,
-            "reduce_scatter_single(output, input, op=ReduceOp.SUM, "
-            "async_op=False, ...)"),
-    TCPY_OP("all_to_all_single", tcpy_op_all_to_all_single,
-            "all_to_all_single(output, input, async_op=False, ...)"),
-    TCPY_OP("all_to_all_v_single", tcpy_op_all_to_all_v_single,
-            "all_to_all_v_single(output, input, output_split_sizes, "
-            "input_split_sizes, async_op=False, ...): split sizes count rows "
-            "of dim 0 ([] = equal splits)."),
-    TCPY_OP("all_to_all", tcpy_op_all_to_all,
-            "all_to_all(output_tensor_list, input_tensor_list, "
-            "async_op=False, ...)"),
-    TCPY_OP("barrier", tcpy_op_barrier,
-            "barrier(async_op=False, hints=None, timeout=None)"),
-    TCPY_OP("scatter", tcpy_op_scatter,
-            "scatter(output_tensor, input_tensor_list, root, async_op=False, "
-            "...): the list is read at root only."),
-    TCPY_OP("gather", tcpy_op_gather,
-            "gather(output_tensor_list, input_tensor, root, async_op=False, "
-            "...): the list is written at root only."),
-    TCPY_OP("gather_single", tcpy_op_gather_single,
-            "gather_single(output, input, root, async_op=False, ...): output "
-            "is used at root only."),
+    TC_COMM_OP_MAP(TCPY_OP_METHOD)
     /* aliases */
-    TCPY_OP("allreduce", tcpy_op_all_reduce, "Alias of all_reduce."),
-    TCPY_OP("allgather", tcpy_op_all_gather, "Alias of all_gather."),
-    TCPY_OP("allgather_v", tcpy_op_all_gather_v, "Alias of all_gather_v."),
+    TCPY_OP("allreduce", tcpy_op_all_reduce,
+            "Alias of all_reduce."),
+    TCPY_OP("allgather", tcpy_op_all_gather,
+            "Alias of all_gather."),
+    TCPY_OP("allgather_v", tcpy_op_all_gather_v,
+            "Alias of all_gather_v."),
     TCPY_OP("allgather_single", tcpy_op_all_gather_single,
             "Alias of all_gather_single."),
-    TCPY_OP("reducescatter", tcpy_op_reduce_scatter, "Alias of reduce_scatter."),
+    TCPY_OP("reducescatter", tcpy_op_reduce_scatter,
+            "Alias of reduce_scatter."),
     TCPY_OP("reducescatter_v", tcpy_op_reduce_scatter_v,
             "Alias of reduce_scatter_v."),
     TCPY_OP("reducescatter_single", tcpy_op_reduce_scatter_single,
             "Alias of reduce_scatter_single."),
-    TCPY_OP("alltoall", tcpy_op_all_to_all, "Alias of all_to_all."),
+    TCPY_OP("alltoall", tcpy_op_all_to_all,
+            "Alias of all_to_all."),
     TCPY_OP("alltoall_single", tcpy_op_all_to_all_single,
             "Alias of all_to_all_single."),
     TCPY_OP("alltoallv_single", tcpy_op_all_to_all_v_single,
             "Alias of all_to_all_v_single."),
     {NULL, NULL, 0, NULL},
 };
+#undef TCPY_OP_METHOD

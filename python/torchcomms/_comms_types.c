@@ -503,7 +503,7 @@ static PyObject *tcpy_batch_issue(BatchSendRecvObject *self, PyObject *args,
       goto out_refs;
     }
   }
-  tcpy_call_t call = {.kind = TCPY_BATCH, .batch = batch};
+  tcpy_call_t call = {.type = TC_OP_BATCH, .batch = batch};
   result = tcpy_issue_opts(comm, fn, &call, async_op, &opts, refs);
 out_refs:
   Py_DECREF(refs);

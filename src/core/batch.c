@@ -110,6 +110,7 @@ static int tc__batch_add(tc_batch_t *h, int is_send, void *buf, size_t count,
   TC_CHECK(tc__batch_check(h, fn, &b));
   tc_comm_t *c = b->comm;
   TC_CHECK(tc__v_dtype(c, fn, dt));
+  TC_CHECK(tc__v_supports(c, fn, TC_OP_BATCH, dt, -1));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, 1));
   TC_CHECK(tc__v_buf(c, fn, "buf", buf, count));
   TC_CHECK(tc__v_rank(c, fn, "peer", peer));
@@ -166,7 +167,7 @@ int tc_batch_issue(tc_batch_t *h, const tc_op_options_t *opts,
               b->ops[i].is_send ? "recv" : "send");
     (*idx)++;
   }
-  tc_backend_op_t op = {.size = sizeof op, .type = TC_OP_BATCH};
+  tc__op_args_t op = {.type = TC_OP_BATCH, .root = -1};
   op.p2p = b->ops;
   op.num_p2p = b->n;
   return tc__op_issue(c, fn, &op, opts, work);

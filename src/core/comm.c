@@ -267,20 +267,12 @@ int tc_comm_finalize(tc_comm_t *c) {
   if (state == TC_STATE_ACTIVE) c->state = TC_STATE_FINALIZED;
   pthread_mutex_unlock(&c->mu);
   if (state != TC_STATE_ACTIVE) return TC_OK; /* twice is harmless */
-  tc__set_error_text(TC_OK, ""); /* only the backend's own message counts */
-  int rc = c->ops->finalize(c->bcomm);
+  char why[768] = "";
+  int rc = c->ops->finalize(c->bcomm, why, sizeof why);
   c->ops->destroy(c->bcomm);
   c->bcomm = NULL;
-  if (rc != TC_OK) {
-    char why[1024];
-    snprintf(why, sizeof why, "%s", tc_last_error());
-    if (!strncmp(why, "torchcomms:", 11)) { /* the backend's full message */
-      tc__comm_record_error(c, why);
-      return tc__set_error_text(rc, why);
-    }
-    return tc__comm_error(c, rc, "finalize", "%s",
-                          why[0] ? why : tc_strerror(rc));
-  }
+  if (rc != TC_OK)
+    return tc__comm_error(c, rc, "finalize", "%s", why[0] ? why : tc_strerror(rc));
   return TC_OK;
 }
 

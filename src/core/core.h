@@ -98,10 +98,42 @@ TC_INTERNAL int tc__comm_error(tc_comm_t *c, int rc, const char *fn,
     __attribute__((format(printf, 4, 5)));
 TC_INTERNAL void tc__comm_record_error(tc_comm_t *c, const char *text);
 
-/* Issues a validated op: copies the op into a work, posts it to the backend
- * in issue order, and either returns the work (async) or waits for it. */
-TC_INTERNAL int tc__op_issue(tc_comm_t *c, const char *fn, tc_backend_op_t *op,
+/* An operation as the user called it (one of its forms: one buffer, a list
+ * of buffers, counts per rank), validated but not yet normalised. */
+typedef struct tc__op_args {
+  tc_op_type_t type;
+  tc_dtype_t dtype;
+  tc_redop_t redop;
+  int root; /* root or peer; -1 */
+  size_t count;
+  const void *sendbuf;
+  void *recvbuf;
+  const void *const *sendbufs;
+  void *const *recvbufs;
+  const size_t *sendcounts;
+  const size_t *recvcounts;
+  const tc_p2p_t *p2p;
+  size_t num_p2p;
+} tc__op_args_t;
+
+/* The normalised descriptor of a call on rank `rank` of `size`: per-rank
+ * blocks resolved from the call's form (tc_backend_op_t), its arrays (blocks,
+ * a copy of the batch's list) in `arrays` of tc__op_arrays_size() bytes
+ * (16-byte aligned). */
+TC_INTERNAL size_t tc__op_arrays_size(const tc__op_args_t *a, int rank, int size);
+TC_INTERNAL void tc__op_describe(const tc__op_args_t *a, int rank, int size, void *arrays,
+                                 tc_backend_op_t *op);
+
+/* Issues a validated call: asks the backend whether it runs it
+ * (supports), normalises it into the work's descriptor (tc_backend_op_t:
+ * per-rank blocks resolved, lists copied), posts it in issue order, and
+ * either returns the work (async) or waits for it. */
+TC_INTERNAL int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
                              const tc_op_options_t *opts, tc_work_t **work);
+/* TC_ERR_NOT_SUPPORTED with a message unless the backend runs type on dt
+ * with reduction redop (-1: none; dt TC_DTYPE_COUNT: any). */
+TC_INTERNAL int tc__v_supports(tc_comm_t *c, const char *fn, tc_op_type_t type,
+                               tc_dtype_t dt, int redop);
 
 /* Argument checks shared by every operation (ops.c): each returns TC_OK or
  * sets the full message ("torchcomms: <fn> on '<comm>' (rank r of n): argument

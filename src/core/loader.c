@@ -23,9 +23,9 @@ static struct {
 static int tc__nplugins;
 static pthread_mutex_t tc__loader_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* Minimum table size a v1 plugin must have: everything up to `batch`. */
+/* Minimum table size of ABI version 2: everything up to `split`. */
 #define TC_BACKEND_MIN_SIZE                                                    \
-  (offsetof(tc_backend_ops_t, batch) + sizeof(tc_backend_op_fn))
+  (offsetof(tc_backend_ops_t, split) + sizeof(((tc_backend_ops_t *)0)->split))
 
 static int tc__check_table(const char *name, const char *where,
                            const tc_backend_ops_t *ops) {
@@ -42,10 +42,10 @@ static int tc__check_table(const char *name, const char *where,
                          "requires (corrupt or mismatched build)",
                          name, where, ops->size, (size_t)TC_BACKEND_MIN_SIZE,
                          TC_BACKEND_ABI_VERSION);
-  if (!ops->init || !ops->finalize || !ops->abort || !ops->destroy)
+  if (!ops->init || !ops->finalize || !ops->abort || !ops->destroy || !ops->post)
     return tc__set_error(TC_ERR_BACKEND,
                          "torchcomms: backend '%s' from %s lacks init, "
-                         "finalize, abort or destroy", name, where);
+                         "finalize, abort, destroy or post", name, where);
   return TC_OK;
 }
 
@@ -65,6 +65,15 @@ static int tc__try_path(const char *name, const char *path,
                          "torchcomms: backend '%s': cannot load %s: %s", name,
                          path, dlerror());
   const tc_backend_ops_t *ops = dlsym(h, TC_BACKEND_SYMBOL);
+  if (!ops && dlsym(h, TC_BACKEND_SYMBOL_V1)) {
+    dlclose(h);
+    return tc__set_error(TC_ERR_BACKEND,
+                         "torchcomms: backend '%s' from %s has ABI version 1 "
+                         "(symbol '%s') but this libtorchcomms speaks version "
+                         "%u (rebuild the backend against this "
+                         "torchcomms_backend.h)", name, path,
+                         TC_BACKEND_SYMBOL_V1, TC_BACKEND_ABI_VERSION);
+  }
   if (!ops) {
     dlclose(h);
     return tc__set_error(TC_ERR_BACKEND,

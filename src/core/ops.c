@@ -7,16 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *tc__op_name(tc_op_type_t t) { return tc_backend_op_name(t); }
-
-static tc_backend_op_fn tc__op_fn(const tc_backend_ops_t *ops, tc_op_type_t t) {
-  /* The table's op entries are laid out in tc_op_type_t order. */
-  const tc_backend_op_fn *first = &ops->send;
-  size_t off = offsetof(tc_backend_ops_t, send) + (size_t)t * sizeof(tc_backend_op_fn);
-  if (off + sizeof(tc_backend_op_fn) > ops->size) return NULL;
-  return first[t];
-}
-
 /* ---- validation helpers: each returns TC_OK or sets a full message ---- */
 
 #define TC_FAIL(c, fn, rc, ...) return tc__comm_error((c), (rc), (fn), __VA_ARGS__)
@@ -53,12 +43,6 @@ int tc__v_dtype(tc_comm_t *c, const char *fn, tc_dtype_t dt) {
   if ((unsigned)dt >= TC_DTYPE_COUNT)
     TC_FAIL(c, fn, TC_ERR_INVALID_ARGUMENT,
             "argument 'dtype' = %d is not a tc_dtype_t", (int)dt);
-  if (c->ops->supports_dtype &&
-      offsetof(tc_backend_ops_t, supports_dtype) < c->ops->size &&
-      !c->ops->supports_dtype(dt))
-    TC_FAIL(c, fn, TC_ERR_NOT_SUPPORTED,
-            "backend '%s' does not support dtype %s", c->backend_name,
-            tc_dtype_name(dt));
   return TC_OK;
 }
 
@@ -157,96 +141,140 @@ static size_t tc__sum(const size_t *v, int n) {
 
 /* ---- the issue path ---- */
 
-static size_t tc__align16(size_t n) { return (n + 15) & ~(size_t)15; }
+const char *tc_op_name(tc_op_type_t t) { return tc_backend_op_name(t); }
+const char *tc__op_name(tc_op_type_t t) { return tc_backend_op_name(t); }
 
-int tc__op_issue(tc_comm_t *c, const char *fn, tc_backend_op_t *op,
-                 const tc_op_options_t *opts, tc_work_t **work) {
-  tc_backend_op_fn f = tc__op_fn(c->ops, op->type);
-  if (!f)
+uint32_t tc_op_flags(tc_op_type_t t) { return tc_backend_op_flags(t); }
+
+/* The backend runs type on dt with reduction redop (-1: none)? When not,
+ * the message says whether the operation or the dtype is missing. */
+int tc__v_supports(tc_comm_t *c, const char *fn, tc_op_type_t type,
+                   tc_dtype_t dt, int redop) {
+  const tc_backend_ops_t *o = c->ops;
+  if (!o->supports || !c->bcomm || o->supports(c->bcomm, type, dt, redop)) return TC_OK;
+  if (!o->supports(c->bcomm, type, TC_DTYPE_COUNT, -1))
     TC_FAIL(c, fn, TC_ERR_NOT_SUPPORTED, "backend '%s' does not implement %s",
-            c->backend_name, tc__op_name(op->type));
+            c->backend_name, tc__op_name(type));
+  if (redop >= 0 && o->supports(c->bcomm, type, dt, -1))
+    TC_FAIL(c, fn, TC_ERR_NOT_SUPPORTED,
+            "backend '%s' does not support reduction %s on dtype %s",
+            c->backend_name, tc_redop_name((tc_redop_type_t)redop), tc_dtype_name(dt));
+  TC_FAIL(c, fn, TC_ERR_NOT_SUPPORTED, "backend '%s' does not support dtype %s",
+          c->backend_name, tc_dtype_name(dt));
+}
+
+/* One side's blocks from the call's form: a list of buffers (bufs), or one
+ * buffer with the blocks back to back (base); each block counts[i]
+ * elements, or `count` when counts is NULL. */
+static void tc__blocks(tc_block_t *out, int n, size_t es, void *const *bufs,
+                       const void *base, const size_t *counts, size_t count) {
+  size_t off = 0;
+  for (int i = 0; i < n; i++) {
+    size_t k = counts ? counts[i] : count;
+    out[i].buf = bufs ? bufs[i] : (char *)(uintptr_t)base + off * es;
+    out[i].count = k;
+    off += k;
+  }
+}
+
+/* Which sides of a call have per-rank blocks on this rank. */
+static void tc__op_sides(const tc__op_args_t *a, int rank, int *send, int *recv) {
+  *send = *recv = 0;
+  switch (tc_backend_op_kind(a->type)) {
+  case TC_KIND_ALL_GATHER: *recv = 1; break;
+  case TC_KIND_REDUCE_SCATTER: *send = 1; break;
+  case TC_KIND_ALL_TO_ALL: *send = *recv = 1; break;
+  case TC_KIND_SCATTER: *send = rank == a->root; break;
+  case TC_KIND_GATHER: *recv = rank == a->root; break;
+  default: break;
+  }
+}
+
+size_t tc__op_arrays_size(const tc__op_args_t *a, int rank, int size) {
+  int s, r;
+  tc__op_sides(a, rank, &s, &r);
+  return (size_t)(s + r) * (size_t)size * sizeof(tc_block_t) +
+         a->num_p2p * sizeof(tc_p2p_t);
+}
+
+void tc__op_describe(const tc__op_args_t *a, int rank, int size, void *arrays,
+                     tc_backend_op_t *op) {
+  const uint32_t f = tc_op_flags(a->type);
+  char *arr = arrays;
+  int send_side, recv_side;
+  tc__op_sides(a, rank, &send_side, &recv_side);
+  *op = (tc_backend_op_t){.size = sizeof *op, .type = a->type,
+                          .kind = tc_backend_op_kind(a->type), .flags = f,
+                          .dtype = a->dtype, .redop = a->redop,
+                          .root = (f & (TC_OPF_ROOT | TC_OPF_PEER)) ? a->root : -1,
+                          .count = a->count, .sendbuf = a->sendbuf,
+                          .recvbuf = a->recvbuf};
+  const size_t es = tc_dtype_size(a->dtype);
+  if (send_side) {
+    tc_block_t *b = (tc_block_t *)arr;
+    tc__blocks(b, size, es, (void *const *)a->sendbufs, a->sendbuf, a->sendcounts, a->count);
+    op->send = b;
+    arr += (size_t)size * sizeof *b;
+  }
+  if (recv_side) {
+    tc_block_t *b = (tc_block_t *)arr;
+    tc__blocks(b, size, es, a->recvbufs, a->recvbuf, a->recvcounts, a->count);
+    op->recv = b;
+    arr += (size_t)size * sizeof *b;
+  }
+  if (a->num_p2p) {
+    memcpy(arr, a->p2p, a->num_p2p * sizeof(tc_p2p_t));
+    op->p2p = (const tc_p2p_t *)arr;
+    op->num_p2p = a->num_p2p;
+  }
+}
+
+int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
+                 const tc_op_options_t *opts, tc_work_t **work) {
+  const uint32_t f = tc_op_flags(a->type);
+  TC_CHECK(tc__v_supports(c, fn, a->type,
+                          a->type == TC_OP_BARRIER || a->type == TC_OP_BATCH ? TC_DTYPE_COUNT
+                                                                             : a->dtype,
+                          (f & TC_OPF_REDUCE) ? (int)a->redop.type : -1));
   if (work) *work = NULL;
   double timeout = opts && opts->timeout_s > 0 ? opts->timeout_s : c->timeout_s;
-  tc_work_t *w = tc__work_alloc(c, tc__op_name(op->type), timeout);
+  tc_work_t *w = tc__work_alloc(c, tc__op_name(a->type), timeout);
   if (!w) TC_FAIL(c, fn, TC_ERR_NOMEM, "out of memory");
-  /* Own copies of every list so the caller's arrays may go away. */
-  size_t n = (size_t)c->size;
-  size_t pl = tc__align16(n * sizeof(void *)), cl = tc__align16(n * sizeof(size_t));
-  size_t need = (op->sendbufs ? pl : 0) + (op->recvbufs ? pl : 0) +
-                (op->sendcounts ? cl : 0) + (op->recvcounts ? cl : 0) +
-                op->num_p2p * sizeof(tc_p2p_t);
-  if (need) {
-    char *a = tc__work_arrays(w, need);
-    if (!a) {
-      tc__work_unref(w);
-      TC_FAIL(c, fn, TC_ERR_NOMEM, "out of memory");
-    }
-    if (op->p2p) {
-      memcpy(a, op->p2p, op->num_p2p * sizeof(tc_p2p_t));
-      op->p2p = (const tc_p2p_t *)a;
-      a += op->num_p2p * sizeof(tc_p2p_t);
-    }
-    if (op->sendbufs) {
-      memcpy(a, op->sendbufs, n * sizeof(void *));
-      op->sendbufs = (const void *const *)a;
-      a += pl;
-    }
-    if (op->recvbufs) {
-      memcpy(a, op->recvbufs, n * sizeof(void *));
-      op->recvbufs = (void *const *)a;
-      a += pl;
-    }
-    if (op->sendcounts) {
-      memcpy(a, op->sendcounts, n * sizeof(size_t));
-      op->sendcounts = (const size_t *)a;
-      a += cl;
-    }
-    if (op->recvcounts) {
-      memcpy(a, op->recvcounts, n * sizeof(size_t));
-      op->recvcounts = (const size_t *)a;
-    }
+  tc_backend_op_t *op = &w->op;
+  size_t need = tc__op_arrays_size(a, c->rank, c->size);
+  void *arrays = need ? tc__work_arrays(w, need) : NULL;
+  if (need && !arrays) {
+    tc__work_unref(w);
+    TC_FAIL(c, fn, TC_ERR_NOMEM, "out of memory");
   }
-  op->size = sizeof *op;
+  tc__op_describe(a, c->rank, c->size, arrays, op);
   op->timeout_s = timeout;
-  op->flags = work ? TC_BACKEND_OP_ASYNC : 0;
+  if (work) op->flags |= TC_BACKEND_OP_ASYNC;
   if (opts) {
     op->hints = opts->hints; /* borrowed for the post call only */
     op->num_hints = opts->num_hints;
     if (opts->size >= offsetof(tc_op_options_t, stream) + sizeof(void *))
       op->stream = opts->stream;
   }
-  w->op = *op;
   atomic_fetch_add(&w->refs, 1); /* the backend's reference */
+  char why[768] = "";
   pthread_mutex_lock(&c->mu);
   int rc;
   if (c->state != TC_STATE_ACTIVE) {
-    rc = tc__comm_error(c, c->state == TC_STATE_ABORTED ? TC_ERR_ABORTED
-                                                        : TC_ERR_INVALID_USAGE,
-                        fn, "the communicator was %s",
-                        c->state == TC_STATE_ABORTED ? "aborted" : "finalized");
+    rc = c->state == TC_STATE_ABORTED ? TC_ERR_ABORTED : TC_ERR_INVALID_USAGE;
+    snprintf(why, sizeof why, "the communicator was %s",
+             c->state == TC_STATE_ABORTED ? "aborted" : "finalized");
   } else {
-    w->op.seq = ++c->seq;
-    /* a refusal must not show an old message; success keeps it */
-    char before[1024];
-    const int had = tc_last_error()[0] != 0;
-    if (had) {
-      snprintf(before, sizeof before, "%s", tc_last_error());
-      tc__set_error_text(TC_OK, "");
-    }
-    rc = f(c->bcomm, &w->op, w);
-    if (rc == TC_OK && had) tc__set_error_text(TC_OK, before);
+    op->seq = ++c->seq;
+    rc = c->ops->post(c->bcomm, op, w, why, sizeof why);
   }
   pthread_mutex_unlock(&c->mu);
   /* w->op now belongs to the backend (its thread may be reading it): the
    * hints stay as they were, documented as valid during the post call only */
   if (rc != TC_OK) {
-    char saved[1024];
-    snprintf(saved, sizeof saved, "%s", tc_last_error());
     tc__work_unref(w); /* the backend never took it */
     tc__work_unref(w);
-    if (!saved[0])
-      return tc__comm_error(c, rc, fn, "the backend refused the operation");
-    return tc__set_error_text(rc, saved);
+    return tc__comm_error(c, rc, fn, "%s", why[0] ? why : "the backend refused the operation");
   }
   if (work) {
     *work = w;
@@ -257,7 +285,7 @@ int tc__op_issue(tc_comm_t *c, const char *fn, tc_backend_op_t *op,
   return rc;
 }
 
-#define TC_OP_INIT(t) {.size = sizeof(tc_backend_op_t), .type = (t)}
+#define TC_OP_INIT(t) {.type = (t), .root = -1}
 
 /* ---- the operations ---- */
 
@@ -273,7 +301,7 @@ int tc_send(tc_comm_t *c, const void *buf, size_t count, tc_dtype_t dt,
     TC_FAIL(c, fn, TC_ERR_INVALID_ARGUMENT,
             "argument 'peer' is the caller's own rank %d (use a batch for "
             "self send/recv)", peer);
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_SEND);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_SEND);
   op.sendbuf = buf;
   op.count = count;
   op.dtype = dt;
@@ -293,7 +321,7 @@ int tc_recv(tc_comm_t *c, void *buf, size_t count, tc_dtype_t dt, int peer,
     TC_FAIL(c, fn, TC_ERR_INVALID_ARGUMENT,
             "argument 'peer' is the caller's own rank %d (use a batch for "
             "self send/recv)", peer);
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_RECV);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_RECV);
   op.recvbuf = buf;
   op.count = count;
   op.dtype = dt;
@@ -309,7 +337,7 @@ int tc_broadcast(tc_comm_t *c, void *buf, size_t count, tc_dtype_t dt,
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, 1));
   TC_CHECK(tc__v_buf(c, fn, "buf", buf, count));
   TC_CHECK(tc__v_rank(c, fn, "root", root));
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_BROADCAST);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_BROADCAST);
   op.recvbuf = buf;
   op.count = count;
   op.dtype = dt;
@@ -326,7 +354,7 @@ int tc_all_reduce(tc_comm_t *c, void *buf, size_t count, tc_dtype_t dt,
   TC_CHECK(tc__v_redop(c, fn, dt, rop));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, 1));
   TC_CHECK(tc__v_buf(c, fn, "buf", buf, count));
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_ALL_REDUCE);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_ALL_REDUCE);
   op.recvbuf = buf;
   op.count = count;
   op.dtype = dt;
@@ -344,7 +372,7 @@ int tc_reduce(tc_comm_t *c, void *buf, size_t count, tc_dtype_t dt,
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, 1));
   TC_CHECK(tc__v_buf(c, fn, "buf", buf, count));
   TC_CHECK(tc__v_rank(c, fn, "root", root));
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_REDUCE);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_REDUCE);
   op.recvbuf = buf;
   op.count = count;
   op.dtype = dt;
@@ -363,7 +391,7 @@ int tc_all_gather(tc_comm_t *c, void *const *recvbufs, const void *sendbuf,
   TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, count));
   TC_CHECK(tc__v_list(c, fn, "recvbufs", (const void *const *)recvbufs, NULL,
                       NULL, count, dt));
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_ALL_GATHER);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_ALL_GATHER);
   op.sendbuf = sendbuf;
   op.recvbufs = recvbufs;
   op.count = count;
@@ -386,7 +414,7 @@ int tc_all_gather_v(tc_comm_t *c, void *const *recvbufs,
     TC_FAIL(c, fn, TC_ERR_INVALID_ARGUMENT,
             "argument 'sendcount' = %zu differs from recvcounts[%d] = %zu",
             sendcount, c->rank, recvcounts[c->rank]);
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_ALL_GATHER_V);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_ALL_GATHER_V);
   op.sendbuf = sendbuf;
   op.recvbufs = recvbufs;
   op.recvcounts = recvcounts;
@@ -404,7 +432,7 @@ int tc_all_gather_single(tc_comm_t *c, void *recvbuf, const void *sendbuf,
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, (size_t)c->size));
   TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, count));
   TC_CHECK(tc__v_buf(c, fn, "recvbuf", recvbuf, count));
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_ALL_GATHER_SINGLE);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_ALL_GATHER_SINGLE);
   op.sendbuf = sendbuf;
   op.recvbuf = recvbuf;
   op.count = count;
@@ -422,7 +450,7 @@ int tc_reduce_scatter(tc_comm_t *c, void *recvbuf, const void *const *sendbufs,
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, (size_t)c->size));
   TC_CHECK(tc__v_buf(c, fn, "recvbuf", recvbuf, count));
   TC_CHECK(tc__v_list(c, fn, "sendbufs", sendbufs, NULL, NULL, count, dt));
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_REDUCE_SCATTER);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_REDUCE_SCATTER);
   op.recvbuf = recvbuf;
   op.sendbufs = sendbufs;
   op.count = count;
@@ -447,7 +475,7 @@ int tc_reduce_scatter_v(tc_comm_t *c, void *recvbuf, size_t recvcount,
     TC_FAIL(c, fn, TC_ERR_INVALID_ARGUMENT,
             "argument 'recvcount' = %zu differs from sendcounts[%d] = %zu",
             recvcount, c->rank, sendcounts[c->rank]);
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_REDUCE_SCATTER_V);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_REDUCE_SCATTER_V);
   op.recvbuf = recvbuf;
   op.sendbufs = sendbufs;
   op.sendcounts = sendcounts;
@@ -467,7 +495,7 @@ int tc_reduce_scatter_single(tc_comm_t *c, void *recvbuf, const void *sendbuf,
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, (size_t)c->size));
   TC_CHECK(tc__v_buf(c, fn, "recvbuf", recvbuf, count));
   TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, count));
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_REDUCE_SCATTER_SINGLE);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_REDUCE_SCATTER_SINGLE);
   op.recvbuf = recvbuf;
   op.sendbuf = sendbuf;
   op.count = count;
@@ -485,7 +513,7 @@ int tc_all_to_all_single(tc_comm_t *c, void *recvbuf, const void *sendbuf,
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, (size_t)c->size));
   TC_CHECK(tc__v_buf(c, fn, "recvbuf", recvbuf, count));
   TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, count));
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_ALL_TO_ALL_SINGLE);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_ALL_TO_ALL_SINGLE);
   op.recvbuf = recvbuf;
   op.sendbuf = sendbuf;
   op.count = count;
@@ -504,7 +532,7 @@ int tc_all_to_all_v_single(tc_comm_t *c, void *recvbuf,
   TC_CHECK(tc__v_counts(c, fn, "sendcounts", sendcounts, dt));
   TC_CHECK(tc__v_buf(c, fn, "recvbuf", recvbuf, tc__sum(recvcounts, c->size)));
   TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, tc__sum(sendcounts, c->size)));
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_ALL_TO_ALL_V_SINGLE);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_ALL_TO_ALL_V_SINGLE);
   op.recvbuf = recvbuf;
   op.sendbuf = sendbuf;
   op.recvcounts = recvcounts;
@@ -524,7 +552,7 @@ int tc_all_to_all(tc_comm_t *c, void *const *recvbufs, const size_t *recvcounts,
                       recvcounts, "recvcounts", 0, dt));
   TC_CHECK(tc__v_list(c, fn, "sendbufs", sendbufs, sendcounts, "sendcounts", 0,
                       dt));
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_ALL_TO_ALL);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_ALL_TO_ALL);
   op.recvbufs = recvbufs;
   op.recvcounts = recvcounts;
   op.sendbufs = sendbufs;
@@ -536,7 +564,7 @@ int tc_all_to_all(tc_comm_t *c, void *const *recvbufs, const size_t *recvcounts,
 int tc_barrier(tc_comm_t *c, const tc_op_options_t *opts, tc_work_t **work) {
   static const char *fn = "barrier";
   TC_CHECK(tc__v_comm(c, fn, opts));
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_BARRIER);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_BARRIER);
   return tc__op_issue(c, fn, &op, opts, work);
 }
 
@@ -551,7 +579,7 @@ int tc_scatter(tc_comm_t *c, void *recvbuf, const void *const *sendbufs,
   TC_CHECK(tc__v_rank(c, fn, "root", root));
   if (c->rank == root)
     TC_CHECK(tc__v_list(c, fn, "sendbufs", sendbufs, NULL, NULL, count, dt));
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_SCATTER);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_SCATTER);
   op.recvbuf = recvbuf;
   op.sendbufs = c->rank == root ? sendbufs : NULL;
   op.count = count;
@@ -572,7 +600,7 @@ int tc_gather(tc_comm_t *c, void *const *recvbufs, const void *sendbuf,
   if (c->rank == root)
     TC_CHECK(tc__v_list(c, fn, "recvbufs", (const void *const *)recvbufs, NULL,
                         NULL, count, dt));
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_GATHER);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_GATHER);
   op.sendbuf = sendbuf;
   op.recvbufs = c->rank == root ? recvbufs : NULL;
   op.count = count;
@@ -591,7 +619,7 @@ int tc_gather_single(tc_comm_t *c, void *recvbuf, const void *sendbuf,
   TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, count));
   TC_CHECK(tc__v_rank(c, fn, "root", root));
   if (c->rank == root) TC_CHECK(tc__v_buf(c, fn, "recvbuf", recvbuf, count));
-  tc_backend_op_t op = TC_OP_INIT(TC_OP_GATHER_SINGLE);
+  tc__op_args_t op = TC_OP_INIT(TC_OP_GATHER_SINGLE);
   op.sendbuf = sendbuf;
   op.recvbuf = c->rank == root ? recvbuf : NULL;
   op.count = count;

@@ -136,8 +136,16 @@ static void tc__host_work_started(tc_work_t *w) {
   if (w->comm) atomic_store(&w->comm->last_progress_ns, tc__now_ns());
 }
 
-static void tc__host_work_complete(tc_work_t *w, int status, const char *msg) {
-  tc__work_finish(w, status, msg);
+/* The backend's reason becomes the library's one message format. */
+static void tc__host_work_complete(tc_work_t *w, int status, const char *reason) {
+  char msg[1024];
+  if (status != TC_OK) {
+    tc_comm_t *c = w->comm;
+    snprintf(msg, sizeof msg, "torchcomms: %s on '%s' (rank %d of %d): %s", w->opname,
+             c ? c->name : "?", c ? c->rank : -1, c ? c->size : 0,
+             reason && reason[0] ? reason : tc_strerror(status));
+  }
+  tc__work_finish(w, status, status != TC_OK ? msg : NULL);
   tc__work_unref(w); /* the backend's reference */
 }
 
@@ -152,10 +160,6 @@ static void tc__host_log(int level, const char *fmt, ...) {
 
 static void tc__host_free(void *p) { free(p); }
 
-static int tc__host_set_error(int status, const char *message) {
-  return tc__set_error_text(status, message ? message : tc_strerror(status));
-}
-
 const tc_backend_host_t tc__host = {
     .size = sizeof(tc_backend_host_t),
     .work_started = tc__host_work_started,
@@ -165,7 +169,6 @@ const tc_backend_host_t tc__host = {
     .store_add = tc__host_store_add,
     .free = tc__host_free,
     .log = tc__host_log,
-    .set_error = tc__host_set_error,
 };
 
 /* ---- public work API ---- */

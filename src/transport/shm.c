@@ -22,12 +22,10 @@
 
 int tc__shm_fail(struct tc_shm *s, const tc_tp_op_t *op, int rc, const char *fmt, ...) {
   if (!op->msg || !op->msglen) return rc;
-  int n = snprintf(op->msg, op->msglen, "torchcomms: %s on '%s' (rank %d of %d): ",
-                   op->opname, s->name, s->rank, s->size);
-  if (n < 0 || (size_t)n >= op->msglen) return rc;
+  (void)s; /* the core adds "torchcomms: <op> on '<comm>' (rank r of n): " */
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(op->msg + n, op->msglen - (size_t)n, fmt, ap);
+  vsnprintf(op->msg, op->msglen, fmt, ap);
   va_end(ap);
   return rc;
 }

@@ -76,12 +76,10 @@ static int setup_fail(struct tc_shm *s, char *err, size_t errlen, int rc, const 
     __attribute__((format(printf, 5, 6)));
 static int setup_fail(struct tc_shm *s, char *err, size_t errlen, int rc, const char *fmt, ...) {
   if (!err || !errlen) return rc;
-  int n = snprintf(err, errlen, "cpu backend of communicator '%s' (rank %d of %d): ",
-                   s->name, s->rank, s->size);
-  if (n < 0 || (size_t)n >= errlen) return rc;
+  (void)s; /* the core adds the communicator, the rank and the size */
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+  vsnprintf(err, errlen, fmt, ap);
   va_end(ap);
   return rc;
 }
@@ -205,7 +203,9 @@ static int mesh_all_gather(tcp_t *t, const void *mine, size_t len, void *all, in
                    .msglen = sizeof msg, .hangup_ok = final};
   int rc = tc__tcp_transport.exchange(t, x, k, &op);
   if (rc != TC_OK) {
-    if (err && errlen) snprintf(err, errlen, "%s", msg);
+    if (err && errlen)
+      snprintf(err, errlen, "%s: %s", final ? "the final barrier of creation"
+                                            : "the shared-memory setup", msg);
     return rc;
   }
   return TC_OK;
@@ -229,8 +229,7 @@ static int mesh_final_barrier(tcp_t *t, double deadline, char *err, size_t errle
   unsigned char *all = malloc((size_t)t->size);
   int rc = all ? mesh_all_status(t, 1, all, 1, deadline, err, errlen) : TC_ERR_NOMEM;
   if (!all)
-    snprintf(err, errlen, "cpu backend of communicator '%s' (rank %d of %d): out of memory",
-             t->name, t->rank, t->size);
+    snprintf(err, errlen, "out of memory");
   free(all);
   if (rc != TC_OK) tc__tcp_close(t);
   return rc;
@@ -327,8 +326,7 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
       tc__tcp_close(t);
     }
     free(all);
-    snprintf(err, errlen, "cpu backend of communicator '%s' (rank %d of %d): out of memory",
-             a->comm_name, a->rank, a->size);
+    snprintf(err, errlen, "out of memory");
     return TC_ERR_NOMEM;
   }
   s->tcp = t;

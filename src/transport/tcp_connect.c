@@ -70,12 +70,10 @@ static int setup_fail(setup_t *s, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static int setup_fail(setup_t *s, int rc, const char *fmt, ...) {
   if (!s->err || !s->errlen) return rc;
-  int n = snprintf(s->err, s->errlen, "cpu backend of communicator '%s' (rank %d of %d): ",
-                   s->t->name, s->t->rank, s->t->size);
-  if (n < 0 || (size_t)n >= s->errlen) return rc;
+  /* the core adds the communicator, the rank and the size */
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(s->err + n, s->errlen - (size_t)n, fmt, ap);
+  vsnprintf(s->err, s->errlen, fmt, ap);
   va_end(ap);
   return rc;
 }

@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 
 #include "backends/cpu/cpu.h"
+#include "core/core.h" /* tc__op_describe: descriptors as the core builds them */
 #include "runner.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -33,6 +34,7 @@ typedef struct twork {
   pthread_cond_t cv;
   int started, done, rc;
   char msg[1024];
+  char prefix[256]; /* "torchcomms: <op> on '<comm>' (rank r of n): " */
 } twork_t;
 
 static char d_logbuf[4096];
@@ -49,7 +51,8 @@ static void h_complete(tc_work_t *w, int rc, const char *msg) {
   twork_t *t = (twork_t *)w;
   pthread_mutex_lock(&t->mu);
   t->rc = rc;
-  snprintf(t->msg, sizeof t->msg, "%s", msg ? msg : "");
+  /* the reason, with the prefix the core's host adds */
+  snprintf(t->msg, sizeof t->msg, "%s%s", msg ? t->prefix : "", msg ? msg : "");
   t->done = 1;
   pthread_cond_broadcast(&t->cv);
   pthread_mutex_unlock(&t->mu);
@@ -116,6 +119,7 @@ static int twork_wait(twork_t *t, double timeout_s) {
 
 typedef struct dcomm {
   void *b;
+  char name[64];
   int rank, size;
   double timeout_s;
   char msg[1024]; /* message of the last failed op */
@@ -127,6 +131,7 @@ static int d_try_init(tc_ctx_t *ctx, const char *name, double timeout_s, dcomm_t
   TC_ASSERT_OK(tc_store_prefix(base, name, &s));
   tc_store_release(base);
   memset(d, 0, sizeof *d);
+  snprintf(d->name, sizeof d->name, "%s", name);
   d->rank = ctx->rank;
   d->size = ctx->size;
   d->timeout_s = timeout_s;
@@ -148,9 +153,6 @@ static dcomm_t *d_init(tc_ctx_t *ctx, const char *name, double timeout_s) {
   return &d;
 }
 
-/* The table's op entries are indexed like tc_op_type_t (the ABI says so). */
-static tc_backend_op_fn d_fn(tc_op_type_t t) { return (&tc__cpu_backend.send)[t]; }
-
 /* Posts as the core posts an asynchronous call (the caller holds the work
  * and waits later): a synchronous one may run to completion inside post. */
 static void d_post(dcomm_t *d, tc_backend_op_t *op, twork_t *w) {
@@ -158,32 +160,62 @@ static void d_post(dcomm_t *d, tc_backend_op_t *op, twork_t *w) {
   op->flags |= TC_BACKEND_OP_ASYNC;
   if (op->timeout_s <= 0) op->timeout_s = d->timeout_s;
   twork_init(w);
-  TC_ASSERT_OK(d_fn(op->type)(d->b, op, (tc_work_t *)w));
+  snprintf(w->prefix, sizeof w->prefix, "torchcomms: %s on '%s' (rank %d of %d): ",
+           tc_op_name(op->type), d->name, d->rank, d->size);
+  char err[512] = "";
+  int rc = tc__cpu_backend.post(d->b, op, (tc_work_t *)w, err, sizeof err);
+  if (rc != TC_OK)
+    tc_test_fail(__FILE__, __LINE__, "post returned %s: %s", tc_status_name(rc), err);
 }
 
-/* Runs one op synchronously; returns its status (message in d->msg). */
-static int d_run(dcomm_t *d, tc_backend_op_t op) {
+/* The descriptor of a call as the core builds it (ops.c): blocks resolved
+ * from the call's form into `arrays` (freed by the caller). */
+static tc_backend_op_t d_describe(dcomm_t *d, tc__op_args_t a, double timeout_s,
+                                  void **arrays) {
+  tc_backend_op_t op;
+  size_t need = tc__op_arrays_size(&a, d->rank, d->size);
+  *arrays = need ? aligned_alloc(16, (need + 15) & ~(size_t)15) : NULL;
+  tc__op_describe(&a, d->rank, d->size, *arrays, &op);
+  op.timeout_s = timeout_s;
+  return op;
+}
+
+/* Runs one call synchronously; returns its status (message in d->msg). */
+static int d_run_t(dcomm_t *d, tc__op_args_t a, double timeout_s) {
   twork_t w;
+  void *arrays;
+  tc_backend_op_t op = d_describe(d, a, timeout_s, &arrays);
   d_post(d, &op, &w);
   int rc = twork_wait(&w, op.timeout_s + 30);
   snprintf(d->msg, sizeof d->msg, "%s", w.msg);
   twork_destroy(&w);
+  free(arrays);
+  return rc;
+}
+static int d_run(dcomm_t *d, tc__op_args_t a) { return d_run_t(d, a, 0); }
+
+/* finalize, its reason with the prefix the core adds (in d->msg). */
+static int d_fin(dcomm_t *d) {
+  char err[768] = "";
+  int rc = tc__cpu_backend.finalize(d->b, err, sizeof err);
+  snprintf(d->msg, sizeof d->msg, "torchcomms: finalize on '%s' (rank %d of %d): %s",
+           d->name, d->rank, d->size, err);
   return rc;
 }
 
 #define D_OK(d, ...)                                                           \
   do {                                                                         \
-    int rc_ = d_run((d), (tc_backend_op_t){__VA_ARGS__});                      \
+    int rc_ = d_run((d), (tc__op_args_t){__VA_ARGS__});                        \
     if (rc_ != TC_OK)                                                          \
       tc_test_fail(__FILE__, __LINE__, "op returned %s: %s",                   \
                    tc_status_name(rc_), (d)->msg);                             \
   } while (0)
 
 static void d_finalize(dcomm_t *d) {
-  int rc = tc__cpu_backend.finalize(d->b);
+  int rc = d_fin(d);
   if (rc != TC_OK)
     tc_test_fail(__FILE__, __LINE__, "finalize returned %s: %s", tc_status_name(rc),
-                 tc_last_error());
+                 d->msg);
   tc__cpu_backend.destroy(d->b);
   LEAK_CHECK();
 }
@@ -558,11 +590,13 @@ static void collectives_rank(tc_ctx_t *ctx) {
   enum { NQ = 64 };
   static twork_t w[NQ];
   static tc_backend_op_t ops[NQ];
+  static void *arrays[NQ];
   static int32_t v[NQ][3];
   for (int i = 0; i < NQ; i++) {
     for (int k = 0; k < 3; k++) v[i][k] = i * 10 + k + ctx->rank;
-    ops[i] = (tc_backend_op_t){.type = TC_OP_ALL_REDUCE, .dtype = TC_INT32,
-                               .redop = TC_OP(TC_SUM), .count = 3, .recvbuf = v[i]};
+    ops[i] = d_describe(d, (tc__op_args_t){.type = TC_OP_ALL_REDUCE, .dtype = TC_INT32,
+                                           .redop = TC_OP(TC_SUM), .count = 3,
+                                           .recvbuf = v[i]}, 0, &arrays[i]);
     d_post(d, &ops[i], &w[i]);
   }
   int n = ctx->size;
@@ -571,6 +605,7 @@ static void collectives_rank(tc_ctx_t *ctx) {
     TC_ASSERT(w[i].started);
     for (int k = 0; k < 3; k++) TC_ASSERT_EQ(v[i][k], n * (i * 10 + k) + n * (n - 1) / 2);
     twork_destroy(&w[i]);
+    free(arrays[i]);
   }
   d_finalize(d);
 }
@@ -605,7 +640,7 @@ static void killed_rank(tc_ctx_t *ctx) {
     }
     for (int i = 0; i < 2048; i++) buf[i] = 1.0f;
     double t0 = tc__now();
-    int rc = d_run(d, (tc_backend_op_t){.type = TC_OP_ALL_REDUCE, .dtype = TC_FLOAT32,
+    int rc = d_run(d, (tc__op_args_t){.type = TC_OP_ALL_REDUCE, .dtype = TC_FLOAT32,
                                         .redop = TC_OP(TC_SUM), .count = it % 2 ? 2048 : 16,
                                         .recvbuf = buf});
     if (rc == TC_OK) {
@@ -621,12 +656,12 @@ static void killed_rank(tc_ctx_t *ctx) {
     break;
   }
   /* later ops fail at once, naming the earlier failure */
-  int rc = d_run(d, (tc_backend_op_t){.type = TC_OP_BARRIER});
+  int rc = d_run(d, (tc__op_args_t){.type = TC_OP_BARRIER});
   TC_ASSERT(rc != TC_OK);
   show("after", d->msg);
   TC_ASSERT_CONTAINS(d->msg, "an earlier operation failed");
   TC_ASSERT_CONTAINS(d->msg, "peer 2");
-  TC_ASSERT(tc__cpu_backend.finalize(d->b) != TC_OK); /* error, but frees */
+  TC_ASSERT(d_fin(d) != TC_OK); /* error, but frees */
   tc__cpu_backend.destroy(d->b);
   LEAK_CHECK();
 }
@@ -654,9 +689,9 @@ static void timeout_rank(tc_ctx_t *ctx) {
   }
   int32_t v = 1;
   double t0 = tc__now();
-  int rc = d_run(d, (tc_backend_op_t){.type = TC_OP_ALL_REDUCE, .dtype = TC_INT32,
-                                      .redop = TC_OP(TC_SUM), .count = 1, .recvbuf = &v,
-                                      .timeout_s = 1.0});
+  int rc = d_run_t(d, (tc__op_args_t){.type = TC_OP_ALL_REDUCE, .dtype = TC_INT32,
+                                      .redop = TC_OP(TC_SUM), .count = 1, .recvbuf = &v},
+                  1.0);
   double dt = tc__now() - t0;
   show("timeout", d->msg);
   TC_ASSERT_EQ(rc, TC_ERR_TIMEOUT);
@@ -699,9 +734,11 @@ static void abort_rank(tc_ctx_t *ctx) {
     return;
   }
   int32_t v[4] = {0};
-  tc_backend_op_t o1 = {.type = TC_OP_RECV, .dtype = TC_INT32, .count = 4, .root = 1,
-                        .recvbuf = v},
-                  o2 = {.type = TC_OP_BARRIER};
+  void *a1, *a2;
+  tc_backend_op_t o1 = d_describe(d, (tc__op_args_t){.type = TC_OP_RECV, .dtype = TC_INT32,
+                                                     .count = 4, .root = 1, .recvbuf = v},
+                                  0, &a1),
+                  o2 = d_describe(d, (tc__op_args_t){.type = TC_OP_BARRIER}, 0, &a2);
   twork_t w1, w2;
   d_post(d, &o1, &w1);
   d_post(d, &o2, &w2);
@@ -719,11 +756,17 @@ static void abort_rank(tc_ctx_t *ctx) {
   TC_ASSERT_CONTAINS(w1.msg, "communicator was aborted");
   TC_ASSERT_CONTAINS(w1.msg, "recv on 'abrt' (rank 0 of 2)");
   /* posting after abort is refused */
-  tc_backend_op_t o3 = {.size = sizeof o3, .type = TC_OP_BARRIER, .timeout_s = 5};
+  tc_backend_op_t o3 = {.size = sizeof o3, .type = TC_OP_BARRIER,
+                        .kind = TC_KIND_BARRIER, .root = -1, .timeout_s = 5};
   twork_t w3;
   twork_init(&w3);
-  TC_ASSERT_EQ(tc__cpu_backend.barrier(d->b, &o3, (tc_work_t *)&w3), TC_ERR_ABORTED);
-  tc__cpu_backend.finalize(d->b); /* after abort: harmless */
+  char err3[256] = "";
+  TC_ASSERT_EQ(tc__cpu_backend.post(d->b, &o3, (tc_work_t *)&w3, err3, sizeof err3),
+               TC_ERR_ABORTED);
+  TC_ASSERT_CONTAINS(err3, "communicator was aborted");
+  free(a1);
+  free(a2);
+  d_fin(d); /* after abort: harmless */
   tc__cpu_backend.destroy(d->b);
   twork_destroy(&w1);
   twork_destroy(&w2);
@@ -737,7 +780,7 @@ TC_TEST(cpu_direct_abort) { tc_spawn(2, abort_rank, shared_new(), 30); }
 static void mismatch_rank(tc_ctx_t *ctx) {
   dcomm_t *d = d_init(ctx, "mism", 10);
   float buf[200] = {0};
-  int rc = d_run(d, (tc_backend_op_t){.type = TC_OP_ALL_REDUCE, .dtype = TC_FLOAT32,
+  int rc = d_run(d, (tc__op_args_t){.type = TC_OP_ALL_REDUCE, .dtype = TC_FLOAT32,
                                       .redop = TC_OP(TC_SUM),
                                       .count = ctx->rank == 0 ? 100 : 200, .recvbuf = buf});
   show("mismatch", d->msg);
@@ -815,11 +858,11 @@ static void finalize_death_rank(tc_ctx_t *ctx) {
     raise(SIGKILL);
   }
   tc_store_release(st);
-  int rc = tc__cpu_backend.finalize(d->b);
-  show("finalize death", tc_last_error());
+  int rc = d_fin(d);
+  show("finalize death", d->msg);
   TC_ASSERT_EQ(rc, TC_ERR_REMOTE);
-  TC_ASSERT_CONTAINS(tc_last_error(), "finalize on 'fdie'");
-  TC_ASSERT_CONTAINS(tc_last_error(), "peer 2");
+  TC_ASSERT_CONTAINS(d->msg, "finalize on 'fdie'");
+  TC_ASSERT_CONTAINS(d->msg, "peer 2");
   tc__cpu_backend.destroy(d->b);
   LEAK_CHECK();
 }
@@ -835,11 +878,11 @@ TC_TEST(cpu_direct_finalize_peer_dies) {
 static void finalize_mismatch_rank(tc_ctx_t *ctx) {
   dcomm_t *d = d_init(ctx, "fmis", 20);
   if (ctx->rank == 0) {
-    int rc = tc__cpu_backend.finalize(d->b);
-    show("finalize vs barrier", tc_last_error());
+    int rc = d_fin(d);
+    show("finalize vs barrier", d->msg);
     TC_ASSERT(rc == TC_ERR_PROTOCOL || rc == TC_ERR_REMOTE);
   } else {
-    int rc = d_run(d, (tc_backend_op_t){.type = TC_OP_BARRIER});
+    int rc = d_run(d, (tc__op_args_t){.type = TC_OP_BARRIER});
     show("barrier vs finalize", d->msg);
     TC_ASSERT_EQ(rc, TC_ERR_PROTOCOL);
     TC_ASSERT_CONTAINS(d->msg, "peer 0 is already in finalize while this rank is in barrier");

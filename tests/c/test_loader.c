@@ -9,7 +9,7 @@
  *    TC_ERR_BACKEND_NOT_FOUND naming that path;
  *  - a file that is not a shared object (an executable, a text file):
  *    TC_ERR_BACKEND "cannot load";
- *  - a shared object without the symbol tc_backend_v1 (the system's libm):
+ *  - a shared object without the symbol tc_backend_table (the system's libm):
  *    TC_ERR_BACKEND "does not export the symbol".
  * (An ABI-version mismatch is not covered: the plugin's table is const data,
  * and CMakeLists.txt builds one plugin only.)
@@ -171,7 +171,7 @@ TC_TEST(loader_not_a_shared_object) {
 
 TC_TEST(loader_missing_symbol) {
   clear_env();
-  /* The system's libm: a real shared object without tc_backend_v1. Its path
+  /* The system's libm: a real shared object without tc_backend_table. Its path
    * comes from the address of cos inside the loaded libm. */
   void *h = dlopen("libm.so.6", RTLD_NOW);
   TC_ASSERT(h != NULL);
@@ -187,7 +187,7 @@ TC_TEST(loader_missing_symbol) {
   char want[4300];
   snprintf(want, sizeof want,
            "torchcomms: backend 'testplugin': %s does not export the symbol "
-           "'tc_backend_v1' (is it a torchcomms backend?)", path);
+           "'tc_backend_table' (is it a torchcomms backend?)", path);
   TC_ASSERT_ERR(create1("testplugin", &c), TC_ERR_BACKEND, want);
   TC_ASSERT(c == NULL);
   dlclose(h);
@@ -225,7 +225,19 @@ TC_TEST(loader_abi_mismatch) {
   TC_ASSERT_EQ(setenv("TORCHCOMMS_BACKEND_LIB_PATH_BADABI", PLUGIN_DIR, 1), 0);
   tc_comm_t *c = NULL;
   TC_ASSERT_ERR(create1("badabi", &c), TC_ERR_BACKEND,
-                "libtorchcomms-badabi.so has ABI version 2 but this "
-                "libtorchcomms speaks version 1 (rebuild the backend");
+                "libtorchcomms-badabi.so has ABI version 3 but this "
+                "libtorchcomms speaks version 2 (rebuild the backend");
+  TC_ASSERT(c == NULL);
+}
+
+/* A plugin of ABI version 1 (one member per operation, exported as
+ * tc_backend_v1) is recognised and refused with the same advice. */
+TC_TEST(loader_abi_v1_symbol) {
+  clear_env();
+  TC_ASSERT_EQ(setenv("TORCHCOMMS_BACKEND_LIB_PATH_OLDABI", PLUGIN_DIR, 1), 0);
+  tc_comm_t *c = NULL;
+  TC_ASSERT_ERR(create1("oldabi", &c), TC_ERR_BACKEND,
+                "libtorchcomms-oldabi.so has ABI version 1 (symbol 'tc_backend_v1') "
+                "but this libtorchcomms speaks version 2 (rebuild the backend");
   TC_ASSERT(c == NULL);
 }

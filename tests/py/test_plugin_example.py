@@ -227,7 +227,7 @@ def test_not_found_names_the_variable(tmp_path):
 def test_standalone_build_with_pkg_config(tmp_path):
     """The template as a user gets it: an installed torchcomms, a copy of
     examples/plugin/, `make` (and cmake) through pkg-config. The plugin links nothing
-    but libc, exports only tc_backend_v1, runs under the C demo (found by
+    but libc, exports only tc_backend_table, runs under the C demo (found by
     the variable, then beside the installed libtorchcomms after `make
     install`) and from Python."""
     for tool in ("make", "pkg-config", "cc"):
@@ -257,7 +257,7 @@ def test_standalone_build_with_pkg_config(tmp_path):
     assert "libtorchcomms" not in needed, needed
     nm = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True,
                         text=True).stdout
-    assert [line.split()[-1] for line in nm.splitlines()] == ["tc_backend_v1"], nm
+    assert [line.split()[-1] for line in nm.splitlines()] == ["tc_backend_table"], nm
 
     # the same with the template's own CMakeLists.txt
     bdir = tmp_path / "cmake-build"
@@ -266,7 +266,7 @@ def test_standalone_build_with_pkg_config(tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
     nm = subprocess.run(["nm", "-D", "--defined-only", str(bdir / so.name)],
                         capture_output=True, text=True).stdout
-    assert [line.split()[-1] for line in nm.splitlines()] == ["tc_backend_v1"], nm
+    assert [line.split()[-1] for line in nm.splitlines()] == ["tc_backend_table"], nm
 
     out = make("check")  # the demo, with the variable naming this directory
     assert "Rank 0: backend loopback version 1.0.0, 1 rank(s)" in out

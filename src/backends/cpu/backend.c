@@ -38,33 +38,26 @@
 /* Helpers used by the algorithms                                            */
 /* ------------------------------------------------------------------------ */
 
-static int cpu_vfail(const cpu_comm_t *c, const char *opname, char *buf,
-                     size_t len, int rc, const char *fmt, va_list ap) {
-  int n = snprintf(buf, len, "torchcomms: %s on '%s' (rank %d of %d): ", opname,
-                   c->name, c->rank, c->size);
-  if (n >= 0 && (size_t)n < len) vsnprintf(buf + n, len - (size_t)n, fmt, ap);
-  return rc;
-}
-
+/* Messages are the reason only: the core adds "torchcomms: <op> on
+ * '<comm>' (rank r of n): " (torchcomms_backend.h). */
 int tc__cpu_fail(cpu_ctx_t *ctx, int rc, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  cpu_vfail(ctx->c, ctx->opname, ctx->msg, sizeof ctx->msg, rc, fmt, ap);
+  vsnprintf(ctx->msg, sizeof ctx->msg, fmt, ap);
   va_end(ap);
   return rc;
 }
 
-/* Sets the calling thread's error text for lifecycle calls. */
-static int cpu_set_error(const cpu_comm_t *c, const char *opname, int rc,
-                         const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int cpu_set_error(const cpu_comm_t *c, const char *opname, int rc,
-                         const char *fmt, ...) {
-  char buf[1024];
+/* A refusal's or finalize's reason into the caller's err buffer. */
+static int cpu_err(char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int cpu_err(char *err, size_t errlen, int rc, const char *fmt, ...) {
+  if (!err || !errlen) return rc;
   va_list ap;
   va_start(ap, fmt);
-  cpu_vfail(c, opname, buf, sizeof buf, rc, fmt, ap);
+  vsnprintf(err, errlen, fmt, ap);
   va_end(ap);
-  return tc__set_error_text(rc, buf);
+  return rc;
 }
 
 int tc__cpu_scratch(cpu_ctx_t *ctx, size_t bytes, void **out) {
@@ -138,77 +131,61 @@ int tc__cpu_xchg(cpu_ctx_t *ctx, tc_xfer_t *x, size_t n) {
   return c->tp_ops->exchange(c->tp, x, n, &t);
 }
 
-static int cpu_is_collective(tc_op_type_t t) {
-  return t != TC_OP_SEND && t != TC_OP_RECV && t != TC_OP_BATCH;
-}
-
-static uint64_t cpu_hash_counts(const size_t *v, int n) {
+static uint64_t cpu_hash_counts(const tc_block_t *b, int n) {
   uint64_t h = 1469598103934665603ull; /* FNV-1a */
   for (int i = 0; i < n; i++)
-    for (int b = 0; b < 8; b++) h = (h ^ ((uint64_t)v[i] >> (8 * b) & 0xff)) * 1099511628211ull;
+    for (int k = 0; k < 8; k++)
+      h = (h ^ ((uint64_t)b[i].count >> (8 * k) & 0xff)) * 1099511628211ull;
   return h;
 }
 
-/* What the ranks must agree on for collective number seq. */
+/* What the ranks must agree on for collective number seq: the call, the
+ * dtype, the reduction and root when it takes them, and the counts (one
+ * count when the call took one; a hash of every rank's block counts when
+ * they are global knowledge; per peer, checked by the transport, for an
+ * all-to-all with counts). */
 static void cpu_fingerprint(const cpu_comm_t *c, const tc_backend_op_t *op, uint64_t seq,
                             tc_opfp_t *f) {
   memset(f, 0, sizeof *f);
   f->seq = seq;
   f->op = (uint8_t)op->type;
-  f->dtype = (uint8_t)op->dtype;
-  f->redop = TC_OPFP_NO_REDOP;
-  f->root = -1;
-  f->count = op->count;
-  switch (op->type) {
-  case TC_OP_ALL_REDUCE:
-  case TC_OP_REDUCE_SCATTER:
-  case TC_OP_REDUCE_SCATTER_SINGLE: f->redop = (uint8_t)op->redop.type; break;
-  case TC_OP_REDUCE: f->redop = (uint8_t)op->redop.type; f->root = op->root; break;
-  case TC_OP_REDUCE_SCATTER_V:
-    f->redop = (uint8_t)op->redop.type;
-    f->count = cpu_hash_counts(op->sendcounts, c->size);
+  f->dtype = op->kind == TC_KIND_BARRIER ? 0 : (uint8_t)op->dtype;
+  f->redop = tc_backend_op_reduces(op) ? (uint8_t)op->redop.type : TC_OPFP_NO_REDOP;
+  f->root = op->root >= 0 && op->kind != TC_KIND_ALL_REDUCE ? op->root : -1;
+  f->count = op->kind == TC_KIND_BARRIER ? 0 : op->count;
+  if (op->flags & TC_OPF_UNIFORM) return;
+  switch (op->kind) {
+  case TC_KIND_ALL_GATHER:
+    f->count = cpu_hash_counts(op->recv, c->size);
     f->flags = TC_OPFP_COUNTS_HASHED;
     break;
-  case TC_OP_ALL_GATHER_V:
-    f->count = cpu_hash_counts(op->recvcounts, c->size);
+  case TC_KIND_REDUCE_SCATTER:
+    f->count = cpu_hash_counts(op->send, c->size);
     f->flags = TC_OPFP_COUNTS_HASHED;
     break;
-  case TC_OP_ALL_TO_ALL_V_SINGLE:
-  case TC_OP_ALL_TO_ALL:
+  case TC_KIND_ALL_TO_ALL:
     f->count = 0;
     f->flags = TC_OPFP_COUNTS_PER_PEER;
     break;
-  case TC_OP_BROADCAST:
-  case TC_OP_SCATTER:
-  case TC_OP_GATHER:
-  case TC_OP_GATHER_SINGLE: f->root = op->root; break;
-  case TC_OP_BARRIER: f->count = 0; f->dtype = 0; break;
   default: break;
   }
 }
 
 static int cpu_run_algo(cpu_ctx_t *ctx) {
-  switch (ctx->op->type) {
-  case TC_OP_SEND:
-  case TC_OP_RECV: return tc__cpu_p2p(ctx);
-  case TC_OP_BATCH: return tc__cpu_batch(ctx);
-  case TC_OP_BROADCAST: return tc__cpu_broadcast(ctx);
-  case TC_OP_ALL_REDUCE: return tc__cpu_all_reduce(ctx);
-  case TC_OP_REDUCE: return tc__cpu_reduce(ctx);
-  case TC_OP_ALL_GATHER:
-  case TC_OP_ALL_GATHER_V:
-  case TC_OP_ALL_GATHER_SINGLE: return tc__cpu_all_gather(ctx);
-  case TC_OP_REDUCE_SCATTER:
-  case TC_OP_REDUCE_SCATTER_V:
-  case TC_OP_REDUCE_SCATTER_SINGLE: return tc__cpu_reduce_scatter(ctx);
-  case TC_OP_ALL_TO_ALL_SINGLE:
-  case TC_OP_ALL_TO_ALL_V_SINGLE:
-  case TC_OP_ALL_TO_ALL: return tc__cpu_all_to_all(ctx);
-  case TC_OP_BARRIER: return tc__cpu_barrier(ctx);
-  case TC_OP_SCATTER: return tc__cpu_scatter(ctx);
-  case TC_OP_GATHER:
-  case TC_OP_GATHER_SINGLE: return tc__cpu_gather(ctx);
-  default: break;
+  switch (ctx->op->kind) {
+  case TC_KIND_SEND:
+  case TC_KIND_RECV: return tc__cpu_p2p(ctx);
+  case TC_KIND_BATCH: return tc__cpu_batch(ctx);
+  case TC_KIND_BROADCAST: return tc__cpu_broadcast(ctx);
+  case TC_KIND_ALL_REDUCE: return tc__cpu_all_reduce(ctx);
+  case TC_KIND_REDUCE: return tc__cpu_reduce(ctx);
+  case TC_KIND_ALL_GATHER: return tc__cpu_all_gather(ctx);
+  case TC_KIND_REDUCE_SCATTER: return tc__cpu_reduce_scatter(ctx);
+  case TC_KIND_ALL_TO_ALL: return tc__cpu_all_to_all(ctx);
+  case TC_KIND_BARRIER: return tc__cpu_barrier(ctx);
+  case TC_KIND_SCATTER: return tc__cpu_scatter(ctx);
+  case TC_KIND_GATHER: return tc__cpu_gather(ctx);
+  case TC_KIND_COUNT: break;
   }
   return tc__cpu_fail(ctx, TC_ERR_NOT_SUPPORTED, "operation type %d is not supported",
                       (int)ctx->op->type);
@@ -258,7 +235,7 @@ static int cpu_exec(cpu_comm_t *c, cpu_qent_t *e, double inline_spin) {
     e->deadline = tc__now() + e->timeout_s;
     ctx.timeout_s = e->timeout_s;
     ctx.deadline = e->deadline;
-    if (cpu_is_collective(e->op->type)) {
+    if (tc_backend_op_is_collective(e->op)) {
       e->seq = ++c->coll_seq;
       cpu_fingerprint(c, e->op, e->seq, &ctx.fp);
       ctx.fp_todo = c->check_fp && c->size > 1;
@@ -273,9 +250,8 @@ static int cpu_exec(cpu_comm_t *c, cpu_qent_t *e, double inline_spin) {
   if (rc == CPU_PENDING) return 0;
   if (rc != TC_OK && c->broken_rc == TC_OK && !atomic_load(&c->aborted)) {
     c->broken_rc = rc;
-    size_t l = strnlen(ctx.msg, sizeof c->broken_msg - 1);
-    memcpy(c->broken_msg, ctx.msg, l);
-    c->broken_msg[l] = 0;
+    snprintf(c->broken_msg, sizeof c->broken_msg, "%s #%llu: %.700s", ctx.opname,
+             (unsigned long long)e->op->seq, ctx.msg);
   }
   if (inline_spin < 0) {
     /* the thread: idle before reporting, so that a caller woken by the
@@ -331,22 +307,19 @@ static int cpu_queue_room(cpu_comm_t *c) {
   return TC_OK;
 }
 
-static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work) {
+static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work, char *err,
+                    size_t errlen) {
   cpu_comm_t *c = bc;
   pthread_mutex_lock(&c->mu);
   if (!c->accepting) {
     int aborted = atomic_load(&c->aborted);
     pthread_mutex_unlock(&c->mu);
-    if (aborted)
-      return cpu_set_error(c, tc__op_name(op->type), TC_ERR_ABORTED,
-                           "communicator was aborted");
-    return cpu_set_error(c, tc__op_name(op->type), TC_ERR_INVALID_USAGE,
-                         "communicator was finalized");
+    if (aborted) return cpu_err(err, errlen, TC_ERR_ABORTED, "communicator was aborted");
+    return cpu_err(err, errlen, TC_ERR_INVALID_USAGE, "communicator was finalized");
   }
   if (cpu_queue_room(c) != TC_OK) {
     pthread_mutex_unlock(&c->mu);
-    return cpu_set_error(c, tc__op_name(op->type), TC_ERR_NOMEM,
-                         "out of memory growing the operation queue");
+    return cpu_err(err, errlen, TC_ERR_NOMEM, "out of memory growing the operation queue");
   }
   size_t bytes;
   cpu_qent_t e = {.op = op, .work = work};
@@ -380,9 +353,7 @@ static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work) {
   }
   if (!e.fst.kind && c->qlen == 0 && !c->running && !cpu_on_thread(c) &&
       c->inline_max > 0 &&
-      (c->size == 1 || (!c->shm && op->size >= offsetof(tc_backend_op_t, flags) +
-                                                  sizeof op->flags &&
-                        !(op->flags & TC_BACKEND_OP_ASYNC)))) {
+      (c->size == 1 || (!c->shm && !(op->flags & TC_BACKEND_OP_ASYNC)))) {
     /* idle, and either nothing to wait for (world size 1) or a synchronous
      * operation over TCP (its caller waits for it anyway): run it here,
      * sparing two thread hand-offs; abort still interrupts it through the
@@ -458,9 +429,8 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
     choice = TC_TP_SHM;
   } else if (tpname && strcasecmp(tpname, "auto") != 0) {
     snprintf(err, errlen,
-             "cpu backend of communicator '%s' (rank %d of %d): "
              "TORCHCOMMS_CPU_TRANSPORT='%s' is not supported (valid: auto, shm, tcp)",
-             cname, a->rank, a->world_size, tpname);
+             tpname);
     return TC_ERR_INVALID_ARGUMENT;
   }
   const char *dev = a->device ? a->device : "cpu";
@@ -471,14 +441,13 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
     else
       snprintf(shown, sizeof shown, "%s", dev);
     snprintf(err, errlen,
-             "cpu backend of communicator '%s' (rank %d of %d): device '%s' is not served "
-             "by this backend (it moves host memory only: use device 'cpu', or backend "
-             "'nccl' for CUDA tensors)", cname, a->rank, a->world_size, shown);
+             "device '%s' is not served by this backend (it moves host memory only: "
+             "use device 'cpu', or backend 'nccl' for CUDA tensors)", shown);
     return TC_ERR_INVALID_ARGUMENT;
   }
   cpu_comm_t *c = calloc(1, sizeof *c);
   if (!c) {
-    snprintf(err, errlen, "cpu backend: out of memory");
+    snprintf(err, errlen, "out of memory");
     return TC_ERR_NOMEM;
   }
   c->host = a->host;
@@ -498,8 +467,7 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
   c->accepting = 1;
   int rc = TC_OK;
   if (c->wake_fd < 0 || !c->q) {
-    snprintf(err, errlen, "cpu backend of communicator '%s' (rank %d of %d): %s",
-             cname, c->rank, c->size,
+    snprintf(err, errlen, "%s",
              c->wake_fd < 0 ? "eventfd failed (file descriptor limit?)" : "out of memory");
     rc = c->wake_fd < 0 ? TC_ERR_SYSTEM : TC_ERR_NOMEM;
     goto fail;
@@ -507,7 +475,7 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
   c->check_fp = tc__env_bool("TORCHCOMMS_CHECK_MISMATCH", 1);
   c->peer_fp = calloc((size_t)c->size, sizeof *c->peer_fp);
   if (!c->peer_fp) {
-    snprintf(err, errlen, "cpu backend: out of memory");
+    snprintf(err, errlen, "out of memory");
     rc = TC_ERR_NOMEM;
     goto fail;
   }
@@ -536,8 +504,7 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
   int e = pthread_create(&c->thread, NULL, cpu_thread, c);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (e != 0) {
-    snprintf(err, errlen, "cpu backend of communicator '%s' (rank %d of %d): could "
-             "not start the progress thread: %s", cname, c->rank, c->size, strerror(e));
+    snprintf(err, errlen, "could not start the progress thread: %s", strerror(e));
     rc = TC_ERR_SYSTEM;
     goto fail;
   }
@@ -551,11 +518,11 @@ fail:
   return rc;
 }
 
-static int cpu_finalize(void *bc) {
+static int cpu_finalize(void *bc, char *err, size_t errlen) {
   cpu_comm_t *c = bc;
   if (cpu_on_thread(c))
-    return cpu_set_error(c, "finalize", TC_ERR_INVALID_USAGE,
-                         "finalize was called from a completion callback");
+    return cpu_err(err, errlen, TC_ERR_INVALID_USAGE,
+                   "finalize was called from a completion callback");
   pthread_mutex_lock(&c->life_mu);
   if (c->closed) {
     pthread_mutex_unlock(&c->life_mu);
@@ -569,17 +536,15 @@ static int cpu_finalize(void *bc) {
   cpu_join(c); /* runs every queued operation first */
   int rc = TC_OK;
   if (atomic_load(&c->aborted)) {
-    rc = cpu_set_error(c, "finalize", TC_ERR_ABORTED, "communicator was aborted");
+    rc = cpu_err(err, errlen, TC_ERR_ABORTED, "communicator was aborted");
   } else if (c->broken_rc != TC_OK) {
-    rc = cpu_set_error(c, "finalize", c->broken_rc,
-                       "an earlier operation failed (%s); connections were closed "
-                       "without the orderly goodbye", c->broken_msg);
+    rc = cpu_err(err, errlen, c->broken_rc,
+                 "an earlier operation failed (%s); connections were closed "
+                 "without the orderly goodbye", c->broken_msg);
   } else if (c->tp) {
-    char msg[1024] = "";
     tc_tp_op_t t = {.opname = "finalize", .deadline = tc__now() + c->timeout_s,
-                    .timeout_s = c->timeout_s, .msg = msg, .msglen = sizeof msg};
+                    .timeout_s = c->timeout_s, .msg = err, .msglen = errlen};
     rc = c->tp_ops->goodbye(c->tp, &t);
-    if (rc != TC_OK) tc__set_error_text(rc, msg);
   }
   cpu_close_transport(c);
   pthread_mutex_unlock(&c->life_mu);
@@ -640,25 +605,7 @@ const tc_backend_ops_t tc__cpu_backend = {
     .finalize = cpu_finalize,
     .abort = cpu_abort,
     .destroy = cpu_destroy,
-    .send = cpu_post,
-    .recv = cpu_post,
-    .broadcast = cpu_post,
-    .all_reduce = cpu_post,
-    .reduce = cpu_post,
-    .all_gather = cpu_post,
-    .all_gather_v = cpu_post,
-    .all_gather_single = cpu_post,
-    .reduce_scatter = cpu_post,
-    .reduce_scatter_v = cpu_post,
-    .reduce_scatter_single = cpu_post,
-    .all_to_all_single = cpu_post,
-    .all_to_all_v_single = cpu_post,
-    .all_to_all = cpu_post,
-    .barrier = cpu_post,
-    .scatter = cpu_post,
-    .gather = cpu_post,
-    .gather_single = cpu_post,
-    .batch = cpu_post,
+    .post = cpu_post,
+    .supports = NULL, /* every operation, dtype and reduction */
     .split = NULL,
-    .supports_dtype = NULL,
 };

@@ -174,6 +174,43 @@ TC_INTERNAL int tc__cpu_xfers(cpu_ctx_t *ctx, size_t n, tc_xfer_t **out);
 /* Runs one exchange of the transport. */
 TC_INTERNAL int tc__cpu_xchg(cpu_ctx_t *ctx, tc_xfer_t *x, size_t n);
 
+/* a mod n in [0, n) for any sign of a. */
+static inline int cpu_mod(int a, int n) { return ((a % n) + n) % n; }
+/* Part i of count elements split in n: count/n, one more for i < count%n;
+ * and where it starts. */
+static inline size_t cpu_blk_cnt(size_t count, int n, int i) {
+  return count / (size_t)n + ((size_t)i < count % (size_t)n);
+}
+static inline size_t cpu_blk_off(size_t count, int n, int i) {
+  size_t q = count / (size_t)n, r = count % (size_t)n;
+  return q * (size_t)i + ((size_t)i < r ? (size_t)i : r);
+}
+/* Do [a, a+al) and [b, b+bl) share a byte? */
+static inline int cpu_overlaps(const char *a, size_t al, const char *b, size_t bl) {
+  return al && bl && a < b + bl && b < a + al;
+}
+
+/* Elements of a segment of at most seg elements starting at off in cnt. */
+static inline size_t cpu_seg_len(size_t cnt, size_t off, size_t seg) {
+  if (off >= cnt) return 0;
+  return cnt - off < seg ? cnt - off : seg;
+}
+
+/* The binomial tree of relative rank vr in n: parent (or -1) and children
+ * (relative ranks, largest subtree last). Returns the number of children. */
+static inline int cpu_tree(int vr, int n, int *parent, int *child) {
+  int nc = 0;
+  *parent = -1;
+  for (int mask = 1; mask < n; mask <<= 1) {
+    if (vr & mask) {
+      *parent = vr - mask;
+      break;
+    }
+    if (vr + mask < n) child[nc++] = vr + mask;
+  }
+  return nc;
+}
+
 /* The reduction the kernels apply (AVG and PREMUL_SUM reduce as SUM). */
 static inline tc_redop_type_t cpu_kop(const tc_backend_op_t *op) {
   tc_redop_type_t t = op->redop.type;
@@ -194,12 +231,12 @@ TC_INTERNAL int tc__cpu_fast_fpsync(cpu_ctx_t *ctx);
  * spin < 0: wait until done. */
 TC_INTERNAL int tc__cpu_fast_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin);
 
-/* algos.c: reductions and broadcast */
+/* algo_reduce.c: the reducing algorithms over the exchange */
 TC_INTERNAL int tc__cpu_all_reduce(cpu_ctx_t *ctx);
 TC_INTERNAL int tc__cpu_reduce(cpu_ctx_t *ctx);
-TC_INTERNAL int tc__cpu_broadcast(cpu_ctx_t *ctx);
 TC_INTERNAL int tc__cpu_reduce_scatter(cpu_ctx_t *ctx);
-/* algos2.c: data movement */
+/* algo_move.c: the data-movement algorithms over the exchange */
+TC_INTERNAL int tc__cpu_broadcast(cpu_ctx_t *ctx);
 TC_INTERNAL int tc__cpu_p2p(cpu_ctx_t *ctx);
 TC_INTERNAL int tc__cpu_batch(cpu_ctx_t *ctx);
 TC_INTERNAL int tc__cpu_all_gather(cpu_ctx_t *ctx);

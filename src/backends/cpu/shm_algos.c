@@ -52,18 +52,19 @@ static size_t fp_data_off(size_t bytes) {
   return bytes + sizeof(fp_hdr_t) <= FP_HDR ? sizeof(fp_hdr_t) : FP_HDR;
 }
 
+/* The shared-memory family of an operation type, by its kind (an
+ * all-to-all only when every rank's blocks are one count, back to back in
+ * one buffer on both sides); 0: no shared-memory path. Also applied to a
+ * peer's header, whose type is known from its fingerprint. */
 static int fam_of(tc_op_type_t t) {
-  switch (t) {
-  case TC_OP_ALL_REDUCE: return FAM_AR;
-  case TC_OP_BROADCAST: return FAM_BCAST;
-  case TC_OP_BARRIER: return FAM_BARRIER;
-  case TC_OP_ALL_GATHER:
-  case TC_OP_ALL_GATHER_V:
-  case TC_OP_ALL_GATHER_SINGLE: return FAM_AG;
-  case TC_OP_REDUCE_SCATTER:
-  case TC_OP_REDUCE_SCATTER_V:
-  case TC_OP_REDUCE_SCATTER_SINGLE: return FAM_RS;
-  case TC_OP_ALL_TO_ALL_SINGLE: return FAM_A2A;
+  const uint32_t a2a = TC_OPF_UNIFORM | TC_OPF_SEND_CONTIG | TC_OPF_RECV_CONTIG;
+  switch (tc_backend_op_kind(t)) {
+  case TC_KIND_ALL_REDUCE: return FAM_AR;
+  case TC_KIND_BROADCAST: return FAM_BCAST;
+  case TC_KIND_BARRIER: return FAM_BARRIER;
+  case TC_KIND_ALL_GATHER: return FAM_AG;
+  case TC_KIND_REDUCE_SCATTER: return FAM_RS;
+  case TC_KIND_ALL_TO_ALL: return (tc_backend_op_flags(t) & a2a) == a2a ? FAM_A2A : 0;
   default: return 0;
   }
 }
@@ -72,14 +73,6 @@ static const char *fam_name(uint32_t f) {
   static const char *const n[] = {"?", "all_reduce", "broadcast", "barrier",
                                    "all_gather", "reduce_scatter", "all_to_all"};
   return f < sizeof n / sizeof n[0] ? n[f] : "?";
-}
-
-static size_t blk_cnt(size_t count, int n, int i) {
-  return count / (size_t)n + ((size_t)i < count % (size_t)n);
-}
-static size_t blk_off(size_t count, int n, int i) {
-  size_t q = count / (size_t)n, r = count % (size_t)n;
-  return q * (size_t)i + ((size_t)i < r ? (size_t)i : r);
 }
 
 static tc_tp_op_t fp_top(cpu_ctx_t *ctx) {
@@ -131,61 +124,23 @@ static int fp_begin(cpu_comm_t *c, double spin, int inop, const tc_tp_op_t *top,
 /* Eligibility                                                               */
 /* ------------------------------------------------------------------------ */
 
-/* Input of reduce_scatter block i (and its count). */
-static const char *rs_in(const cpu_ctx_t *ctx, int i, size_t *cnt) {
-  const tc_backend_op_t *op = ctx->op;
-  switch (op->type) {
-  case TC_OP_REDUCE_SCATTER_V:
-    *cnt = op->sendcounts[i];
-    return op->sendbufs[i];
-  case TC_OP_REDUCE_SCATTER_SINGLE:
-    *cnt = op->count;
-    return (const char *)op->sendbuf + (size_t)i * op->count * ctx->es;
-  default:
-    *cnt = op->count;
-    return op->sendbufs[i];
-  }
-}
-
-/* all_gather: destination and length of every rank's block. */
-static void ag_block(const tc_backend_op_t *op, size_t es, int i, char **dst, size_t *len) {
-  switch (op->type) {
-  case TC_OP_ALL_GATHER_SINGLE:
-    *dst = (char *)op->recvbuf + (size_t)i * op->count * es;
-    *len = op->count * es;
-    break;
-  case TC_OP_ALL_GATHER_V:
-    *dst = op->recvbufs[i];
-    *len = op->recvcounts[i] * es;
-    break;
-  default:
-    *dst = op->recvbufs[i];
-    *len = op->count * es;
-    break;
-  }
-}
-
 /* Bytes one rank puts through its slot or halves: the largest contribution
  * of any rank (the same on every rank), or SIZE_MAX when the operation has
  * no shared-memory path. */
 static size_t fp_bytes(const cpu_comm_t *c, const tc_backend_op_t *op) {
   size_t es = tc_dtype_size(op->dtype), n = (size_t)c->size, m = 0;
-  switch (op->type) {
-  case TC_OP_ALL_REDUCE:
-  case TC_OP_BROADCAST: return op->count * es;
-  case TC_OP_BARRIER: return 0;
-  case TC_OP_ALL_GATHER:
-  case TC_OP_ALL_GATHER_SINGLE: return op->count * es;
-  case TC_OP_ALL_GATHER_V:
+  switch (fam_of(op->type)) {
+  case FAM_AR:
+  case FAM_BCAST: return op->count * es;
+  case FAM_BARRIER: return 0;
+  case FAM_AG:
     for (size_t i = 0; i < n; i++)
-      if (op->recvcounts[i] > m) m = op->recvcounts[i];
+      if (op->recv[i].count > m) m = op->recv[i].count;
     return m * es;
-  case TC_OP_REDUCE_SCATTER:
-  case TC_OP_REDUCE_SCATTER_SINGLE: return n * op->count * es;
-  case TC_OP_REDUCE_SCATTER_V:
-    for (size_t i = 0; i < n; i++) m += op->sendcounts[i];
+  case FAM_RS:
+    for (size_t i = 0; i < n; i++) m += op->send[i].count;
     return m * es;
-  case TC_OP_ALL_TO_ALL_SINGLE: return n * op->count * es;
+  case FAM_A2A: return n * op->count * es;
   default: return SIZE_MAX;
   }
 }
@@ -203,7 +158,7 @@ int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, size_t *by
   *bytes = 0;
   if (!c->shm || c->size < 2) return 0;
   size_t b = fp_bytes(c, op), es = tc_dtype_size(op->dtype);
-  if (b == SIZE_MAX || (b == 0 && op->type != TC_OP_BARRIER)) return 0;
+  if (b == SIZE_MAX || (b == 0 && op->kind != TC_KIND_BARRIER)) return 0;
   *bytes = b;
   int fam = fam_of(op->type);
   size_t bcast_max = c->size > 2 ? CPU_CMA_MAX_BCAST_MANY : CPU_CMA_MAX_BCAST;
@@ -283,11 +238,7 @@ static int fp_check_hdrs(cpu_ctx_t *ctx, uint64_t s, int only) {
   for (int q = 0; q < ctx->size; q++) {
     if (q == ctx->rank || (only >= 0 && q != only)) continue;
     const fp_hdr_t *h = (const fp_hdr_t *)tc__shm_slot(c->shm, q, (int)(s & 1));
-    size_t want = fp_bytes(c, op);
-    if (fam == FAM_AG) {
-      char *dst;
-      ag_block(op, ctx->es, q, &dst, &want);
-    }
+    size_t want = fam == FAM_AG ? op->recv[q].count * ctx->es : fp_bytes(c, op);
     TC_CHECK(fp_mismatch(ctx, q, h, (uint32_t)fam, want));
   }
   return TC_OK;
@@ -313,16 +264,14 @@ static size_t fp_write(cpu_ctx_t *ctx, char *d) {
     b = op->count * es;
     if (r == op->root) memcpy(d, op->recvbuf, b);
     break;
-  case FAM_AG: {
-    char *dst;
-    ag_block(op, es, r, &dst, &b);
+  case FAM_AG:
+    b = op->recv[r].count * es;
     if (b) memcpy(d, op->sendbuf, b);
     break;
-  }
   case FAM_RS:
     for (int i = 0; i < n; i++) {
-      size_t cnt;
-      const char *in = rs_in(ctx, i, &cnt);
+      size_t cnt = op->send[i].count;
+      const char *in = op->send[i].buf;
       if (!cnt) continue;
       if (premul) tc__scale(d + b, in, cnt, op->dtype, op->redop.factor);
       else memcpy(d + b, in, cnt * es);
@@ -363,22 +312,16 @@ static int fp_read(cpu_ctx_t *ctx, uint64_t s) {
     break;
   case FAM_AG:
     for (int q = 0; q < n; q++) {
-      char *dst;
-      size_t len;
-      ag_block(op, es, q, &dst, &len);
+      char *dst = op->recv[q].buf;
+      size_t len = op->recv[q].count * es;
       /* the own block from the own slot too: the send buffer may overlap
        * the output anywhere */
       if (len && !(q == r && dst == (const char *)op->sendbuf)) memcpy(dst, SLOT(q), len);
     }
     break;
   case FAM_RS: {
-    size_t mycnt, off = 0;
-    for (int i = 0; i < r; i++) {
-      size_t cnt;
-      rs_in(ctx, i, &cnt);
-      off += cnt * es;
-    }
-    rs_in(ctx, r, &mycnt);
+    size_t mycnt = op->send[r].count, off = 0;
+    for (int i = 0; i < r; i++) off += op->send[i].count * es;
     if (!mycnt) break;
     char *out = op->recvbuf;
     tc__reduce3(out, SLOT(0) + off, SLOT(1) + off, mycnt, op->dtype, kop);
@@ -454,11 +397,11 @@ static int big_all_reduce(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   tc_redop_type_t kop = cpu_kop(op);
   char *buf = op->recvbuf, *own = NULL;
   /* the own slice, scaled (premul), kept in scratch from stage 0 to 1 */
-  if (premul) TC_CHECK(tc__cpu_scratch(ctx, blk_cnt(per, n, 0) * es, (void **)&own));
+  if (premul) TC_CHECK(tc__cpu_scratch(ctx, cpu_blk_cnt(per, n, 0) * es, (void **)&own));
   for (;;) {
     size_t base = st->off, cnt = count - base < per ? count - base : per;
     char *ub = buf + base * es, *mine = tc__shm_half(s, r, st->h);
-    size_t moff = blk_off(cnt, n, r), mcnt = blk_cnt(cnt, n, r);
+    size_t moff = cpu_blk_off(cnt, n, r), mcnt = cpu_blk_cnt(cnt, n, r);
     switch (st->stage) {
     case 0: { /* copy in everything but the own slice (nobody else reads it) */
       if (base >= count) return TC_OK;
@@ -507,7 +450,7 @@ static int big_all_reduce(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       FP_TRY(fp_wait(c, -1, st->s, spin, 1, &top));
       for (int q = 0; q < n; q++) {
         if (q == r) continue;
-        size_t qo = blk_off(cnt, n, q), qc = blk_cnt(cnt, n, q);
+        size_t qo = cpu_blk_off(cnt, n, q), qc = cpu_blk_cnt(cnt, n, q);
         if (qc) memcpy(ub + qo * es, tc__shm_half(s, q, st->h) + qo * es, qc * es);
       }
       st->off += per;
@@ -583,9 +526,8 @@ static int big_all_gather(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   tc_tp_op_t top = fp_top(ctx);
   int r = ctx->rank, n = ctx->size;
   size_t es = ctx->es, per = tc__shm_half_bytes(s), most = fp_bytes(c, op);
-  char *mydst;
-  size_t mylen;
-  ag_block(op, es, r, &mydst, &mylen);
+  char *mydst = op->recv[r].buf;
+  size_t mylen = op->recv[r].count * es;
   if (!st->init) {
     /* the own block first, copied in from there: the send buffer may be
      * part of the output */
@@ -609,19 +551,14 @@ static int big_all_gather(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     FP_TRY(fp_wait(c, -1, st->s, spin, 1, &top));
     if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, -1));
     for (int q = 0; q < n; q++) {
-      char *dst;
-      size_t len;
-      ag_block(op, es, q, &dst, &len);
+      char *dst = op->recv[q].buf;
+      size_t len = op->recv[q].count * es;
       if (q == r || off >= len) continue;
       memcpy(dst + off, tc__shm_half(s, q, st->h), len - off < per ? len - off : per);
     }
     st->off += per;
     st->stage = 0;
   }
-}
-
-static int overlaps(const char *a, size_t al, const char *b, size_t bl) {
-  return al && bl && a < b + bl && b < a + al;
 }
 
 static int big_reduce_scatter(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
@@ -633,16 +570,14 @@ static int big_reduce_scatter(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   size_t es = ctx->es, part = part_bytes(tc__shm_half_bytes(s), n, es), pe = part / es;
   tc_redop_type_t kop = cpu_kop(op);
   size_t maxcnt = 0, mycnt;
-  for (int i = 0; i < n; i++) {
-    size_t cnt;
-    rs_in(ctx, i, &cnt);
-    if (cnt > maxcnt) maxcnt = cnt;
-  }
-  const char *myin = rs_in(ctx, r, &mycnt);
+  for (int i = 0; i < n; i++)
+    if (op->send[i].count > maxcnt) maxcnt = op->send[i].count;
+  const char *myin = op->send[r].buf;
+  mycnt = op->send[r].count;
   char *out = op->recvbuf, *own = NULL;
   /* the own chunk goes through scratch when scaled or when the output
    * overlaps the input */
-  int stage_own = premul || overlaps(out, mycnt * es, myin, mycnt * es);
+  int stage_own = premul || cpu_overlaps(out, mycnt * es, myin, mycnt * es);
   if (stage_own) TC_CHECK(tc__cpu_scratch(ctx, part, (void **)&own));
   for (;;) {
     size_t off = st->off;
@@ -658,8 +593,8 @@ static int big_reduce_scatter(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       char *mine = tc__shm_half(s, r, st->h);
       if (off == 0) fp_put_hdr(ctx, k, fp_bytes(c, op));
       for (int q = 0; q < n; q++) {
-        size_t cnt;
-        const char *in = rs_in(ctx, q, &cnt);
+        size_t cnt = op->send[q].count;
+        const char *in = op->send[q].buf;
         if (off >= cnt || (q == r && !stage_own)) continue;
         size_t len = cnt - off < pe ? cnt - off : pe;
         char *d = q == r ? own : mine + (size_t)q * part;
@@ -699,7 +634,7 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   size_t es = ctx->es, bb = op->count * es, part = part_bytes(tc__shm_half_bytes(s), n, 1);
   const char *send = op->sendbuf;
   char *recv = op->recvbuf;
-  if (overlaps(send, (size_t)n * bb, recv, (size_t)n * bb)) { /* in place: staged */
+  if (cpu_overlaps(send, (size_t)n * bb, recv, (size_t)n * bb)) { /* in place: staged */
     char *sc;
     TC_CHECK(tc__cpu_scratch(ctx, (size_t)n * bb, (void **)&sc));
     if (!st->init) memcpy(sc, send, (size_t)n * bb);
@@ -758,23 +693,20 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     const char *src = op->recvbuf;
     size_t mine = bb;
     if (fam == FAM_AG) {
-      char *d;
-      ag_block(op, es, r, &d, &mine);
+      char *d = op->recv[r].buf;
+      mine = op->recv[r].count * es;
       /* peers read the send buffer (clean lines read faster than the ones
        * this core just wrote), unless it lies where peers' blocks go */
       src = op->sendbuf;
       for (int q = 0; q < n && src != d; q++) {
-        char *qd;
-        size_t ql;
-        ag_block(op, es, q, &qd, &ql);
-        if (q != r && overlaps(src, mine, qd, ql)) src = d;
+        if (q != r && cpu_overlaps(src, mine, op->recv[q].buf, op->recv[q].count * es)) src = d;
       }
       if (mine && d != (const char *)op->sendbuf) memmove(d, op->sendbuf, mine);
     } else if (fam == FAM_A2A) {
       const char *send = op->sendbuf;
       char *recv = op->recvbuf;
       mine = (size_t)n * bb;
-      if (overlaps(send, mine, recv, mine)) { /* in place: peers read a copy */
+      if (cpu_overlaps(send, mine, recv, mine)) { /* in place: peers read a copy */
         char *sc;
         TC_CHECK(tc__cpu_scratch(ctx, mine, (void **)&sc));
         memcpy(sc, send, mine);
@@ -802,7 +734,7 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       uint64_t a = ((const fp_hdr_t *)tc__shm_slot(s, q, (int)(k & 1)))->addr;
       char *dst;
       size_t len = bb;
-      if (fam == FAM_AG) ag_block(op, es, q, &dst, &len);
+      if (fam == FAM_AG) dst = op->recv[q].buf, len = op->recv[q].count * es;
       else if (fam == FAM_A2A) dst = (char *)op->recvbuf + (size_t)q * bb, a += (uint64_t)r * bb;
       else dst = op->recvbuf;
       TC_CHECK(tc__shm_read_peer(s, q, dst, a, len, &top));

@@ -71,12 +71,12 @@ typedef struct tcn_comm {
 double tcn_now(void);
 /* Size in bytes of one element of a tc dtype (0 if invalid). */
 size_t tcn_dtype_size(tc_dtype_t dt);
-/* Formats "torchcomms: <op> on '<name>' (rank r of n): <detail>" into out. */
+/* Formats the reason <detail> into out (the core adds "torchcomms: <op> on
+ * '<name>' (rank r of n): "; op and c are kept for the call sites' sake). */
 void tcn_msg(const tcn_comm_t *c, const char *op, char *out, size_t outlen,
              const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-/* Sets the calling thread's last error through the host (when the host
- * offers it) and returns rc. */
-int tcn_set_error(const tcn_comm_t *c, int rc, const char *text);
+/* Copies the reason into a refusing entry's err buffer; returns rc. */
+int tcn_set_error(char *err, size_t errlen, int rc, const char *text);
 /* NCCL's own text for the last error of comm (may be ""). */
 const char *tcn_last_error(const tcn_comm_t *c);
 
@@ -98,7 +98,8 @@ void tcn_rec_put(tcn_comm_t *c, tcn_rec_t *r);
 void tcn_rec_push(tcn_comm_t *c, tcn_rec_t *r);
 
 /* Op entries (nccl_ops.c). */
-int tcn_post(void *bcomm, const tc_backend_op_t *op, tc_work_t *work);
+int tcn_post(void *bcomm, const tc_backend_op_t *op, tc_work_t *work, char *err,
+             size_t errlen);
 /* Name of an operation type, for messages. */
 const char *tcn_op_name(tc_op_type_t t);
 
@@ -108,9 +109,9 @@ int tcn_init(const tc_backend_init_args_t *args, void **bcomm, char *err,
 int tcn_split(void *parent, const int *ranks, size_t nranks,
               const tc_backend_init_args_t *child_args, void **child,
               char *err, size_t errlen);
-int tcn_finalize(void *bcomm);
+int tcn_finalize(void *bcomm, char *err, size_t errlen);
 int tcn_abort(void *bcomm);
 void tcn_destroy(void *bcomm);
-int tcn_supports_dtype(tc_dtype_t dt);
+int tcn_supports(void *bcomm, tc_op_type_t type, tc_dtype_t dt, int redop);
 
 #endif /* TC_NCCL_BACKEND_H */

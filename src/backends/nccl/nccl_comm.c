@@ -40,22 +40,16 @@ size_t tcn_dtype_size(tc_dtype_t dt) {
 
 void tcn_msg(const tcn_comm_t *c, const char *op, char *out, size_t outlen,
              const char *fmt, ...) {
-  int n = snprintf(out, outlen, "torchcomms: %s on '%s' (rank %d of %d): ", op,
-                   c->name, c->rank, c->size);
-  if (n < 0 || (size_t)n >= outlen) return;
+  (void)c; /* the core adds "torchcomms: <op> on '<comm>' (rank r of n): " */
+  (void)op;
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(out + n, outlen - (size_t)n, fmt, ap);
+  vsnprintf(out, outlen, fmt, ap);
   va_end(ap);
 }
 
-int tcn_set_error(const tcn_comm_t *c, int rc, const char *text) {
-  const tc_backend_host_t *h = c->host;
-  if (h->size >= offsetof(tc_backend_host_t, set_error) + sizeof h->set_error &&
-      h->set_error)
-    h->set_error(rc, text);
-  else
-    h->log(0, "%s", text);
+int tcn_set_error(char *err, size_t errlen, int rc, const char *text) {
+  if (err && errlen) snprintf(err, errlen, "%s", text);
   return rc;
 }
 
@@ -609,7 +603,7 @@ int tcn_split(void *parent, const int *ranks, size_t nranks,
 
 /* ---- finalize, abort, destroy ---- */
 
-int tcn_finalize(void *bcomm) {
+int tcn_finalize(void *bcomm, char *err, size_t errlen) {
   tcn_comm_t *c = bcomm;
   const tcn_api_t *api = c->api;
   char msg[1536];
@@ -622,7 +616,7 @@ int tcn_finalize(void *bcomm) {
   if (state == TCN_BROKEN) {
     tcn_msg(c, "finalize", msg, sizeof msg, "an earlier operation failed and "
             "the NCCL communicator was aborted (%s)", c->broken_msg);
-    return tcn_set_error(c, c->broken_rc, msg);
+    return tcn_set_error(err, errlen, c->broken_rc, msg);
   }
   if (state != TCN_ACTIVE) return TC_OK;
   int rc = TC_OK;
@@ -639,7 +633,7 @@ int tcn_finalize(void *bcomm) {
               tcn_result_name(r));
       api->nccl.CommAbort(c->nccl);
       c->nccl = NULL;
-      rc = tcn_set_error(c, r == ncclTimeout ? TC_ERR_TIMEOUT : TC_ERR_BACKEND,
+      rc = tcn_set_error(err, errlen, r == ncclTimeout ? TC_ERR_TIMEOUT : TC_ERR_BACKEND,
                          msg);
     }
   }
@@ -704,4 +698,10 @@ void tcn_destroy(void *bcomm) {
   free(c);
 }
 
-int tcn_supports_dtype(tc_dtype_t dt) { return tcn_dtype_size(dt) != 0; }
+/* Every operation; a dtype NCCL has (reductions are checked when posted,
+ * with a sentence naming what NCCL lacks). */
+int tcn_supports(void *bcomm, tc_op_type_t type, tc_dtype_t dt, int redop) {
+  (void)bcomm;
+  (void)redop;
+  return (unsigned)type < TC_OP_TYPE_COUNT && (dt == TC_DTYPE_COUNT || tcn_dtype_size(dt) != 0);
+}

@@ -1,16 +1,19 @@
 /* nccl_ops.c -- every operation of the backend table mapped to NCCL calls
  * on the communicator's internal stream, ordered after the caller's stream,
- * and the exported table tc_backend_v1.
+ * and the exported table tc_backend_table.
  *
  * Mapping:
+ * Mapping, by the descriptor's kind (whatever form the user called):
  *   all_reduce, broadcast, reduce     ncclAllReduce / ncclBroadcast /
  *                                     ncclReduce, in place
- *   all_gather_single                 ncclAllGather
- *   reduce_scatter_single             ncclReduceScatter
- *   all_gather(_v)                    one ncclBroadcast per rank, grouped
- *   reduce_scatter(_v)                one ncclReduce per rank, grouped
- *   all_to_all(_single, _v_single)    ncclSend + ncclRecv per peer, grouped
- *   scatter, gather(_single)          ncclSend / ncclRecv, grouped
+ *   all_gather                        ncclAllGather when the blocks are one
+ *                                     count, back to back (TC_OPF_UNIFORM |
+ *                                     TC_OPF_RECV_CONTIG); else one
+ *                                     ncclBroadcast per rank, grouped
+ *   reduce_scatter                    ncclReduceScatter likewise (SEND_CONTIG);
+ *                                     else one ncclReduce per rank, grouped
+ *   all_to_all                        ncclSend + ncclRecv per peer, grouped
+ *   scatter, gather                   ncclSend / ncclRecv, grouped
  *   send, recv, batch                 ncclSend / ncclRecv (batch grouped)
  *   barrier                           ncclAllReduce (MAX) of one byte of an
  *                                     internal device buffer
@@ -32,11 +35,6 @@
 
 const char *tcn_op_name(tc_op_type_t t) { return tc_backend_op_name(t); }
 
-static int tcn_reducing(tc_op_type_t t) {
-  return t == TC_OP_ALL_REDUCE || t == TC_OP_REDUCE ||
-         t == TC_OP_REDUCE_SCATTER || t == TC_OP_REDUCE_SCATTER_V ||
-         t == TC_OP_REDUCE_SCATTER_SINGLE;
-}
 
 /* ---- reductions ---- */
 
@@ -251,101 +249,76 @@ static ncclResult_t tcn_enqueue(tcn_comm_t *c, const tc_backend_op_t *op,
   const int n = c->size, me = c->rank;
   char *sb = (char *)(uintptr_t)op->sendbuf;
   char *rb = op->recvbuf;
-  switch (op->type) {
-  case TC_OP_SEND: SEND(sb, bytes, op->root); break;
-  case TC_OP_RECV: RECV(rb, bytes, op->root); break;
-  case TC_OP_BROADCAST:
+  const uint32_t ag_one = TC_OPF_UNIFORM | TC_OPF_RECV_CONTIG;
+  const uint32_t rs_one = TC_OPF_UNIFORM | TC_OPF_SEND_CONTIG;
+  switch (op->kind) {
+  case TC_KIND_SEND: SEND(sb, bytes, op->root); break;
+  case TC_KIND_RECV: RECV(rb, bytes, op->root); break;
+  case TC_KIND_BROADCAST:
     tcn_note(&q, q.a->nccl.Broadcast(rb, rb, bytes, ncclInt8, op->root, q.nc,
                                      q.s), "ncclBroadcast");
     break;
-  case TC_OP_ALL_REDUCE:
+  case TC_KIND_ALL_REDUCE:
     tcn_note(&q, q.a->nccl.AllReduce(rb, rb, cnt, m->dt, m->op, q.nc, q.s),
              "ncclAllReduce");
     break;
-  case TC_OP_REDUCE:
+  case TC_KIND_REDUCE:
     tcn_note(&q, q.a->nccl.Reduce(rb, rb, cnt, m->dt, m->op, op->root, q.nc,
                                   q.s), "ncclReduce");
     break;
-  case TC_OP_BARRIER:
+  case TC_KIND_BARRIER:
     tcn_note(&q, q.a->nccl.AllReduce(c->barrier_buf, c->barrier_buf, 1,
                                      ncclUint8, ncclMax, q.nc, q.s),
              "ncclAllReduce");
     break;
-  case TC_OP_ALL_GATHER_SINGLE:
-    tcn_note(&q, q.a->nccl.AllGather(sb, rb, bytes, ncclInt8, q.nc, q.s),
-             "ncclAllGather");
+  case TC_KIND_ALL_GATHER:
+    if ((op->flags & ag_one) == ag_one) {
+      tcn_note(&q, q.a->nccl.AllGather(sb, rb, bytes, ncclInt8, q.nc, q.s),
+               "ncclAllGather");
+      break;
+    }
+    GROUP_START();
+    for (int i = 0; i < n; i++)
+      tcn_note(&q, q.a->nccl.Broadcast(sb, op->recv[i].buf, op->recv[i].count * es,
+                                       ncclInt8, i, q.nc, q.s), "ncclBroadcast");
+    GROUP_END();
     break;
-  case TC_OP_REDUCE_SCATTER_SINGLE:
-    tcn_note(&q, q.a->nccl.ReduceScatter(sb, rb, cnt, m->dt, m->op, q.nc, q.s),
-             "ncclReduceScatter");
+  case TC_KIND_REDUCE_SCATTER:
+    if ((op->flags & rs_one) == rs_one) {
+      tcn_note(&q, q.a->nccl.ReduceScatter(sb, rb, cnt, m->dt, m->op, q.nc, q.s),
+               "ncclReduceScatter");
+      break;
+    }
+    GROUP_START();
+    for (int i = 0; i < n; i++)
+      tcn_note(&q, q.a->nccl.Reduce(op->send[i].buf, i == me ? rb : NULL,
+                                    op->send[i].count, m->dt, m->op, i, q.nc, q.s),
+               "ncclReduce");
+    GROUP_END();
     break;
-  case TC_OP_ALL_GATHER:
-  case TC_OP_ALL_GATHER_V:
+  case TC_KIND_ALL_TO_ALL:
     GROUP_START();
     for (int i = 0; i < n; i++) {
-      size_t b = (op->recvcounts ? op->recvcounts[i] : cnt) * es;
-      tcn_note(&q, q.a->nccl.Broadcast(sb, op->recvbufs[i], b, ncclInt8, i,
-                                       q.nc, q.s), "ncclBroadcast");
+      SEND(op->send[i].buf, op->send[i].count * es, i);
+      RECV(op->recv[i].buf, op->recv[i].count * es, i);
     }
     GROUP_END();
     break;
-  case TC_OP_REDUCE_SCATTER:
-  case TC_OP_REDUCE_SCATTER_V:
-    GROUP_START();
-    for (int i = 0; i < n; i++) {
-      size_t k = op->sendcounts ? op->sendcounts[i] : cnt;
-      tcn_note(&q, q.a->nccl.Reduce(op->sendbufs[i], i == me ? rb : NULL, k,
-                                    m->dt, m->op, i, q.nc, q.s), "ncclReduce");
-    }
-    GROUP_END();
-    break;
-  case TC_OP_ALL_TO_ALL_SINGLE:
-    GROUP_START();
-    for (int i = 0; i < n; i++) {
-      SEND(sb + (size_t)i * bytes, bytes, i);
-      RECV(rb + (size_t)i * bytes, bytes, i);
-    }
-    GROUP_END();
-    break;
-  case TC_OP_ALL_TO_ALL_V_SINGLE: {
-    size_t so = 0, ro = 0;
-    GROUP_START();
-    for (int i = 0; i < n; i++) {
-      SEND(sb + so * es, op->sendcounts[i] * es, i);
-      RECV(rb + ro * es, op->recvcounts[i] * es, i);
-      so += op->sendcounts[i];
-      ro += op->recvcounts[i];
-    }
-    GROUP_END();
-    break;
-  }
-  case TC_OP_ALL_TO_ALL:
-    GROUP_START();
-    for (int i = 0; i < n; i++) {
-      SEND(op->sendbufs[i], op->sendcounts[i] * es, i);
-      RECV(op->recvbufs[i], op->recvcounts[i] * es, i);
-    }
-    GROUP_END();
-    break;
-  case TC_OP_SCATTER:
+  case TC_KIND_SCATTER:
     GROUP_START();
     if (me == op->root)
-      for (int i = 0; i < n; i++) SEND(op->sendbufs[i], bytes, i);
+      for (int i = 0; i < n; i++) SEND(op->send[i].buf, bytes, i);
     RECV(rb, bytes, op->root);
     GROUP_END();
     break;
-  case TC_OP_GATHER:
-  case TC_OP_GATHER_SINGLE:
+  case TC_KIND_GATHER:
     GROUP_START();
     SEND(sb, bytes, op->root);
     if (me == op->root)
-      for (int i = 0; i < n; i++)
-        RECV(op->type == TC_OP_GATHER ? (char *)op->recvbufs[i]
-                                      : rb + (size_t)i * bytes,
-             bytes, i);
+      for (int i = 0; i < n; i++) RECV(op->recv[i].buf, bytes, i);
     GROUP_END();
     break;
-  case TC_OP_BATCH:
+  case TC_KIND_BATCH:
     GROUP_START();
     for (size_t i = 0; i < op->num_p2p; i++) {
       const tc_p2p_t *p = &op->p2p[i];
@@ -368,17 +341,16 @@ static ncclResult_t tcn_enqueue(tcn_comm_t *c, const tc_backend_op_t *op,
 
 /* Refuses an operation before anything was enqueued: the caller gets rc
  * and the message. */
-static int tcn_refuse(tcn_comm_t *c, int rc, const char *msg) {
-  return tcn_set_error(c, rc, msg);
-}
+#define tcn_refuse(c, rc, msg) tcn_set_error(err, errlen, (rc), (msg))
 
-int tcn_post(void *bcomm, const tc_backend_op_t *op, tc_work_t *work) {
+int tcn_post(void *bcomm, const tc_backend_op_t *op, tc_work_t *work, char *err,
+             size_t errlen) {
   tcn_comm_t *c = bcomm;
   const tcn_api_t *a = c->api;
   const char *opn = tcn_op_name(op->type);
   char msg[1536];
   tcn_red_t m = {.dt = ncclInt8, .op = ncclSum, .premul = 0};
-  if (tcn_reducing(op->type)) {
+  if (tc_backend_op_reduces(op)) {
     int rc = tcn_map_red(c, op, &m, msg, sizeof msg);
     if (rc != TC_OK) return tcn_refuse(c, rc, msg);
   }
@@ -395,11 +367,11 @@ int tcn_post(void *bcomm, const tc_backend_op_t *op, tc_work_t *work) {
     pthread_mutex_unlock(&c->mu);
     return tcn_refuse(c, rc, msg);
   }
-  char err[512];
-  tcn_rec_t *r = tcn_rec_get(c, err, sizeof err);
+  char why[512];
+  tcn_rec_t *r = tcn_rec_get(c, why, sizeof why);
   if (!r) {
     pthread_mutex_unlock(&c->mu);
-    tcn_msg(c, opn, msg, sizeof msg, "%s", err);
+    tcn_msg(c, opn, msg, sizeof msg, "%s", why);
     return tcn_refuse(c, TC_ERR_NOMEM, msg);
   }
   int prev = tcn_device_enter(c);
@@ -453,9 +425,7 @@ int tcn_post(void *bcomm, const tc_backend_op_t *op, tc_work_t *work) {
     return tcn_refuse(c, rc, msg);
   }
   ce = a->cuda.EventRecord(r->end, c->stream);
-  if (ce == cudaSuccess && !(op->size >= offsetof(tc_backend_op_t, flags) +
-                                             sizeof op->flags &&
-                             (op->flags & TC_BACKEND_OP_ASYNC)))
+  if (ce == cudaSuccess && !(op->flags & TC_BACKEND_OP_ASYNC))
     ce = a->cuda.StreamWaitEvent(caller, r->end, 0); /* caller after us */
   tcn_device_leave(c, prev);
   if (ce != cudaSuccess) { /* enqueued but not trackable: give up on it */
@@ -479,7 +449,7 @@ int tcn_post(void *bcomm, const tc_backend_op_t *op, tc_work_t *work) {
 
 /* ---- the table ---- */
 
-TC_API const tc_backend_ops_t tc_backend_v1 = {
+TC_API const tc_backend_ops_t tc_backend_table = {
     .abi_version = TC_BACKEND_ABI_VERSION,
     .size = sizeof(tc_backend_ops_t),
     .name = "nccl",
@@ -488,25 +458,7 @@ TC_API const tc_backend_ops_t tc_backend_v1 = {
     .finalize = tcn_finalize,
     .abort = tcn_abort,
     .destroy = tcn_destroy,
-    .send = tcn_post,
-    .recv = tcn_post,
-    .broadcast = tcn_post,
-    .all_reduce = tcn_post,
-    .reduce = tcn_post,
-    .all_gather = tcn_post,
-    .all_gather_v = tcn_post,
-    .all_gather_single = tcn_post,
-    .reduce_scatter = tcn_post,
-    .reduce_scatter_v = tcn_post,
-    .reduce_scatter_single = tcn_post,
-    .all_to_all_single = tcn_post,
-    .all_to_all_v_single = tcn_post,
-    .all_to_all = tcn_post,
-    .barrier = tcn_post,
-    .scatter = tcn_post,
-    .gather = tcn_post,
-    .gather_single = tcn_post,
-    .batch = tcn_post,
+    .post = tcn_post,
+    .supports = tcn_supports,
     .split = tcn_split,
-    .supports_dtype = tcn_supports_dtype,
 };

@@ -1,5 +1,8 @@
-/* algos2.c -- the data-movement algorithms of the cpu backend.
+/* algo_move.c -- the data-movement algorithms of the cpu backend, written
+ * against the transport's exchange.
  *
+ *  broadcast       < 64 KiB: binomial tree; otherwise a pipelined chain of
+ *                  512 KiB segments.
  *  send / recv     one transfer (a zero-count message is still sent, so a
  *                  count mismatch is reported, not hung on).
  *  batch           one exchange with every transfer; sends to the own rank
@@ -17,8 +20,6 @@
 
 #include <string.h>
 
-#define MOD(a, n) ((((a) % (n)) + (n)) % (n))
-
 /* ------------------------------------------------------------------------ */
 /* point to point                                                            */
 /* ------------------------------------------------------------------------ */
@@ -28,8 +29,8 @@ int tc__cpu_p2p(cpu_ctx_t *ctx) {
   size_t bytes = op->count * ctx->es;
   tc_xfer_t *x;
   TC_CHECK(tc__cpu_xfers(ctx, 1, &x));
-  if (op->type == TC_OP_SEND)
-    x[0] = tc__xfer_send(op->root, op->sendbuf ? op->sendbuf : op->recvbuf, bytes);
+  if (op->kind == TC_KIND_SEND)
+    x[0] = tc__xfer_send(op->root, op->sendbuf, bytes);
   else
     x[0] = tc__xfer_recv(op->root, op->recvbuf, bytes);
   return tc__cpu_xchg(ctx, x, 1);
@@ -78,36 +79,58 @@ int tc__cpu_batch(cpu_ctx_t *ctx) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* broadcast                                                                 */
+/* ------------------------------------------------------------------------ */
+
+int tc__cpu_broadcast(cpu_ctx_t *ctx) {
+  const tc_backend_op_t *op = ctx->op;
+  int r = ctx->rank, n = ctx->size, root = op->root;
+  size_t bytes = op->count * ctx->es;
+  char *buf = op->recvbuf;
+  if (bytes == 0 || n == 1) return TC_OK;
+  int vr = cpu_mod(r - root, n);
+  tc_xfer_t *x;
+  TC_CHECK(tc__cpu_xfers(ctx, 34, &x));
+  if (bytes < CPU_SMALL_BYTES) { /* binomial tree */
+    int parent, child[32];
+    int nc = cpu_tree(vr, n, &parent, child);
+    if (parent >= 0) {
+      x[0] = tc__xfer_recv(cpu_mod(parent + root, n), buf, bytes);
+      TC_CHECK(tc__cpu_xchg(ctx, x, 1));
+    }
+    for (int c = 0; c < nc; c++) /* largest subtree first */
+      x[c] = tc__xfer_send(cpu_mod(child[nc - 1 - c] + root, n), buf, bytes);
+    return tc__cpu_xchg(ctx, x, (size_t)nc);
+  }
+  /* pipelined chain root -> root+1 -> ... : each rank forwards segment j-1
+   * while it receives segment j */
+  size_t seg = CPU_BCAST_SEG, nseg = (bytes + seg - 1) / seg;
+  int prev = cpu_mod(r - 1, n), next = cpu_mod(r + 1, n), lag = vr > 0;
+  for (size_t j = 0; j <= nseg; j++) {
+    int k = 0;
+    if (vr > 0 && j < nseg)
+      x[k++] = tc__xfer_recv(prev, buf + j * seg, cpu_seg_len(bytes, j * seg, seg));
+    if (vr < n - 1 && j >= (size_t)lag && j - (size_t)lag < nseg) {
+      size_t s = j - (size_t)lag;
+      x[k++] = tc__xfer_send(next, buf + s * seg, cpu_seg_len(bytes, s * seg, seg));
+    }
+    TC_CHECK(tc__cpu_xchg(ctx, x, (size_t)k));
+  }
+  return TC_OK;
+}
+
+/* ------------------------------------------------------------------------ */
 /* all_gather                                                                */
 /* ------------------------------------------------------------------------ */
 
 int tc__cpu_all_gather(cpu_ctx_t *ctx) {
   const tc_backend_op_t *op = ctx->op;
+  const tc_block_t *blk = op->recv; /* where every rank's block goes */
   int r = ctx->rank, n = ctx->size;
   size_t es = ctx->es, total = 0;
-  /* the destination of every rank's block, kept in scratch */
-  char **blk;
-  size_t *len;
-  TC_CHECK(tc__cpu_scratch(ctx, (size_t)n * (sizeof *blk + sizeof *len), (void **)&blk));
-  len = (size_t *)(blk + n);
-  for (int i = 0; i < n; i++) {
-    switch (op->type) {
-    case TC_OP_ALL_GATHER_SINGLE:
-      blk[i] = (char *)op->recvbuf + (size_t)i * op->count * es;
-      len[i] = op->count * es;
-      break;
-    case TC_OP_ALL_GATHER_V:
-      blk[i] = op->recvbufs[i];
-      len[i] = op->recvcounts[i] * es;
-      break;
-    default:
-      blk[i] = op->recvbufs[i];
-      len[i] = op->count * es;
-      break;
-    }
-    total += len[i];
-  }
-  if (len[r] && blk[r] != (const char *)op->sendbuf) memmove(blk[r], op->sendbuf, len[r]);
+  for (int i = 0; i < n; i++) total += blk[i].count * es;
+  size_t mine = blk[r].count * es;
+  if (mine && blk[r].buf != op->sendbuf) memmove(blk[r].buf, op->sendbuf, mine);
   if (total == 0 || n == 1) return TC_OK;
   tc_xfer_t *x;
   TC_CHECK(tc__cpu_xfers(ctx, 2 * (size_t)n, &x));
@@ -115,17 +138,17 @@ int tc__cpu_all_gather(cpu_ctx_t *ctx) {
     size_t k = 0;
     for (int i = 0; i < n; i++) {
       if (i == r) continue;
-      if (len[r]) x[k++] = tc__xfer_send(i, blk[r], len[r]);
-      if (len[i]) x[k++] = tc__xfer_recv(i, blk[i], len[i]);
+      if (mine) x[k++] = tc__xfer_send(i, blk[r].buf, mine);
+      if (blk[i].count) x[k++] = tc__xfer_recv(i, blk[i].buf, blk[i].count * es);
     }
     return tc__cpu_xchg(ctx, x, k);
   }
-  int right = MOD(r + 1, n), left = MOD(r - 1, n);
+  int right = cpu_mod(r + 1, n), left = cpu_mod(r - 1, n);
   for (int s = 0; s < n - 1; s++) { /* ring: forward what arrived last */
-    int sb = MOD(r - s, n), rb = MOD(r - s - 1, n);
+    int sb = cpu_mod(r - s, n), rb = cpu_mod(r - s - 1, n);
     size_t k = 0;
-    if (len[sb]) x[k++] = tc__xfer_send(right, blk[sb], len[sb]);
-    if (len[rb]) x[k++] = tc__xfer_recv(left, blk[rb], len[rb]);
+    if (blk[sb].count) x[k++] = tc__xfer_send(right, blk[sb].buf, blk[sb].count * es);
+    if (blk[rb].count) x[k++] = tc__xfer_recv(left, blk[rb].buf, blk[rb].count * es);
     TC_CHECK(tc__cpu_xchg(ctx, x, k));
   }
   return TC_OK;
@@ -135,70 +158,44 @@ int tc__cpu_all_gather(cpu_ctx_t *ctx) {
 /* all_to_all                                                                */
 /* ------------------------------------------------------------------------ */
 
-static int overlaps(const char *a, size_t al, const char *b, size_t bl) {
-  return al && bl && a < b + bl && b < a + al;
-}
-
 int tc__cpu_all_to_all(cpu_ctx_t *ctx) {
   const tc_backend_op_t *op = ctx->op;
+  const tc_block_t *sb = op->send, *rb = op->recv;
   int r = ctx->rank, n = ctx->size;
-  size_t es = ctx->es;
-  if (op->type == TC_OP_ALL_TO_ALL_SINGLE && op->count == 0) return TC_OK;
+  size_t es = ctx->es, stotal = 0;
+  /* does any send memory overlap any receive memory? (conservative: the
+   * spans of the two sides) */
+  const char *smin = NULL, *smax = NULL, *rmin = NULL, *rmax = NULL;
+  for (int i = 0; i < n; i++) {
+    const char *s = sb[i].buf, *v = rb[i].buf;
+    size_t sl = sb[i].count * es, vl = rb[i].count * es;
+    stotal += sl;
+    if (sl && (!smin || s < smin)) smin = s;
+    if (sl && (!smax || s + sl > smax)) smax = s + sl;
+    if (vl && (!rmin || v < rmin)) rmin = v;
+    if (vl && (!rmax || v + vl > rmax)) rmax = v + vl;
+  }
+  if (stotal == 0 && (op->flags & TC_OPF_UNIFORM)) return TC_OK;
+  int stage = smin && rmin && smin < rmax && rmin < smax;
   /* block tables in scratch: send ptr/len, recv ptr/len; then staging */
   size_t tab = (size_t)n * 2 * (sizeof(char *) + sizeof(size_t));
   tab = (tab + 63) & ~(size_t)63;
-  size_t stotal = 0, rtotal = 0;
-  for (int i = 0; i < n; i++) {
-    size_t sc = op->type == TC_OP_ALL_TO_ALL_SINGLE ? op->count : op->sendcounts[i];
-    size_t rc = op->type == TC_OP_ALL_TO_ALL_SINGLE ? op->count : op->recvcounts[i];
-    stotal += sc * es;
-    rtotal += rc * es;
-  }
-  /* does any send memory overlap any receive memory? */
-  int stage = 0;
-  const char *smin = NULL, *smax = NULL, *rmin = NULL, *rmax = NULL;
-  if (op->type != TC_OP_ALL_TO_ALL) {
-    stage = overlaps(op->sendbuf, stotal, op->recvbuf, rtotal);
-  } else {
-    for (int i = 0; i < n; i++) {
-      const char *s = op->sendbufs[i], *v = op->recvbufs[i];
-      size_t sl = op->sendcounts[i] * es, vl = op->recvcounts[i] * es;
-      if (sl && (!smin || s < smin)) smin = s;
-      if (sl && (!smax || s + sl > smax)) smax = s + sl;
-      if (vl && (!rmin || v < rmin)) rmin = v;
-      if (vl && (!rmax || v + vl > rmax)) rmax = v + vl;
-    }
-    stage = smin && rmin && smin < rmax && rmin < smax; /* conservative */
-  }
   char *scr;
   TC_CHECK(tc__cpu_scratch(ctx, tab + (stage ? stotal : 0), (void **)&scr));
   char **sp = (char **)scr, **rp = sp + n;
   size_t *sl = (size_t *)(rp + n), *rl = sl + n;
   char *staged = scr + tab;
-  size_t soff = 0, roff = 0;
+  size_t soff = 0;
   for (int i = 0; i < n; i++) {
-    switch (op->type) {
-    case TC_OP_ALL_TO_ALL:
-      sp[i] = (char *)op->sendbufs[i];
-      rp[i] = op->recvbufs[i];
-      sl[i] = op->sendcounts[i] * es;
-      rl[i] = op->recvcounts[i] * es;
-      break;
-    default: {
-      int single = op->type == TC_OP_ALL_TO_ALL_SINGLE;
-      sl[i] = (single ? op->count : op->sendcounts[i]) * es;
-      rl[i] = (single ? op->count : op->recvcounts[i]) * es;
-      sp[i] = (char *)op->sendbuf + soff;
-      rp[i] = (char *)op->recvbuf + roff;
-      break;
-    }
-    }
+    sp[i] = sb[i].buf;
+    rp[i] = rb[i].buf;
+    sl[i] = sb[i].count * es;
+    rl[i] = rb[i].count * es;
     if (stage) {
       if (sl[i]) memcpy(staged + soff, sp[i], sl[i]);
       sp[i] = staged + soff;
     }
     soff += sl[i];
-    roff += rl[i];
   }
   if (sl[r] != rl[r])
     return tc__cpu_fail(ctx, TC_ERR_INVALID_ARGUMENT,
@@ -211,14 +208,14 @@ int tc__cpu_all_to_all(cpu_ctx_t *ctx) {
   if (stotal < CPU_DIRECT_A2A_BYTES) {
     size_t k = 0;
     for (int s = 1; s < n; s++) {
-      int to = MOD(r + s, n), from = MOD(r - s, n);
+      int to = cpu_mod(r + s, n), from = cpu_mod(r - s, n);
       x[k++] = tc__xfer_send(to, sp[to], sl[to]);
       x[k++] = tc__xfer_recv(from, rp[from], rl[from]);
     }
     return tc__cpu_xchg(ctx, x, k);
   }
   for (int s = 1; s < n; s++) {
-    int to = MOD(r + s, n), from = MOD(r - s, n);
+    int to = cpu_mod(r + s, n), from = cpu_mod(r - s, n);
     x[0] = tc__xfer_send(to, sp[to], sl[to]);
     x[1] = tc__xfer_recv(from, rp[from], rl[from]);
     TC_CHECK(tc__cpu_xchg(ctx, x, 2));
@@ -235,8 +232,8 @@ int tc__cpu_barrier(cpu_ctx_t *ctx) {
   tc_xfer_t *x;
   TC_CHECK(tc__cpu_xfers(ctx, 2, &x));
   for (int k = 1; k < n; k <<= 1) {
-    x[0] = tc__xfer_send(MOD(r + k, n), NULL, 0);
-    x[1] = tc__xfer_recv(MOD(r - k, n), NULL, 0);
+    x[0] = tc__xfer_send(cpu_mod(r + k, n), NULL, 0);
+    x[1] = tc__xfer_recv(cpu_mod(r - k, n), NULL, 0);
     TC_CHECK(tc__cpu_xchg(ctx, x, 2));
   }
   return TC_OK;
@@ -253,10 +250,10 @@ int tc__cpu_scatter(cpu_ctx_t *ctx) {
     x[0] = tc__xfer_recv(root, op->recvbuf, bytes);
     return tc__cpu_xchg(ctx, x, 1);
   }
-  if (op->sendbufs[r] != op->recvbuf) memmove(op->recvbuf, op->sendbufs[r], bytes);
+  if (op->send[r].buf != op->recvbuf) memmove(op->recvbuf, op->send[r].buf, bytes);
   size_t k = 0;
   for (int i = 0; i < n; i++)
-    if (i != r) x[k++] = tc__xfer_send(i, op->sendbufs[i], bytes);
+    if (i != r) x[k++] = tc__xfer_send(i, op->send[i].buf, bytes);
   return tc__cpu_xchg(ctx, x, k);
 }
 
@@ -273,8 +270,7 @@ int tc__cpu_gather(cpu_ctx_t *ctx) {
   }
   size_t k = 0;
   for (int i = 0; i < n; i++) {
-    char *dst = op->type == TC_OP_GATHER_SINGLE ? (char *)op->recvbuf + (size_t)i * bytes
-                                                : op->recvbufs[i];
+    char *dst = op->recv[i].buf;
     if (i == r) {
       if (dst != (const char *)op->sendbuf) memmove(dst, op->sendbuf, bytes);
     } else {
