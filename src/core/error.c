@@ -65,70 +65,11 @@ double tc__now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-const char *tc__env_str(const char *name) {
-  const char *v = getenv(name);
-  return (v && *v) ? v : NULL;
-}
-
-double tc__env_double(const char *name, double dflt) {
-  const char *v = tc__env_str(name);
-  if (!v) return dflt;
-  char *end = NULL;
-  double d = strtod(v, &end);
-  if (end == v || !isfinite(d)) return dflt;
-  return d;
-}
-
-int tc__env_bool(const char *name, int dflt) {
-  const char *v = tc__env_str(name);
-  if (!v) return dflt;
-  if (!strcasecmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") ||
-      !strcasecmp(v, "on"))
-    return 1;
-  if (!strcasecmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no") ||
-      !strcasecmp(v, "off"))
-    return 0;
-  return dflt;
-}
-
-uint64_t tc__env_bytes(const char *name, uint64_t dflt, uint64_t least) {
-  const char *v = tc__env_str(name);
-  if (!v) return dflt;
-  uint64_t b;
-  if (tc__parse_bytes(v, &b) != 0) {
-    tc__log(1, "%s='%s' is not a byte count (digits with an "
-            "optional K, M, G or T suffix); using %" PRIu64, name, v, dflt);
-    return dflt;
-  }
-  if (b < least) {
-    tc__log(1, "%s=%s is below the least useful %" PRIu64
-            " bytes; using %" PRIu64, name, v, least, least);
-    b = least;
-  }
-  return b;
-}
-
-static int tc__log_level = -1;
-static pthread_once_t tc__log_once = PTHREAD_ONCE_INIT;
-
-static void tc__log_init(void) {
-  const char *v = tc__env_str("TORCHCOMMS_LOG");
-  tc__log_level = 1;
-  if (!v) return;
-  if (!strcasecmp(v, "error")) tc__log_level = 0;
-  else if (!strcasecmp(v, "warn")) tc__log_level = 1;
-  else if (!strcasecmp(v, "info")) tc__log_level = 2;
-  else if (!strcasecmp(v, "debug")) tc__log_level = 3;
-}
-
-int tc__log_enabled(int level) {
-  pthread_once(&tc__log_once, tc__log_init);
-  return level <= tc__log_level;
-}
+/* The level is TORCHCOMMS_LOG's index in "error|warn|info|debug". */
+int tc__log_enabled(int level) { return level <= tc__setting_choice(TC_SET_LOG); }
 
 void tc__log(int level, const char *fmt, ...) {
-  pthread_once(&tc__log_once, tc__log_init);
-  if (level > tc__log_level) return;
+  if (!tc__log_enabled(level)) return;
   static const char *names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
   char line[1024];
   va_list ap;
