@@ -22,10 +22,10 @@ TC_INTERNAL int tc__set_error_v(int rc, const char *fmt, va_list ap);
 /* Copies text into the thread's last error verbatim and returns rc. */
 TC_INTERNAL int tc__set_error_text(int rc, const char *text);
 
-/* Monotonic clock, seconds. */
+/* Monotonic clock, seconds (clock.c). */
 TC_INTERNAL double tc__now(void);
 
-/* Logging, gated by TORCHCOMMS_LOG=error|warn|info|debug (default warn).
+/* Logging (log.c), gated by TORCHCOMMS_LOG=error|warn|info|debug (default warn).
  * Level 0 error .. 3 debug. */
 TC_INTERNAL void tc__log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
