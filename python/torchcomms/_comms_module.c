@@ -1,5 +1,5 @@
 /* _comms_module.c -- the torchcomms._comms module: init, interned names, the
- * enums and option classes (a small Python source run at init), error
+ * enums and option classes (imported from _comms_classes.py at init), error
  * mapping and the argument helpers shared by every operation.
  *
  * Import must be fast and side-effect free: torch.distributed imports this
