@@ -45,6 +45,12 @@ extern "C" {
 #define TC_VERSION_PATCH 0
 #define TC_VERSION_STRING "0.1.0"
 
+/* The default deadline of every operation and of a communicator's
+ * creation, seconds, when neither the options nor TORCHCOMM_TIMEOUT_SECONDS
+ * give one. The one definition: the backends, the transports and the Python
+ * extension (torchcomms._comms.DEFAULT_TIMEOUT_SECONDS) use it. */
+#define TC_DEFAULT_TIMEOUT_S 600.0
+
 /* ------------------------------------------------------------------------ */
 /* Status codes                                                              */
 /* ------------------------------------------------------------------------ */
@@ -246,7 +252,7 @@ typedef struct tc_comm_options {
   /* Communicator name ("main" if NULL); store keys are prefixed with it. */
   const char *name;
   /* Default deadline of every operation, seconds; <= 0: from
-   * TORCHCOMM_TIMEOUT_SECONDS, else 600. */
+   * TORCHCOMM_TIMEOUT_SECONDS, else TC_DEFAULT_TIMEOUT_S (600). */
   double timeout_s;
   /* 1: exit the process with the error message on any timeout or error;
    * 0: report it; -1: from TORCHCOMM_ABORT_ON_ERROR, else 0. */

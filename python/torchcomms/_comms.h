@@ -6,8 +6,9 @@
  * called with the GIL released.
  *
  * Files:
- *   _comms_module.c  module init, interned names, enums and option classes,
- *                    error mapping, timeout/hints helpers, new_comm
+ *   _comms_module.c  module init, interned names, error mapping,
+ *                    timeout/hints helpers, new_comm; it imports
+ *   _comms_classes.py  the enums, option classes and Timeout (Python)
  *   _comms_tensor.c  torch tensors -> (pointer, count, dtype), validation
  *   _comms_store.c   Python torch.distributed.Store -> tc_store_t adapter
  *   _comms_types.c   ReduceOp, TorchWork, P2POp, BatchSendRecv

@@ -8,6 +8,9 @@ from typing import Any, Dict, List, Sequence
 
 __version__: str
 __all__: List[str]
+# The communicator's default timeout in seconds (C: TC_DEFAULT_TIMEOUT_S);
+# CommOptions().timeout is timedelta(seconds=DEFAULT_TIMEOUT_SECONDS).
+DEFAULT_TIMEOUT_SECONDS: float
 
 Timeout = timedelta
 

@@ -1,5 +1,5 @@
 /* _comms_module.c -- the torchcomms._comms module: init, interned names, the
- * enums and option classes (a small Python source run at init), error
+ * enums and option classes (imported from _comms_classes.py at init), error
  * mapping and the argument helpers shared by every operation.
  *
  * Import must be fast and side-effect free: torch.distributed imports this
@@ -158,89 +158,36 @@ int tcpy_int(PyObject *obj, const char *op, const char *arg, int *out) {
 
 /* ---- the Python part: enums, option classes, Timeout ---- */
 
-static const char tcpy_py_source[] =
-    "import enum as _enum\n"
-    "import datetime as _datetime\n"
-    "Timeout = _datetime.timedelta\n"
-    "class RedOpType(_enum.Enum):\n"
-    "    SUM = 1\n    PRODUCT = 2\n    MIN = 3\n    MAX = 4\n    BAND = 5\n"
-    "    BOR = 6\n    BXOR = 7\n    PREMUL_SUM = 8\n    AVG = 9\n"
-    "class WorkStatus(_enum.Enum):\n"
-    "    NOT_STARTED = 1\n    INPROGRESS = 2\n    COMPLETED = 3\n"
-    "    TIMEDOUT = 4\n    ERROR = 5\n"
-    "class P2POpType(_enum.Enum):\n"
-    "    SEND = 1\n    RECV = 2\n"
-    "class _OpOptions:\n"
-    "    '''Per-operation options: timeout (timedelta(0): the communicator's)\n"
-    "    and backend hints.'''\n"
-    "    __slots__ = ('timeout', 'hints')\n"
-    "    def __init__(self, timeout=None, hints=None):\n"
-    "        self.timeout = _datetime.timedelta(0) if timeout is None else timeout\n"
-    "        self.hints = {} if hints is None else dict(hints)\n"
-    "    def __repr__(self):\n"
-    "        return f'{type(self).__name__}(timeout={self.timeout!r}, hints={self.hints!r})'\n"
-    "    def __eq__(self, other):\n"
-    "        if type(other) is not type(self): return NotImplemented\n"
-    "        return self.timeout == other.timeout and self.hints == other.hints\n"
-    "    __hash__ = None\n"
-    "_op_options = ('SendOptions', 'RecvOptions', 'BatchP2POptions',\n"
-    "    'BroadcastOptions', 'AllReduceOptions', 'ReduceOptions',\n"
-    "    'AllGatherOptions', 'AllGatherSingleOptions', 'ReduceScatterOptions',\n"
-    "    'ReduceScatterSingleOptions', 'AllToAllOptions',\n"
-    "    'AllToAllSingleOptions', 'AllToAllvSingleOptions', 'BarrierOptions',\n"
-    "    'ScatterOptions', 'GatherOptions')\n"
-    "for _n in _op_options:\n"
-    "    globals()[_n] = type(_n, (_OpOptions,), {'__slots__': (),\n"
-    "        '__module__': __name__, '__qualname__': _n})\n"
-    "del _n\n"
-    "class CommOptions:\n"
-    "    '''Options of a communicator (see TorchComm.get_options()).'''\n"
-    "    __slots__ = ('abort_process_on_timeout_or_error', 'timeout',\n"
-    "                 'high_priority_stream', 'store', 'enable_reconfigure',\n"
-    "                 'hints')\n"
-    "    def __init__(self, abort_process_on_timeout_or_error=False,\n"
-    "                 timeout=None, high_priority_stream=False, store=None,\n"
-    "                 enable_reconfigure=False, hints=None):\n"
-    "        self.abort_process_on_timeout_or_error = abort_process_on_timeout_or_error\n"
-    "        self.timeout = _datetime.timedelta(seconds=600) if timeout is None else timeout\n"
-    "        self.high_priority_stream = high_priority_stream\n"
-    "        self.store = store\n"
-    "        self.enable_reconfigure = enable_reconfigure\n"
-    "        self.hints = {} if hints is None else dict(hints)\n"
-    "    def __repr__(self):\n"
-    "        return ('CommOptions(' + ', '.join(f'{k}={getattr(self, k)!r}'\n"
-    "                for k in self.__slots__) + ')')\n"
-    "    def __eq__(self, other):\n"
-    "        if type(other) is not CommOptions: return NotImplemented\n"
-    "        return all(getattr(self, k) == getattr(other, k) for k in self.__slots__)\n"
-    "    __hash__ = None\n";
-
-static int tcpy_run_source(PyObject *module) {
-  PyObject *g = PyDict_New();
-  if (!g) return -1;
+/* Imports torchcomms._comms_classes (the classes written in Python), hands
+ * it the default timeout and exports its classes as this module's. */
+static int tcpy_import_classes(PyObject *module) {
   int rc = -1;
-  PyObject *code = NULL, *res = NULL;
-  PyObject *name = PyModule_GetNameObject(module);
-  if (!name) goto out;
-  int bad = PyDict_SetItemString(g, "__builtins__", PyEval_GetBuiltins()) < 0 ||
-            PyDict_SetItemString(g, "__name__", name) < 0;
-  Py_DECREF(name);
-  if (bad) goto out;
-  code = Py_CompileString(tcpy_py_source, "<torchcomms._comms>", Py_file_input);
-  if (!code) goto out;
-  res = PyEval_EvalCode(code, g, g);
-  if (!res) goto out;
-  static const char *exported[] = {
-      "Timeout", "RedOpType", "WorkStatus", "P2POpType", "CommOptions",
-      "SendOptions", "RecvOptions", "BatchP2POptions", "BroadcastOptions",
-      "AllReduceOptions", "ReduceOptions", "AllGatherOptions",
-      "AllGatherSingleOptions", "ReduceScatterOptions",
-      "ReduceScatterSingleOptions", "AllToAllOptions", "AllToAllSingleOptions",
-      "AllToAllvSingleOptions", "BarrierOptions", "ScatterOptions",
-      "GatherOptions", "_OpOptions", NULL};
-  for (const char **n = exported; *n; n++) {
-    PyObject *v = PyDict_GetItemString(g, *n);
-    if (!v || PyModule_AddObjectRef(module, *n, v) < 0) goto out;
+  PyObject *g = NULL, *dflt = NULL, *secs = NULL, *names = NULL;
+  PyObject *cls = PyImport_ImportModule("torchcomms._comms_classes");
+  if (!cls) return -1;
+  g = PyModule_GetDict(cls); /* borrowed */
+  PyObject *td = PyDict_GetItemString(g, "Timeout");
+  if (!td) {
+    PyErr_SetString(PyExc_ImportError, "torchcomms._comms_classes has no Timeout");
+    goto out;
+  }
+  if (!(secs = PyFloat_FromDouble(TC_DEFAULT_TIMEOUT_S)) ||
+      !(dflt = PyObject_CallFunction(td, "(id)", 0, TC_DEFAULT_TIMEOUT_S)) ||
+      PyObject_SetAttrString(cls, "DEFAULT_TIMEOUT", dflt) < 0 ||
+      PyModule_AddObjectRef(module, "DEFAULT_TIMEOUT_SECONDS", secs) < 0)
+    goto out;
+  /* every name of its __all__ becomes this module's */
+  PyObject *all = PyDict_GetItemString(g, "__all__");
+  if (!(names = PySequence_Fast(all ? all : Py_None,
+                                "torchcomms._comms_classes.__all__ must be a list")))
+    goto out;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(names); i++) {
+    PyObject *n = PySequence_Fast_GET_ITEM(names, i);
+    PyObject *v = PyObject_GetAttr(cls, n);
+    if (!v) goto out;
+    int bad = PyObject_SetAttr(module, n, v);
+    Py_DECREF(v);
+    if (bad < 0) goto out;
   }
   tcpy_RedOpType = Py_NewRef(PyDict_GetItemString(g, "RedOpType"));
   tcpy_WorkStatus = Py_NewRef(PyDict_GetItemString(g, "WorkStatus"));
@@ -268,9 +215,10 @@ static int tcpy_run_source(PyObject *module) {
     goto out;
   rc = 0;
 out:
-  Py_XDECREF(res);
-  Py_XDECREF(code);
-  Py_DECREF(g);
+  Py_XDECREF(names);
+  Py_XDECREF(secs);
+  Py_XDECREF(dflt);
+  Py_DECREF(cls);
   return rc;
 }
 
@@ -351,7 +299,7 @@ PyMODINIT_FUNC PyInit__comms(void) {
   PyObject *m = PyModule_Create(&tcpy_moduledef);
   if (!m) return NULL;
   tcpy_module = m;
-  if (tcpy_intern_names() < 0 || tcpy_run_source(m) < 0 ||
+  if (tcpy_intern_names() < 0 || tcpy_import_classes(m) < 0 ||
       tcpy_types_ready(m) < 0)
     goto fail;
   if (PyModule_AddStringConstant(m, "__version__", tc_version()) < 0)

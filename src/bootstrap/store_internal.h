@@ -1,6 +1,7 @@
-/* store_internal.h -- internals shared by the store layer (store.c, the TCP
- * store client and server): the extended store constructor, a byte-keyed
- * hash map, a growable byte buffer and torch's TCPStore wire constants.
+/* store_internal.h -- internals shared by the store layer (store.c,
+ * store_memory.c, store_prefix.c, the TCP store client and server): the
+ * extended store constructor and references, a byte-keyed hash map (kv.c),
+ * a growable byte buffer and torch's TCPStore wire constants.
  *
  * Wire protocol (torch's TCPStore, verified against torch 2.13):
  *  - every request is one command byte (tc__tcp_query_t) followed by its
@@ -118,6 +119,20 @@ typedef struct tc__store_ext {
 TC_INTERNAL int tc__store_create_ext(const tc_store_vtable_t *vtable,
                                      const tc__store_ext_t *ext, void *ctx,
                                      tc_store_t **out);
+
+/* Takes a reference on a live store, or fails naming the function
+ * (TC_ERR_INVALID_USAGE for a released or foreign pointer); drops one, the
+ * last one destroying the store (store.c). */
+TC_INTERNAL int tc__store_acquire(tc_store_t *s, const char *fn);
+TC_INTERNAL void tc__store_drop(tc_store_t *s, const char *fn);
+
+/* Returns TC_ERR_INVALID_ARGUMENT naming fn when cond is false. */
+#define TC__ARG(cond, fn, what)                                                \
+  do {                                                                         \
+    if (!(cond))                                                               \
+      return tc__set_error(TC_ERR_INVALID_ARGUMENT,                            \
+                           "torchcomms: %s: %s", fn, what);                    \
+  } while (0)
 
 /* Sets the error text of a wait for keys that timed out and returns
  * TC_ERR_TIMEOUT: "torchcomms: store <op>('k1', 'k2') timed out after T s;

@@ -521,15 +521,13 @@ static void *srv_main(void *arg) {
 
 /* ---- limits ---- */
 
-/* The limits, read from the environment now. */
+/* The limits, read from the environment now (a new snapshot of the
+ * settings: a malformed value is logged and reads as its default). */
 static tc__store_limits_t read_limits(void) {
-  tc__store_limits_t l = {
-      .max_bytes = tc__env_bytes("TORCHCOMMS_STORE_MAX_BYTES", (uint64_t)1 << 30,
-                             (uint64_t)1 << 20),
-      .max_value = tc__env_bytes("TORCHCOMMS_STORE_MAX_VALUE_BYTES",
-                             (uint64_t)256 << 20, 1024),
-      .max_unsent = tc__env_bytes("TORCHCOMMS_STORE_MAX_UNSENT_BYTES",
-                              (uint64_t)16 << 20, 4096)};
+  (void)tc__settings_reload(NULL, 0);
+  tc__store_limits_t l = {.max_bytes = tc__setting_bytes(TC_SET_STORE_MAX_BYTES),
+                          .max_value = tc__setting_bytes(TC_SET_STORE_MAX_VALUE_BYTES),
+                          .max_unsent = tc__setting_bytes(TC_SET_STORE_MAX_UNSENT_BYTES)};
   return l;
 }
 

@@ -125,7 +125,7 @@ static int tc__comm_start(tc_comm_t *c, const tc_comm_t *parent,
   if (rc != TC_OK) return rc;
   const char *fn = parent ? "tc_comm_split" : "tc_comm_create";
   TC_CHECK(tc__comm_arrive(c, fn));
-  const char *addr = tc__env_str("TORCHCOMMS_SOCKET_ADDR");
+  const char *addr = tc__setting_str(TC_SET_SOCKET_ADDR);
   if (!addr) addr = tc_store_local_addr(c->root_store);
   if (!addr) addr = "127.0.0.1";
   tc_backend_init_args_t args = {
@@ -178,8 +178,7 @@ static void tc__comm_bury(tc_comm_t *c) {
 }
 
 static double tc__default_timeout(void) {
-  double t = tc__env_double("TORCHCOMM_TIMEOUT_SECONDS", 600.0);
-  return t > 0 ? t : 600.0;
+  return tc__setting_double(TC_SET_TIMEOUT_SECONDS); /* > 0 */
 }
 
 int tc_comm_create(const char *backend, const char *device,
@@ -201,7 +200,7 @@ int tc_comm_create(const char *backend, const char *device,
   }
   if (!device) device = "cpu";
   char bad[512];
-  if (tc__settings_check(bad, sizeof bad) != TC_OK)
+  if (tc__settings_reload(bad, sizeof bad) != TC_OK) /* the snapshot of this creation */
     return tc__set_error(TC_ERR_INVALID_ARGUMENT, "torchcomms: %s: %s", fn, bad);
   if (isnan(o.timeout_s) || o.timeout_s < 0)
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
@@ -236,7 +235,7 @@ int tc_comm_create(const char *backend, const char *device,
   c->timeout_s = o.timeout_s > 0 ? o.timeout_s : tc__default_timeout();
   c->abort_process = o.abort_process_on_timeout_or_error >= 0
                          ? o.abort_process_on_timeout_or_error != 0
-                         : tc__env_bool("TORCHCOMM_ABORT_ON_ERROR", 0);
+                         : tc__setting_bool(TC_SET_ABORT_ON_ERROR);
   int rc = tc__copy_hints(o.hints, o.num_hints, &c->hints, fn);
   if (rc != TC_OK) goto fail;
   c->num_hints = o.num_hints;

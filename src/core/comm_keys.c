@@ -86,10 +86,10 @@ static void tc__key_part(char *out, size_t len, const char *v) {
 
 /* The job id and the attempt the keys are scoped by ("-" and "0" if unset). */
 static void tc__scope(const char **job, const char **attempt) {
-  *job = tc__env_str("TORCHCOMMS_JOB_ID");
+  *job = tc__setting_str(TC_SET_JOB_ID);
   if (!*job) *job = tc__env_str("TORCHELASTIC_RUN_ID");
   if (!*job) *job = "-";
-  *attempt = tc__env_str("TORCHELASTIC_RESTART_COUNT");
+  *attempt = tc__setting_str(TC_SET_RESTART_COUNT);
   if (!*attempt) *attempt = "0";
 }
 

@@ -22,32 +22,19 @@ TC_INTERNAL int tc__set_error_v(int rc, const char *fmt, va_list ap);
 /* Copies text into the thread's last error verbatim and returns rc. */
 TC_INTERNAL int tc__set_error_text(int rc, const char *text);
 
-/* Monotonic clock, seconds. */
+/* Monotonic clock, seconds (clock.c). */
 TC_INTERNAL double tc__now(void);
 
-/* Logging, gated by TORCHCOMMS_LOG=error|warn|info|debug (default warn).
+/* Logging (log.c), gated by TORCHCOMMS_LOG=error|warn|info|debug (default warn).
  * Level 0 error .. 3 debug. */
 TC_INTERNAL void tc__log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* 1 when a message of this level would be printed. */
 TC_INTERNAL int tc__log_enabled(int level);
 
-/* Prints every declared setting (src/core/settings.c), its help and its
- * value when set: tcrun --help-env. */
-TC_INTERNAL void tc__settings_print(FILE *f);
-
-/* Environment settings, read once and cached. */
-TC_INTERNAL double tc__env_double(const char *name, double dflt);
-TC_INTERNAL int tc__env_bool(const char *name, int dflt);
-TC_INTERNAL const char *tc__env_str(const char *name); /* NULL if unset/empty */
-/* A byte count: digits with an optional K, M, G or T suffix (powers of
- * 1024; "Ki", a trailing "B" allowed). 0 and *out set, or -1 (settings.c). */
-TC_INTERNAL int tc__parse_bytes(const char *text, uint64_t *out);
-/* A byte count: digits with an optional K, M, G or T suffix (powers of
- * 1024; "KiB", "MB" read the same); dflt when unset, or when malformed
- * (logged); at least `least` (logged when raised). */
-TC_INTERNAL uint64_t tc__env_bytes(const char *name, uint64_t dflt,
-                                   uint64_t least);
+/* Environment settings: declared once, read through typed accessors from
+ * a cached snapshot (settings.h). */
+#include "settings.h"
 
 #define TC_CHECK(call)                                                         \
   do {                                                                         \

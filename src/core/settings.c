@@ -1,70 +1,69 @@
-/* settings.c -- every environment setting the library reads, declared once
- * with its type, accepted values and one line of help, and checked when a
- * communicator is created: a bad value is an error naming the setting and
- * what it accepts, never silently replaced by the default.
+/* settings.c -- every environment setting the library reads (the table is
+ * TC_SETTINGS_MAP in settings.h), read into one cached snapshot, parsed
+ * and checked there: a bad value is an error at tc_comm_create naming the
+ * setting and what it accepts, never silently replaced by the default.
  *
- * Readers elsewhere still use tc__env_str / tc__env_double / tc__env_bool
- * (error.c); a setting they read must be in this table (tests/c/
- * test_settings.c checks the README's settings list against it). */
+ * The snapshot: one slot per setting holding the text as set (interned:
+ * never freed, so a pointer handed out stays valid) and the parsed value,
+ * each stored atomically; readers take no lock. tc__settings_reload takes
+ * a new snapshot under a mutex; the first reader takes one if none was
+ * taken yet (pthread_once). */
 #include "core.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-typedef enum { ST_NUM, ST_INT, ST_BOOL, ST_CHOICE, ST_TEXT, ST_ADDR, ST_BYTES } st_kind_t;
+typedef enum { ST_NUM, ST_NUMP, ST_INT, ST_BOOL, ST_CHOICE, ST_TEXT, ST_ADDR, ST_BYTES } st_kind_t;
 
-typedef struct tc__setting {
+typedef struct setting {
   const char *name;
   st_kind_t kind;
-  double min, max;     /* ST_NUM, ST_INT: accepted range (inclusive) */
-  int min_exclusive;   /* ST_NUM: the minimum itself is refused */
-  const char *choices; /* ST_CHOICE: "a|b|c" (case-insensitive) */
+  double dflt;         /* CHOICE: index into choices */
+  double min, max;     /* NUM, NUMP, INT: accepted range; BYTES: min is the least */
+  const char *choices; /* CHOICE: "a|b|c" (case-insensitive) */
   const char *help;
-} tc__setting_t;
+} setting_t;
 
-#define NUM(n, lo, hi, excl, h) {n, ST_NUM, lo, hi, excl, NULL, h}
-#define INT(n, lo, hi, h) {n, ST_INT, lo, hi, 0, NULL, h}
-#define BOOL(n, h) {n, ST_BOOL, 0, 0, 0, NULL, h}
-#define CHOICE(n, c, h) {n, ST_CHOICE, 0, 0, 0, c, h}
-#define TEXT(n, h) {n, ST_TEXT, 0, 0, 0, NULL, h}
-#define ADDR(n, h) {n, ST_ADDR, 0, 0, 0, NULL, h}
-#define BYTES(n, h) {n, ST_BYTES, 0, 0, 0, NULL, h}
-#define BIG 1e18
-
-static const tc__setting_t tc__settings[] = {
-    NUM("TORCHCOMM_TIMEOUT_SECONDS", 0, BIG, 1,
-        "default deadline of every operation and of creation, seconds (600)"),
-    BOOL("TORCHCOMM_ABORT_ON_ERROR", "end the process with the error on any failure (0)"),
-    CHOICE("TORCHCOMMS_LOG", "error|warn|info|debug", "log level on stderr (warn)"),
-    TEXT("TORCHCOMMS_JOB_ID", "scopes store keys per job (default TORCHELASTIC_RUN_ID)"),
-    INT("TORCHELASTIC_RESTART_COUNT", 0, 1e9, "torchrun's restart number: scopes store keys"),
-    BOOL("TORCHCOMMS_CHECK_MISMATCH",
-         "compare every collective's op, dtype, count, root and reduction across ranks (1)"),
-    ADDR("TORCHCOMMS_SOCKET_ADDR", "the address this rank's peers connect to"),
-    CHOICE("TORCHCOMMS_CPU_TRANSPORT", "auto|shm|tcp", "cpu backend transport (auto)"),
-    NUM("TORCHCOMMS_SHM_BYTES", 0, 1ull << 40, 1, "shared-memory segment bytes per rank (4 MiB)"),
-    BOOL("TORCHCOMMS_CPU_CMA", "single copy with process_vm_readv (1)"),
-    NUM("TORCHCOMMS_CPU_CMA_BYTES", 0, BIG, 0, "single copy from this many bytes (16 KiB)"),
-    NUM("TORCHCOMMS_CPU_INLINE_BYTES", 0, BIG, 0,
-        "run operations up to this size on the caller's thread (1 MiB)"),
-    NUM("TORCHCOMMS_CPU_SHM_SMALL_BYTES", 0, BIG, 0,
-        "shm all_reduce through the small slots up to this size (16 KiB)"),
-    NUM("TORCHCOMMS_CPU_SPIN_US", 0, 1e9, 0, "busy-wait before sleeping, microseconds"),
-    NUM("TORCHCOMMS_CPU_TCP_SPIN_US", 0, 1e9, 0, "TCP busy-poll before sleeping, microseconds"),
-    NUM("TORCHCOMMS_CPU_YIELD_US", 0, 1e9, 0,
-        "oversubscribed: sched_yield polling before sleeping, microseconds (200)"),
-    TEXT("TORCHCOMMS_CPU_IFNAME", "network interface whose address TCP binds and publishes"),
-    BOOL("TORCHCOMMS_SHM_SWEEP", "remove /dev/shm segments of dead creators at setup (1)"),
-    BYTES("TORCHCOMMS_STORE_MAX_BYTES", "store server memory budget (1G)"),
-    BYTES("TORCHCOMMS_STORE_MAX_VALUE_BYTES", "largest value the store server accepts (256M)"),
-    BYTES("TORCHCOMMS_STORE_MAX_UNSENT_BYTES",
-          "unsent answers per store client before the server stops reading it (16M)"),
+static const setting_t settings[] = {
+#define TC__SET_ROW(id, name, kind, dflt, lo, hi, choices, help)                \
+  {name, ST_##kind, (double)(dflt), (double)(lo), (double)(hi), choices, help},
+    TC_SETTINGS_MAP(TC__SET_ROW)
+#undef TC__SET_ROW
 };
+_Static_assert(sizeof settings / sizeof settings[0] == TC_SET_COUNT, "one row per id");
+
+/* The snapshot. */
+typedef struct slot {
+  _Atomic(const char *) text; /* as set; NULL: unset or empty */
+  _Atomic double value;       /* parsed; the default when unset or malformed */
+  _Atomic int bad;            /* set but malformed */
+} slot_t;
+
+static slot_t snap[TC_SET_COUNT];
+static pthread_once_t snap_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t snap_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Texts once set, kept for the life of the process (reachable, so leak
+ * checkers stay quiet): a reader may still hold one after a reload. A
+ * text is copied only when it differs from the one in the snapshot. */
+typedef struct interned {
+  struct interned *next;
+  char text[];
+} interned_t;
+static interned_t *interned_head;
+
+const char *tc__env_str(const char *name) {
+  const char *v = getenv(name);
+  return (v && *v) ? v : NULL;
+}
 
 int tc__parse_bytes(const char *v, uint64_t *out) {
   char *end = NULL;
@@ -85,15 +84,32 @@ int tc__parse_bytes(const char *v, uint64_t *out) {
   return 0;
 }
 
-static int tc__setting_bad(const tc__setting_t *s, const char *v, char *err, size_t len) {
+uint64_t tc__bytes_value(const char *name, const char *v, uint64_t dflt, uint64_t least) {
+  if (!v || !*v) return dflt;
+  uint64_t b;
+  if (tc__parse_bytes(v, &b) != 0) {
+    tc__log(1, "%s='%s' is not a byte count (digits with an "
+            "optional K, M, G or T suffix); using %" PRIu64, name, v, dflt);
+    return dflt;
+  }
+  if (b < least) {
+    tc__log(1, "%s=%s is below the least useful %" PRIu64
+            " bytes; using %" PRIu64, name, v, least, least);
+    b = least;
+  }
+  return b;
+}
+
+static int setting_bad(const setting_t *s, const char *v, char *err, size_t len) {
   const char *want = "";
   char buf[160];
   switch (s->kind) {
   case ST_NUM:
-    if (s->max >= BIG)
-      snprintf(buf, sizeof buf, "a number %s %g", s->min_exclusive ? ">" : ">=", s->min);
+  case ST_NUMP:
+    if (s->max >= TC__BIG)
+      snprintf(buf, sizeof buf, "a number %s %g", s->kind == ST_NUMP ? ">" : ">=", s->min);
     else
-      snprintf(buf, sizeof buf, "a number %s %g and <= %g", s->min_exclusive ? ">" : ">=",
+      snprintf(buf, sizeof buf, "a number %s %g and <= %g", s->kind == ST_NUMP ? ">" : ">=",
                s->min, s->max);
     want = buf;
     break;
@@ -108,76 +124,190 @@ static int tc__setting_bad(const tc__setting_t *s, const char *v, char *err, siz
   return TC_ERR_INVALID_ARGUMENT;
 }
 
-static int tc__setting_check(const tc__setting_t *s, const char *v, char *err, size_t len) {
+/* Parses v as setting s: 0 and *out (CHOICE: the index; BOOL: 0 or 1;
+ * BYTES: *bytes too), or -1. */
+static int setting_parse(const setting_t *s, const char *v, double *out, uint64_t *bytes) {
   switch (s->kind) {
   case ST_NUM:
+  case ST_NUMP:
   case ST_INT: {
     char *end = NULL;
     double d = strtod(v, &end);
     while (end && (*end == ' ' || *end == '\t' || *end == '\n')) end++;
     if (end == v || !end || *end || !isfinite(d) || d < s->min || d > s->max ||
-        (s->min_exclusive && d == s->min) || (s->kind == ST_INT && d != floor(d)))
-      return tc__setting_bad(s, v, err, len);
-    return TC_OK;
+        (s->kind == ST_NUMP && d == s->min) || (s->kind == ST_INT && d != floor(d)))
+      return -1;
+    *out = d;
+    return 0;
   }
   case ST_BOOL: {
-    static const char *const ok[] = {"1", "0", "true", "false", "yes", "no", "on", "off"};
+    static const char *const ok[] = {"0", "1", "false", "true", "no", "yes", "off", "on"};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
-      if (!strcasecmp(v, ok[i])) return TC_OK;
-    return tc__setting_bad(s, v, err, len);
+      if (!strcasecmp(v, ok[i])) {
+        *out = (double)(i % 2);
+        return 0;
+      }
+    return -1;
   }
   case ST_CHOICE: {
     size_t vl = strlen(v);
-    for (const char *c = s->choices; *c;) {
+    int idx = 0;
+    for (const char *c = s->choices; *c; idx++) {
       const char *bar = strchr(c, '|');
       size_t cl = bar ? (size_t)(bar - c) : strlen(c);
-      if (cl == vl && !strncasecmp(c, v, cl)) return TC_OK;
+      if (cl == vl && !strncasecmp(c, v, cl)) {
+        *out = idx;
+        return 0;
+      }
       if (!bar) break;
       c = bar + 1;
     }
-    return tc__setting_bad(s, v, err, len);
+    return -1;
   }
   case ST_ADDR: {
     unsigned char a[16];
-    if (inet_pton(AF_INET, v, a) == 1 || inet_pton(AF_INET6, v, a) == 1) return TC_OK;
-    return tc__setting_bad(s, v, err, len);
+    if (inet_pton(AF_INET, v, a) == 1 || inet_pton(AF_INET6, v, a) == 1) return 0;
+    return -1;
   }
-  case ST_BYTES: {
-    uint64_t b;
-    return tc__parse_bytes(v, &b) == 0 ? TC_OK : tc__setting_bad(s, v, err, len);
+  case ST_BYTES:
+    if (tc__parse_bytes(v, bytes) != 0) return -1;
+    *out = (double)*bytes;
+    return 0;
+  case ST_TEXT: return 0;
   }
-  case ST_TEXT: return TC_OK;
-  }
-  return TC_OK;
+  return 0;
 }
 
-int tc__settings_check(char *err, size_t len) {
-  for (size_t i = 0; i < sizeof tc__settings / sizeof tc__settings[0]; i++) {
-    const char *v = getenv(tc__settings[i].name);
-    if (!v || !*v) continue;
-    int rc = tc__setting_check(&tc__settings[i], v, err, len);
-    if (rc != TC_OK) return rc;
-  }
-  return TC_OK;
+/* A copy of v for the snapshot: the current text when equal. */
+static const char *intern(const char *cur, const char *v) {
+  if (!v) return NULL;
+  if (cur && !strcmp(cur, v)) return cur;
+  size_t n = strlen(v) + 1;
+  interned_t *t = malloc(sizeof *t + n);
+  if (!t) return cur; /* out of memory: keep the old text */
+  memcpy(t->text, v, n);
+  t->next = interned_head;
+  interned_head = t;
+  return t->text;
 }
 
-size_t tc__settings_count(void) { return sizeof tc__settings / sizeof tc__settings[0]; }
+/* Takes the snapshot; snap_mu held. quiet: no log lines (the first
+ * snapshot is taken inside the logger's first call). */
+static int snapshot(char *err, size_t len, int quiet) {
+  int rc = TC_OK;
+  for (size_t i = 0; i < TC_SET_COUNT; i++) {
+    const setting_t *s = &settings[i];
+    const char *v = getenv(s->name);
+    if (v && !*v) v = NULL;
+    double d = s->dflt;
+    uint64_t b = (uint64_t)s->dflt;
+    int bad = v && setting_parse(s, v, &d, &b) != 0;
+    if (bad) {
+      d = s->dflt;
+      b = (uint64_t)s->dflt;
+      if (err && rc == TC_OK) {
+        rc = setting_bad(s, v, err, len);
+      } else if (!err && !quiet) {
+        char why[512];
+        setting_bad(s, v, why, sizeof why);
+        tc__log(1, "%s; using the default", why);
+      }
+    }
+    if (s->kind == ST_BYTES && b < (uint64_t)s->min) {
+      if (!quiet)
+        tc__log(1, "%s=%s is below the least useful %.0f bytes; using %.0f", s->name, v,
+                s->min, s->min);
+      b = (uint64_t)s->min;
+    }
+    if (s->kind == ST_BYTES) d = (double)b;
+    atomic_store(&snap[i].text, intern(atomic_load(&snap[i].text), v));
+    atomic_store(&snap[i].value, d);
+    atomic_store(&snap[i].bad, bad);
+  }
+  return rc;
+}
+
+static void snapshot_first(void) {
+  pthread_mutex_lock(&snap_mu);
+  snapshot(NULL, 0, 1);
+  pthread_mutex_unlock(&snap_mu);
+}
+
+int tc__settings_reload(char *err, size_t len) {
+  pthread_once(&snap_once, snapshot_first);
+  pthread_mutex_lock(&snap_mu);
+  int rc = snapshot(err, len, 0);
+  pthread_mutex_unlock(&snap_mu);
+  return rc;
+}
+
+static const slot_t *slot_of(tc_setting_id_t id) {
+  pthread_once(&snap_once, snapshot_first);
+  return &snap[id];
+}
+
+double tc__setting_double(tc_setting_id_t id) { return atomic_load(&slot_of(id)->value); }
+int tc__setting_bool(tc_setting_id_t id) { return atomic_load(&slot_of(id)->value) != 0; }
+int tc__setting_choice(tc_setting_id_t id) { return (int)atomic_load(&slot_of(id)->value); }
+uint64_t tc__setting_bytes(tc_setting_id_t id) {
+  return (uint64_t)atomic_load(&slot_of(id)->value);
+}
+const char *tc__setting_str(tc_setting_id_t id) { return atomic_load(&slot_of(id)->text); }
+int tc__setting_is_set(tc_setting_id_t id) { return atomic_load(&slot_of(id)->text) != NULL; }
+int tc__setting_malformed(tc_setting_id_t id) { return atomic_load(&slot_of(id)->bad); }
+const char *tc__setting_name(tc_setting_id_t id) { return settings[id].name; }
+
+size_t tc__settings_count(void) { return TC_SET_COUNT; }
 
 const char *tc__settings_name(size_t i, const char **help) {
   if (i >= tc__settings_count()) return NULL;
-  if (help) *help = tc__settings[i].help;
-  return tc__settings[i].name;
+  if (help) *help = settings[i].help;
+  return settings[i].name;
+}
+
+void tc__settings_default_text(size_t i, char *buf, size_t len) {
+  const setting_t *s = &settings[i];
+  double d = s->dflt;
+  buf[0] = 0;
+  switch (s->kind) {
+  case ST_TEXT:
+  case ST_ADDR: return;
+  case ST_BOOL: snprintf(buf, len, "%d", d != 0); return;
+  case ST_CHOICE: {
+    const char *c = s->choices;
+    for (int k = 0; k < (int)d && c; k++) {
+      c = strchr(c, '|');
+      if (c) c++;
+    }
+    snprintf(buf, len, "%.*s", c ? (int)strcspn(c, "|") : 0, c ? c : "");
+    return;
+  }
+  default: break;
+  }
+  static const char *const units[] = {"TiB", "GiB", "MiB", "KiB"};
+  if (s->kind == ST_BYTES || strstr(s->name, "_BYTES"))
+    for (int k = 0; k < 4; k++) {
+      double u = ldexp(1.0, 40 - 10 * k);
+      if (d >= u && fmod(d, u) == 0) {
+        snprintf(buf, len, "%.0f %s", d / u, units[k]);
+        return;
+      }
+    }
+  snprintf(buf, len, "%g", d);
 }
 
 void tc__settings_print(FILE *f) {
-  fprintf(f, "torchcomms settings (environment), checked when a communicator is created:\n");
+  fprintf(f, "torchcomms settings (environment), read and checked when a communicator is "
+             "created:\n");
   for (size_t i = 0; i < tc__settings_count(); i++) {
-    const tc__setting_t *st = &tc__settings[i];
+    const setting_t *st = &settings[i];
     const char *v = getenv(st->name);
-    fprintf(f, "  %-34s %s%s%s%s\n", st->name, st->help, v && *v ? " [set: " : "",
-            v && *v ? v : "", v && *v ? "]" : "");
+    char dflt[64] = "";
+    if (!strstr(st->help, "(default")) tc__settings_default_text(i, dflt, sizeof dflt);
+    fprintf(f, "  %-34s %s%s%s%s%s%s%s\n", st->name, st->help, *dflt ? " (default " : "",
+            dflt, *dflt ? ")" : "", v && *v ? " [set: " : "", v && *v ? v : "",
+            v && *v ? "]" : "");
   }
   fprintf(f, "  %-34s %s\n", "TORCHCOMMS_BACKEND_LIB_PATH_<NAME>",
           "file or directory of libtorchcomms-<name>.so");
 }
-

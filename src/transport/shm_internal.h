@@ -21,10 +21,8 @@
 #define SHM_NAP_S 0.005  /* longest futex sleep between liveness checks */
 #define SHM_LIVE_S 0.004 /* peers' sockets are checked at most this often */
 #define SHM_ACTIVE_SPIN_S 1e-3 /* spin of an exchange whose peers are active */
-#define SHM_YIELD_POLL_US 200.0 /* oversubscribed: sched_yield polling budget */
 #define SHM_YIELD_S 20e-6 /* spinning longer than this yields the core each round */
 #define SHM_PUB_BYTES (32u * 1024u) /* a ring position is published this often */
-#define SHM_DEFAULT_BYTES (4u * 1024u * 1024u) /* TORCHCOMMS_SHM_BYTES */
 #define SHM_MIN_BYTES (256u * 1024u)
 #define SHM_SLOT_BYTES (64u * 1024u)
 #define SHM_HALF_MIN (64u * 1024u)

@@ -131,7 +131,7 @@ static int shm_create_own(struct tc_shm *s, char *why, size_t wl) {
  * through the peer's own address and compares it with the mapped copy.
  * TORCHCOMMS_CPU_CMA=0 turns it off. Returns 1 if every peer can be read. */
 static int shm_probe_cma(struct tc_shm *s) {
-  if (tc__env_double("TORCHCOMMS_CPU_CMA", 1.0) == 0) return 0;
+  if (!tc__setting_bool(TC_SET_CPU_CMA)) return 0;
   for (int p = 0; p < s->size; p++) {
     const shm_ctl_t *c = shm_ctl(s, p);
     s->pids[p] = c->pid;
@@ -289,7 +289,7 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   int rc = tc__tcp_create(a, &tcpv, err, errlen);
   if (rc != TC_OK) return rc;
   tcp_t *t = tcpv;
-  double deadline = tc__now() + (a->timeout_s > 0 ? a->timeout_s : 600.0);
+  double deadline = tc__now() + (a->timeout_s > 0 ? a->timeout_s : TC_DEFAULT_TIMEOUT_S);
   int here = t->local == a->size;
   if (choice == TC_TP_TCP || (!here && choice == TC_TP_AUTO)) {
     if (choice == TC_TP_AUTO)
@@ -336,19 +336,18 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   s->size = a->size;
   s->aborted = a->aborted;
   s->spin_s = t->spin_s;
-  if (s->spin_s <= 0 && !tc__env_str("TORCHCOMMS_CPU_SPIN_US")) {
+  if (s->spin_s <= 0 && !tc__setting_is_set(TC_SET_CPU_SPIN_US)) {
     /* more ranks than cores: a waiter that sleeps at once costs a futex
      * wake-up and a context switch per sync point; polling with
      * sched_yield hands the core straight to the ranks it waits for, and
      * stops after TORCHCOMMS_CPU_YIELD_US (default 200 us) */
-    double us = tc__env_double("TORCHCOMMS_CPU_YIELD_US", SHM_YIELD_POLL_US);
+    double us = tc__setting_double(TC_SET_CPU_YIELD_US);
     if (us > 0) {
       s->spin_s = us * 1e-6;
       s->yield_poll = 1;
     }
   }
-  double want = tc__env_double("TORCHCOMMS_SHM_BYTES", (double)SHM_DEFAULT_BYTES);
-  shm_geometry(s, want > 0 ? (size_t)want : SHM_DEFAULT_BYTES);
+  shm_geometry(s, (size_t)tc__setting_double(TC_SET_SHM_BYTES)); /* > 0 */
 
   /* 1. every rank creates its segment (if it is on this machine), named
    * after its creator, first removing what dead creators left behind
@@ -358,7 +357,7 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   memset(&rec, 0, sizeof rec);
   tc__shm_owner_self(&rec.owner);
   s->owners[s->rank] = rec.owner;
-  if (here && tc__env_double("TORCHCOMMS_SHM_SWEEP", 1.0) != 0) {
+  if (here && tc__setting_bool(TC_SET_SHM_SWEEP)) {
     int swept = tc__shm_sweep();
     if (swept > 0)
       a->host->log(2, "cpu backend '%s' rank %d: removed %d shared-memory segment%s left "
@@ -367,7 +366,7 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   }
   if (here) rec.st = shm_create_own(s, why, sizeof why) == 0 ? 1 : 2;
 #ifdef PR_SET_PTRACER
-  if (rec.st == 1 && tc__env_double("TORCHCOMMS_CPU_CMA", 1.0) != 0)
+  if (rec.st == 1 && tc__setting_bool(TC_SET_CPU_CMA))
     (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); /* EINVAL without Yama */
 #endif
   recs = malloc(n * sizeof *recs);

@@ -429,9 +429,8 @@ static void host_key(char *key, size_t len) {
  * TORCHCOMMS_CPU_SPIN_US (microseconds) if set, else 50 us when the ranks on
  * this machine are no more than its usable cores, else 0. */
 static double spin_policy(const tc_tp_args_t *a, int local) {
-  const char *v = tc__env_str("TORCHCOMMS_CPU_SPIN_US");
-  if (v) {
-    double us = tc__env_double("TORCHCOMMS_CPU_SPIN_US", 0);
+  if (tc__setting_is_set(TC_SET_CPU_SPIN_US)) {
+    double us = tc__setting_double(TC_SET_CPU_SPIN_US);
     return us > 0 ? us * 1e-6 : 0;
   }
   cpu_set_t set;
@@ -466,7 +465,7 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
   t->pfd_peer = malloc((n + 1) * sizeof(int));
   t->bye = malloc(2 * n * sizeof *t->bye);
   setup_t s = {.t = t, .a = a, .lfd = -1, .err = err, .errlen = errlen,
-               .deadline = tc__now() + (a->timeout_s > 0 ? a->timeout_s : 600.0)};
+               .deadline = tc__now() + (a->timeout_s > 0 ? a->timeout_s : TC_DEFAULT_TIMEOUT_S)};
   int rc = TC_OK;
   if (!t->fd || !t->gone || !t->hup || !t->send_head || !t->send_tail || !t->recv_head ||
       !t->recv_tail || !t->pfd || !t->pfd_peer || !t->bye) {
@@ -577,8 +576,8 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
    * says otherwise (0: sleep in poll at once; on a loaded VM, whose loopback
    * packets are delivered by ksoftirqd, spinning delays them) */
   t->poll_spin_s = t->spin_s;
-  if (tc__env_str("TORCHCOMMS_CPU_TCP_SPIN_US")) {
-    double tsp = tc__env_double("TORCHCOMMS_CPU_TCP_SPIN_US", 0);
+  if (tc__setting_is_set(TC_SET_CPU_TCP_SPIN_US)) {
+    double tsp = tc__setting_double(TC_SET_CPU_TCP_SPIN_US);
     t->poll_spin_s = tsp > 0 ? tsp * 1e-6 : 0;
   }
   t->local = (int)local;

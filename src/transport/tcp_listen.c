@@ -70,7 +70,7 @@ static void ifa_text(const struct ifaddrs *i, char *buf, size_t len) {
 
 int tc__tcp_pick_addr(const char *advertise, char *addr, size_t len,
                       char *err, size_t errlen) {
-  const char *ifname = tc__env_str("TORCHCOMMS_CPU_IFNAME");
+  const char *ifname = tc__setting_str(TC_SET_CPU_IFNAME);
   if (!ifname) {
     snprintf(addr, len, "%s",
              advertise && *advertise ? advertise : "127.0.0.1");

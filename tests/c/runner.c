@@ -75,7 +75,11 @@ int main(int argc, char **argv) {
     }
   }
   qsort(tc_tests, (size_t)tc_ntests, sizeof tc_tests[0], tc_cmp_tests);
-  double timeout = tc__env_double("TC_TEST_TIMEOUT", 120.0);
+  /* the runner's own variable, not a library setting */
+  const char *tt = getenv("TC_TEST_TIMEOUT");
+  char *tt_end = NULL;
+  double timeout = tt && *tt ? strtod(tt, &tt_end) : 120.0;
+  if (tt && *tt && (tt_end == tt || !(timeout > 0) || timeout > 1e9)) timeout = 120.0;
   int passed = 0, failed = 0;
   char failures[8192] = "";
   setvbuf(stdout, NULL, _IOLBF, 0);

@@ -135,6 +135,7 @@ static int d_try_init(tc_ctx_t *ctx, const char *name, double timeout_s, dcomm_t
   d->rank = ctx->rank;
   d->size = ctx->size;
   d->timeout_s = timeout_s;
+  (void)tc__settings_reload(NULL, 0); /* as tc_comm_create: the settings now set */
   tc_backend_init_args_t a = {.size = sizeof a, .host = &d_host, .comm_name = name,
                               .device = "cpu", .device_index = -1, .rank = ctx->rank,
                               .world_size = ctx->size, .timeout_s = timeout_s,

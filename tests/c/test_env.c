@@ -169,11 +169,10 @@ TC_TEST(env_null_arguments) {
                 "NULL");
 }
 
-/* tc__env_bytes: the byte counts of TORCHCOMMS_STORE_* and friends. */
+/* tc__bytes_value: the byte counts of TORCHCOMMS_STORE_* and friends (the
+ * table's BYTES settings parse with it). */
 static uint64_t bytes_of(const char *text, uint64_t dflt, uint64_t least) {
-  if (text) setenv("TC_TEST_BYTES", text, 1);
-  else unsetenv("TC_TEST_BYTES");
-  return tc__env_bytes("TC_TEST_BYTES", dflt, least);
+  return tc__bytes_value("TC_TEST_BYTES", text, dflt, least);
 }
 
 TC_TEST(env_byte_counts) {

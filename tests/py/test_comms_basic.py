@@ -194,6 +194,32 @@ def test_getters(comm):
     assert isinstance(o.timeout, timedelta) and o.timeout.total_seconds() > 0
 
 
+def test_default_timeout_is_the_c_constant(monkeypatch):
+    """One default timeout: the C library's TC_DEFAULT_TIMEOUT_S, exported by
+    the extension, is CommOptions' default, a new communicator's and the
+    README's."""
+    from torchcomms import _comms as C
+    secs = C.DEFAULT_TIMEOUT_SECONDS
+    assert isinstance(secs, float) and secs > 0
+    assert torchcomms.CommOptions().timeout == timedelta(seconds=secs)
+    monkeypatch.delenv("TORCHCOMM_TIMEOUT_SECONDS", raising=False)
+    c = torchcomms.new_comm("cpu", "cpu", name="dflt_timeout")
+    assert c.get_options().timeout == timedelta(seconds=secs)
+    c.finalize()
+    readme = (HERE.parent.parent / "README.md").read_text()
+    assert f"`TORCHCOMM_TIMEOUT_SECONDS`,\ndefault {secs:g} s" in readme
+
+
+def test_classes_come_from_their_python_module():
+    """The enums and option classes are written in torchcomms/_comms_classes.py
+    (installed with the package) and exported by the extension as its own."""
+    from torchcomms import _comms as C, _comms_classes as K
+    assert Path(K.__file__).parent == Path(C.__file__).parent
+    for name in K.__all__:
+        assert getattr(C, name) is getattr(K, name)
+    assert C.CommOptions.__module__ == "torchcomms._comms"
+
+
 def test_new_comm_arguments():
     c = torchcomms.new_comm("cpu", "cpu", name="args", timeout=timedelta(seconds=42),
                             hints={"x": "y"}, abort_process_on_timeout_or_error=False,

@@ -421,13 +421,10 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
                     size_t errlen) {
   *out = NULL;
   const char *cname = a->comm_name ? a->comm_name : "";
-  const char *tpname = tc__env_str("TORCHCOMMS_CPU_TRANSPORT");
-  tc_tp_choice_t choice = TC_TP_AUTO;
-  if (tpname && !strcasecmp(tpname, "tcp")) {
-    choice = TC_TP_TCP;
-  } else if (tpname && !strcasecmp(tpname, "shm")) {
-    choice = TC_TP_SHM;
-  } else if (tpname && strcasecmp(tpname, "auto") != 0) {
+  static const tc_tp_choice_t choices[] = {TC_TP_AUTO, TC_TP_SHM, TC_TP_TCP}; /* the table's */
+  tc_tp_choice_t choice = choices[tc__setting_choice(TC_SET_CPU_TRANSPORT)];
+  if (tc__setting_malformed(TC_SET_CPU_TRANSPORT)) { /* a backend created without tc_comm_create */
+    const char *tpname = tc__setting_str(TC_SET_CPU_TRANSPORT);
     snprintf(err, errlen,
              "TORCHCOMMS_CPU_TRANSPORT='%s' is not supported (valid: auto, shm, tcp)",
              tpname);
@@ -454,7 +451,7 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
   snprintf(c->name, sizeof c->name, "%s", cname);
   c->rank = a->rank;
   c->size = a->world_size;
-  c->timeout_s = a->timeout_s > 0 ? a->timeout_s : 600.0;
+  c->timeout_s = a->timeout_s > 0 ? a->timeout_s : TC_DEFAULT_TIMEOUT_S;
   c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   atomic_init(&c->aborted, 0);
   pthread_mutex_init(&c->mu, NULL);
@@ -472,15 +469,14 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
     rc = c->wake_fd < 0 ? TC_ERR_SYSTEM : TC_ERR_NOMEM;
     goto fail;
   }
-  c->check_fp = tc__env_bool("TORCHCOMMS_CHECK_MISMATCH", 1);
+  c->check_fp = tc__setting_bool(TC_SET_CHECK_MISMATCH);
   c->peer_fp = calloc((size_t)c->size, sizeof *c->peer_fp);
   if (!c->peer_fp) {
     snprintf(err, errlen, "out of memory");
     rc = TC_ERR_NOMEM;
     goto fail;
   }
-  double inl = tc__env_double("TORCHCOMMS_CPU_INLINE_BYTES", CPU_INLINE_MAX_BYTES);
-  c->inline_max = inl >= 0 ? (size_t)inl : CPU_INLINE_MAX_BYTES;
+  c->inline_max = (size_t)tc__setting_double(TC_SET_CPU_INLINE_BYTES);
   if (c->size > 1) {
     tc_tp_args_t ta = {.host = a->host, .store = a->store, .comm_name = cname,
                        .rank = c->rank, .size = c->size,
@@ -490,11 +486,10 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
     rc = tc__transport_open(&ta, choice, &c->tp_ops, &c->tp, err, errlen);
     if (rc != TC_OK) goto fail;
     c->shm = tc__shm_of(c->tp_ops, c->tp);
-    double small = tc__env_double("TORCHCOMMS_CPU_SHM_SMALL_BYTES", CPU_SHM_SMALL_AR);
-    c->small_ar = small >= 0 ? (size_t)small : CPU_SHM_SMALL_AR;
-    double cma = tc__env_double("TORCHCOMMS_CPU_CMA_BYTES", CPU_CMA_MIN_BYTES);
-    c->cma_min = c->shm && tc__shm_cma(c->shm) ? (cma >= 0 ? (size_t)cma : CPU_CMA_MIN_BYTES)
-                                               : SIZE_MAX;
+    c->small_ar = (size_t)tc__setting_double(TC_SET_CPU_SHM_SMALL_BYTES);
+    c->cma_min = c->shm && tc__shm_cma(c->shm)
+                     ? (size_t)tc__setting_double(TC_SET_CPU_CMA_BYTES)
+                     : SIZE_MAX;
   }
   /* the progress thread takes no asynchronous signals: they belong to the
    * application's threads */

@@ -24,8 +24,8 @@ TC_INTERNAL extern const tc_backend_ops_t tc__cpu_backend;
 
 /* Shared memory: all_reduce through the small slots up to this many bytes
  * (TORCHCOMMS_CPU_SHM_SMALL_BYTES overrides; it must be the same on every
- * rank), through the big halves above. */
-#define CPU_SHM_SMALL_AR (16u * 1024u)
+ * rank), through the big halves above.
+ * Default 16 KiB: TC_SETTINGS_MAP in src/core/settings.h. */
 
 /* Waits inside a large shared-memory operation spin this long (seconds)
  * before sleeping, unless the machine is oversubscribed. */
@@ -51,7 +51,6 @@ TC_INTERNAL extern const tc_backend_ops_t tc__cpu_backend;
  * halves instead: there the root's copy in and the receivers' copies out
  * overlap, which measured faster on a 2-core machine than one reader
  * streaming the root's buffer from memory. */
-#define CPU_CMA_MIN_BYTES (16u * 1024u)
 #define CPU_CMA_MAX_BCAST (1024u * 1024u)
 /* ...and above this with more than two ranks: several readers pulling the
  * root's buffer at once lost to the halves' pipeline (4 ranks, 2 cores:
@@ -61,7 +60,6 @@ TC_INTERNAL extern const tc_backend_ops_t tc__cpu_backend;
  * many bytes (larger ones are handed to the thread at once, so that an
  * asynchronous call returns at once); TORCHCOMMS_CPU_INLINE_BYTES
  * overrides (it may differ between ranks). */
-#define CPU_INLINE_MAX_BYTES (1024u * 1024u)
 
 /* The progress of a resumable shared-memory operation. */
 typedef struct cpu_fast {
@@ -123,9 +121,9 @@ typedef struct cpu_comm {
   uint64_t sync;      /* the last sync point this rank posted */
   uint64_t known_all; /* every rank's flag is known to be >= this */
   uint64_t big_round;
-  size_t small_ar;    /* CPU_SHM_SMALL_AR or its override */
-  size_t inline_max;  /* CPU_INLINE_MAX_BYTES or its override */
-  size_t cma_min;     /* CPU_CMA_MIN_BYTES or its override; SIZE_MAX: off */
+  size_t small_ar;    /* TORCHCOMMS_CPU_SHM_SMALL_BYTES */
+  size_t inline_max;  /* TORCHCOMMS_CPU_INLINE_BYTES */
+  size_t cma_min;     /* TORCHCOMMS_CPU_CMA_BYTES; SIZE_MAX: off */
 
   /* mismatch detection (TORCHCOMMS_CHECK_MISMATCH, default on): every
    * collective's fingerprint is compared with every peer's before a result

@@ -372,7 +372,7 @@ static int tcn_comm_new(const tc_backend_init_args_t *a, const tcn_api_t *api,
   c->rank = a->rank;
   c->size = a->world_size;
   c->device = device;
-  c->timeout_s = a->timeout_s > 0 ? a->timeout_s : 600.0;
+  c->timeout_s = a->timeout_s > 0 ? a->timeout_s : TC_DEFAULT_TIMEOUT_S;
   c->blocking = api->nccl.CommInitRankConfig == NULL;
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);

@@ -1,0 +1,153 @@
+/* settings.h -- every environment setting of the library, declared once
+ * (TC_SETTINGS_MAP), and the typed accessors that read it (settings.c).
+ *
+ * A reader never names a variable nor writes its default: it asks
+ * tc__setting_double(TC_SET_CPU_INLINE_BYTES) and gets the value of the
+ * current snapshot, or the table's default when unset. The snapshot is read
+ * from the environment, parsed and checked once, and re-read only by
+ * tc__settings_reload: at tc_comm_create (which refuses a malformed value,
+ * naming the setting) and when a store server starts. Readers in between --
+ * a split, the transports, the logger -- see the snapshot, never a value
+ * changed in the environment meanwhile. See README's settings section. */
+#ifndef TC_SETTINGS_H
+#define TC_SETTINGS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "torchcomms.h"
+
+#define TC__BIG 1e18
+
+/* X(ID, NAME, KIND, DEFAULT, MIN, MAX, CHOICES, HELP)
+ *  KIND     NUM: a number in [MIN, MAX]; NUMP: in (MIN, MAX]; INT: a whole
+ *           number in [MIN, MAX]; BOOL: 1/0/true/false/yes/no/on/off;
+ *           CHOICE: one of CHOICES ("a|b|c", case-insensitive), DEFAULT is
+ *           the index of the default; TEXT, ADDR (a numeric IPv4/IPv6
+ *           address): no default, unset reads NULL; BYTES: a byte count
+ *           with an optional K, M, G or T suffix (powers of 1024).
+ *  DEFAULT  the value when unset (a number; CHOICE: an index). Printed by
+ *           tcrun --help-env after HELP unless HELP says "(default".
+ *  HELP     one line.
+ * Declared here but read by code that cannot link the core (the nccl plugin,
+ * Python) or that parses them together with other launchers' variables
+ * (tc_env_rank_size): TORCHCOMM_RANK/SIZE, TORCHCOMMS_NCCL_*,
+ * TORCHCOMMS_CUDART_LIB, TORCHCOMMS_SERIALIZATION; they are still listed
+ * and checked at creation. */
+#define TC_SETTINGS_MAP(X)                                                                \
+  X(TIMEOUT_SECONDS, "TORCHCOMM_TIMEOUT_SECONDS", NUMP, TC_DEFAULT_TIMEOUT_S, 0, TC__BIG,  \
+    NULL, "default deadline of every operation and of creation, seconds")                \
+  X(ABORT_ON_ERROR, "TORCHCOMM_ABORT_ON_ERROR", BOOL, 0, 0, 0, NULL,                       \
+    "end the process with the error on any failure")                                     \
+  X(LOG, "TORCHCOMMS_LOG", CHOICE, 1, 0, 0, "error|warn|info|debug", "log level on stderr") \
+  X(JOB_ID, "TORCHCOMMS_JOB_ID", TEXT, 0, 0, 0, NULL,                                      \
+    "scopes store keys per job (default TORCHELASTIC_RUN_ID)")                           \
+  X(RESTART_COUNT, "TORCHELASTIC_RESTART_COUNT", INT, 0, 0, 1e9, NULL,                     \
+    "torchrun's restart number: scopes store keys")                                      \
+  X(CHECK_MISMATCH, "TORCHCOMMS_CHECK_MISMATCH", BOOL, 1, 0, 0, NULL,                      \
+    "compare every collective's op, dtype, count, root and reduction across ranks")      \
+  X(SOCKET_ADDR, "TORCHCOMMS_SOCKET_ADDR", ADDR, 0, 0, 0, NULL,                            \
+    "the address this rank's peers connect to")                                          \
+  X(CPU_TRANSPORT, "TORCHCOMMS_CPU_TRANSPORT", CHOICE, 0, 0, 0, "auto|shm|tcp",            \
+    "cpu backend transport")                                                             \
+  X(SHM_BYTES, "TORCHCOMMS_SHM_BYTES", NUMP, 4 << 20, 0, 1ull << 40, NULL,                 \
+    "shared-memory segment bytes per rank")                                              \
+  X(CPU_CMA, "TORCHCOMMS_CPU_CMA", BOOL, 1, 0, 0, NULL,                                    \
+    "single copy with process_vm_readv")                                                 \
+  X(CPU_CMA_BYTES, "TORCHCOMMS_CPU_CMA_BYTES", NUM, 16 << 10, 0, TC__BIG, NULL,            \
+    "single copy from this many bytes (the same on every rank)")                         \
+  X(CPU_INLINE_BYTES, "TORCHCOMMS_CPU_INLINE_BYTES", NUM, 1 << 20, 0, TC__BIG, NULL,       \
+    "run operations up to this size on the caller's thread")                             \
+  X(CPU_SHM_SMALL_BYTES, "TORCHCOMMS_CPU_SHM_SMALL_BYTES", NUM, 16 << 10, 0, TC__BIG,      \
+    NULL, "shm all_reduce through the small slots up to this size (the same on every rank)") \
+  X(CPU_SPIN_US, "TORCHCOMMS_CPU_SPIN_US", NUM, 0, 0, 1e9, NULL,                           \
+    "busy-wait before sleeping, microseconds (default 50 when ranks <= cores, else 0)")  \
+  X(CPU_TCP_SPIN_US, "TORCHCOMMS_CPU_TCP_SPIN_US", NUM, 0, 0, 1e9, NULL,                   \
+    "TCP busy-poll before sleeping, microseconds (default as TORCHCOMMS_CPU_SPIN_US)")   \
+  X(CPU_YIELD_US, "TORCHCOMMS_CPU_YIELD_US", NUM, 200, 0, 1e9, NULL,                       \
+    "oversubscribed: sched_yield polling before sleeping, microseconds")                 \
+  X(CPU_IFNAME, "TORCHCOMMS_CPU_IFNAME", TEXT, 0, 0, 0, NULL,                              \
+    "network interface whose address TCP binds and publishes")                           \
+  X(SHM_SWEEP, "TORCHCOMMS_SHM_SWEEP", BOOL, 1, 0, 0, NULL,                                \
+    "remove /dev/shm segments of dead creators at setup")                                \
+  X(STORE_MAX_BYTES, "TORCHCOMMS_STORE_MAX_BYTES", BYTES, 1 << 30, 1 << 20, 0, NULL,       \
+    "store server memory budget")                                                        \
+  X(STORE_MAX_VALUE_BYTES, "TORCHCOMMS_STORE_MAX_VALUE_BYTES", BYTES, 256 << 20, 1024, 0,  \
+    NULL, "largest value the store server accepts")                                      \
+  X(STORE_MAX_UNSENT_BYTES, "TORCHCOMMS_STORE_MAX_UNSENT_BYTES", BYTES, 16 << 20, 4096, 0, \
+    NULL, "unsent answers per store client before the server stops reading it")          \
+  X(RANK, "TORCHCOMM_RANK", TEXT, 0, 0, 0, NULL,                                           \
+    "this process's rank, with TORCHCOMM_SIZE (read by tc_env_rank_size)")               \
+  X(SIZE, "TORCHCOMM_SIZE", TEXT, 0, 0, 0, NULL,                                           \
+    "the job's world size, with TORCHCOMM_RANK (read by tc_env_rank_size)")              \
+  X(NCCL_LIB, "TORCHCOMMS_NCCL_LIB", TEXT, 0, 0, 0, NULL,                                  \
+    "the NCCL library the nccl backend loads (default libnccl.so.2, libnccl.so)")        \
+  X(CUDART_LIB, "TORCHCOMMS_CUDART_LIB", TEXT, 0, 0, 0, NULL,                              \
+    "the CUDA runtime the nccl backend loads (default libcudart.so.12, ...)")            \
+  X(NCCL_FAKE_HOST, "TORCHCOMMS_NCCL_FAKE_HOST", CHOICE, 0, 0, 0, "0|1",                   \
+    "tests only: 1 lets the nccl backend run on device cpu")                             \
+  X(SERIALIZATION, "TORCHCOMMS_SERIALIZATION", TEXT, 0, 0, 0, NULL,                        \
+    "Python object collectives: pickle, else torch.save")
+
+/* For BYTES, MIN is the least useful value: a smaller one is raised to it
+ * (logged), MAX is unused. */
+
+typedef enum tc_setting_id {
+#define TC__SET_ENUM(id, name, kind, dflt, lo, hi, choices, help) TC_SET_##id,
+  TC_SETTINGS_MAP(TC__SET_ENUM)
+#undef TC__SET_ENUM
+  TC_SET_COUNT
+} tc_setting_id_t;
+
+#define TC_INTERNAL_SETTINGS __attribute__((visibility("hidden")))
+
+/* The value of a setting in the current snapshot (read on first use if no
+ * snapshot was taken yet); the table's default when unset or malformed. */
+TC_INTERNAL_SETTINGS double tc__setting_double(tc_setting_id_t id); /* NUM, NUMP, INT */
+TC_INTERNAL_SETTINGS int tc__setting_bool(tc_setting_id_t id);      /* BOOL: 0 or 1 */
+TC_INTERNAL_SETTINGS int tc__setting_choice(tc_setting_id_t id);    /* CHOICE: index */
+TC_INTERNAL_SETTINGS uint64_t tc__setting_bytes(tc_setting_id_t id);   /* BYTES, >= MIN */
+/* The text as set (any kind); NULL when unset or empty. Stays valid for the
+ * life of the process, also after a reload. */
+TC_INTERNAL_SETTINGS const char *tc__setting_str(tc_setting_id_t id);
+/* 1 when the setting is set (not empty) in the snapshot; 1 when it is set
+ * but malformed (it then reads as its default). */
+TC_INTERNAL_SETTINGS int tc__setting_is_set(tc_setting_id_t id);
+TC_INTERNAL_SETTINGS int tc__setting_malformed(tc_setting_id_t id);
+TC_INTERNAL_SETTINGS const char *tc__setting_name(tc_setting_id_t id);
+
+/* Takes a new snapshot of every setting from the environment. Returns
+ * TC_OK, or TC_ERR_INVALID_ARGUMENT with "NAME='value' is not valid:
+ * expected ... (help)" in err (when err is not NULL) for the first
+ * malformed value; malformed values read as their default. With err NULL
+ * each malformed value is logged as a warning instead. Thread-safe: a
+ * concurrent reader gets the old or the new value of each setting. */
+TC_INTERNAL_SETTINGS int tc__settings_reload(char *err, size_t len);
+
+/* getenv, NULL when unset or empty, for variables that are not settings of
+ * ours: torchrun's and other launchers' (MASTER_ADDR, MASTER_PORT,
+ * TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE, RANK/WORLD_SIZE and the
+ * pairs of tc_env_rank_size, which reads TORCHCOMM_RANK/SIZE with them) and
+ * TORCHCOMMS_BACKEND_LIB_PATH_<NAME>, whose name is made at run time. Read
+ * at each call, not cached. */
+TC_INTERNAL_SETTINGS const char *tc__env_str(const char *name);
+
+/* A byte count: digits with an optional K, M, G or T suffix (powers of
+ * 1024; "Ki", a trailing "B" allowed). 0 and *out set, or -1. */
+TC_INTERNAL_SETTINGS int tc__parse_bytes(const char *text, uint64_t *out);
+/* The byte count `text` (NULL: dflt); dflt when malformed, at least `least`
+ * (both logged, naming `name`). */
+TC_INTERNAL_SETTINGS uint64_t tc__bytes_value(const char *name, const char *text,
+                                              uint64_t dflt, uint64_t least);
+
+/* The table, for listings and tests: count, name and help of entry i, and
+ * its default as printed ("600", "16 KiB", "warn"; "" when none). */
+TC_INTERNAL_SETTINGS size_t tc__settings_count(void);
+TC_INTERNAL_SETTINGS const char *tc__settings_name(size_t i, const char **help);
+TC_INTERNAL_SETTINGS void tc__settings_default_text(size_t i, char *buf, size_t len);
+/* Prints every declared setting, its help, default and value when set:
+ * tcrun --help-env. */
+TC_INTERNAL_SETTINGS void tc__settings_print(FILE *f);
+
+#endif
