@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 
 #include "internal.h"
+#include "bootstrap/bootstrap.h" /* tc__default_store */
 
 #define TC_COMM_MAGIC 0x74636f6du  /* 'tcom' */
 #define TC_COMM_DEAD 0x64656164u   /* destroyed */
@@ -130,18 +131,7 @@ TC_INTERNAL int tc__host_store_set(tc_store_t *s, const char *key, const void *v
 TC_INTERNAL int tc__host_store_add(tc_store_t *s, const char *key, int64_t delta,
                                    int64_t *result);
 
-/* Settings (settings.c): checks every declared environment setting that is
- * set; TC_ERR_INVALID_ARGUMENT with "NAME='value' is not valid: expected
- * ..." in err for the first bad one. The table's entries, for listings. */
-TC_INTERNAL int tc__settings_check(char *err, size_t len);
-TC_INTERNAL size_t tc__settings_count(void);
-TC_INTERNAL const char *tc__settings_name(size_t i, const char **help);
-
 /* Backend loader (loader.c). */
 TC_INTERNAL int tc__backend_find(const char *name, const tc_backend_ops_t **out);
-
-/* Default store from the environment (bootstrap/default_store.c). */
-TC_INTERNAL int tc__default_store(int rank, int size, double timeout_s,
-                                  tc_store_t **out);
 
 #endif

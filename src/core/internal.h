@@ -35,6 +35,12 @@ TC_INTERNAL int tc__log_enabled(int level);
 /* Prints every declared setting (src/core/settings.c), its help and its
  * value when set: tcrun --help-env. */
 TC_INTERNAL void tc__settings_print(FILE *f);
+/* Checks every declared environment setting that is set (settings.c);
+ * TC_ERR_INVALID_ARGUMENT with "NAME='value' is not valid: expected ..." in
+ * err for the first bad one. The table's entries, for listings. */
+TC_INTERNAL int tc__settings_check(char *err, size_t len);
+TC_INTERNAL size_t tc__settings_count(void);
+TC_INTERNAL const char *tc__settings_name(size_t i, const char **help);
 
 /* Environment settings, read once and cached. */
 TC_INTERNAL double tc__env_double(const char *name, double dflt);

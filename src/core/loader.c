@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "backends/cpu/cpu.h"
+#include "backends/builtin.h"
 
 static const tc_backend_ops_t *const tc__builtins[] = {&tc__cpu_backend};
 

@@ -6,7 +6,7 @@
  * Readers elsewhere still use tc__env_str / tc__env_double / tc__env_bool
  * (error.c); a setting they read must be in this table (tests/c/
  * test_settings.c checks the README's settings list against it). */
-#include "core.h"
+#include "internal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
