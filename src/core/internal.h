@@ -12,6 +12,9 @@
 
 #include "torchcomms.h"
 #include "torchcomms_backend.h"
+/* Repeats some declarations below for tcrun and the extension; included
+ * so that the compiler checks both agree. */
+#include "private_api.h"
 
 #define TC_INTERNAL __attribute__((visibility("hidden")))
 
