@@ -133,5 +133,9 @@ TC_INTERNAL int tc__host_store_add(tc_store_t *s, const char *key, int64_t delta
 
 /* Backend loader (loader.c). */
 TC_INTERNAL int tc__backend_find(const char *name, const tc_backend_ops_t **out);
+/* The backend name to load for `name` on `device`: "cpu" for torch's c10d
+ * names "gloo" (unless TORCHCOMMS_BACKEND_LIB_PATH_GLOO names a gloo plugin)
+ * and "torchcomms" on device "cpu"; otherwise name itself. */
+TC_INTERNAL const char *tc__backend_alias(const char *name, const char *device);
 
 #endif
