@@ -283,6 +283,8 @@ typedef struct tc_comm_options {
 /* Creates a communicator (collective over all ranks): loads `backend`
  * ("cpu", "nccl", or a plugin name), on `device` ("cpu", "cuda", ...),
  * connects the ranks and returns when it is ready to use. opts may be NULL.
+ * On device "cpu", torch's c10d names "gloo" and "torchcomms" load "cpu"
+ * (unless TORCHCOMMS_BACKEND_LIB_PATH_GLOO names a gloo plugin).
  * All or nothing (cpu backend): it returns on no rank before every rank's
  * setup is complete, and a rank that drops the communicator (or dies) after
  * its creation returned never fails another rank's creation. */
