@@ -1,7 +1,8 @@
 # torchcomms-in-C: top-level entry points.
 #   make demo        build, install the Python package, then run the quick
 #                    start on 4 ranks: in C with tcrun, in Python with torchrun
-#   make test        set up, build, run every C and Python test
+#   make test        set up, build, run every C and Python test (and
+#                    make check-layers: every include against the layer order)
 #   make check-asan  the C tests under ASan+UBSan
 #   make check-tsan  the C tests under ThreadSanitizer (build-tsan/)
 #   make build       configure and build (build/)
@@ -36,7 +37,7 @@ VPY        := $(VENV)/bin/python
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 TORCH_VERSION := 2.13.0
 
-.PHONY: soak chaos chaos-short all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan check-tsan venv deps clean install bench bench-deps fuzz fuzz-short fuzz-build
+.PHONY: check-layers soak chaos chaos-short all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan check-tsan venv deps clean install bench bench-deps fuzz fuzz-short fuzz-build
 
 all: build
 
@@ -83,7 +84,12 @@ test-c-tcp: build
 test-py-tcp: build venv pyinstall
 	TORCHCOMMS_CPU_TRANSPORT=tcp TC_BUILD_DIR=$(abspath $(BUILD)) $(VPY) -m pytest -q tests/py
 
-test: test-c test-py test-c-tcp test-py-tcp chaos-short fuzz-short
+test: check-layers test-c test-py test-c-tcp test-py-tcp chaos-short fuzz-short
+
+# Every #include "..." against the layer order (docs/architecture.md; the
+# table is in the script; tests/py/test_check_layers.py shows it can fail).
+check-layers:
+	$(PYTHON) tools/check_layers.py
 
 # Chaos trials (tests/chaos/chaos_driver.c): every survivor must fail within
 # the deadline naming the peer, with nothing left behind.

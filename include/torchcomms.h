@@ -159,6 +159,14 @@ typedef struct tc_redop {
 
 /* Upper-case name ("SUM"), or "invalid". */
 TC_API const char *tc_redop_name(tc_redop_type_t op);
+/* 1 if reduction `op` is defined on `dtype`, else 0 (also for an invalid
+ * dtype or op), as torch defines them: SUM, PRODUCT, MIN and MAX on every
+ * dtype; BAND, BOR and BXOR on integers and bool only; AVG on every dtype
+ * but bool; PREMUL_SUM on floating-point dtypes only. Every reducing
+ * operation refuses other pairs with TC_ERR_INVALID_ARGUMENT before any
+ * byte moves; a backend may still refuse a defined pair it does not
+ * implement (TC_ERR_NOT_SUPPORTED). */
+TC_API int tc_redop_supported(tc_dtype_t dtype, tc_redop_type_t op);
 
 /* ------------------------------------------------------------------------ */
 /* Hints, stores                                                             */
@@ -281,6 +289,8 @@ typedef struct tc_comm_options {
 /* Creates a communicator (collective over all ranks): loads `backend`
  * ("cpu", "nccl", or a plugin name), on `device` ("cpu", "cuda", ...),
  * connects the ranks and returns when it is ready to use. opts may be NULL.
+ * On device "cpu", torch's c10d names "gloo" and "torchcomms" load "cpu"
+ * (unless TORCHCOMMS_BACKEND_LIB_PATH_GLOO names a gloo plugin).
  * All or nothing (cpu backend): it returns on no rank before every rank's
  * setup is complete, and a rank that drops the communicator (or dies) after
  * its creation returned never fails another rank's creation. */

@@ -62,8 +62,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/internal.h"
-#include "transport/shm.h"
+#include "private_api.h" /* tc__log, tc__now, tc__settings_print, tc__shm_sweep */
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)

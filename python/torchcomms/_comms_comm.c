@@ -258,16 +258,8 @@ PyObject *tcpy_new_comm(PyObject *module, PyObject *args, PyObject *kw) {
   tc_store_t *cstore = NULL;
   if (tcpy_parse_device(device, &dev, &device_obj) < 0) return NULL;
   o.device_index = dev.index;
-  /* torch.distributed's own switch to torchcomms (use_torchcomms) calls
-   * new_comm with its c10d backend name: "gloo" for CPU tensors, or the name
-   * a c10d backend was registered under ("torchcomms"). On CPU our native
-   * backend "cpu" serves both, unless a gloo plugin is named explicitly
-   * through TORCHCOMMS_BACKEND_LIB_PATH_GLOO. */
-  if (strcmp(dev.type, "cpu") == 0 &&
-      ((strcmp(cbackend, "gloo") == 0 &&
-        !getenv("TORCHCOMMS_BACKEND_LIB_PATH_GLOO")) ||
-       strcmp(cbackend, "torchcomms") == 0))
-    cbackend = "cpu";
+  /* torch's c10d names ("gloo", "torchcomms") are mapped to "cpu" on CPU by
+   * the library's loader (tc__backend_alias, src/core/loader.c). */
   if (tcpy_hints(hints, fn, small, 8, &h, &nh, &hint_keep) < 0) goto out;
   o.hints = h;
   o.num_hints = nh;

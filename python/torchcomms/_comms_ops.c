@@ -6,8 +6,6 @@
 
 #include <stdio.h>
 
-#include "core/internal.h" /* tc__redop_allowed */
-
 /* A tuple of the objects an async operation must keep alive, or NULL (no
  * error) for a synchronous one. Returns -1 on error. */
 static int tcpy_refs(int async_op, PyObject **out, Py_ssize_t n, ...) {
@@ -36,7 +34,7 @@ static int tcpy_same_dtype(const char *fn, const char *a, tc_dtype_t da,
 }
 
 static int tcpy_check_redop(const char *fn, tc_dtype_t dt, tc_redop_t op) {
-  if (tc__redop_allowed(dt, op.type)) return 0;
+  if (tc_redop_supported(dt, op.type)) return 0;
   int bitwise = op.type == TC_BAND || op.type == TC_BOR || op.type == TC_BXOR;
   PyErr_Format(PyExc_TypeError, "%s: reduction %s (argument 'op') is not "
                "defined for dtype %s%s", fn, tc_redop_name(op.type),

@@ -13,8 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h" /* tc__set_error_text: callbacks report text */
-#include "bootstrap/store_internal.h"
+#include "private_api.h" /* tc__set_error_text, tc__store_create_ext */
 
 typedef struct tcpy_store_ctx {
   PyObject *store;

@@ -6,10 +6,11 @@
  *    (rank 0 included) connects to MASTER_ADDR:MASTER_PORT as a client.
  * One store per process, shared by every communicator (keys are prefixed per
  * communicator). */
+#include "bootstrap/bootstrap.h"
+
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "core/core.h"
 
 static pthread_mutex_t tc__ds_mu = PTHREAD_MUTEX_INITIALIZER;
 static tc_store_t *tc__ds_store;

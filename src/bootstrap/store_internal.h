@@ -17,6 +17,7 @@
 #define TC_STORE_INTERNAL_H
 
 #include "core/internal.h" /* first: defines _GNU_SOURCE */
+#include "private_api.h"    /* tc__store_ext_t, tc__store_create_ext */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -102,23 +103,9 @@ TC_INTERNAL const char *tc__store_req_name(uint8_t type);
 
 /* ---- the store object ---- */
 
-/* Optional functions of the built-in stores, beyond the public vtable. */
-typedef struct tc__store_ext {
-  /* Waits until all keys exist (TC_ERR_TIMEOUT with the error text set
-   * otherwise). NULL: tc_store_wait polls `check`. */
-  int (*wait)(void *ctx, const char *const *keys, size_t nkeys,
-              double timeout_s);
-  /* The local address of the store's connection, or NULL. */
-  const char *(*local_addr)(void *ctx);
-  /* Short name for messages ("tcp", "memory", "prefix", "custom"). */
-  const char *kind;
-} tc__store_ext_t;
-
-/* Like tc_store_create, with the extra functions. ext may be NULL. On
- * failure the caller keeps ownership of ctx. */
-TC_INTERNAL int tc__store_create_ext(const tc_store_vtable_t *vtable,
-                                     const tc__store_ext_t *ext, void *ctx,
-                                     tc_store_t **out);
+/* tc__store_ext_t (the optional functions of the built-in stores, beyond
+ * the public vtable) and tc__store_create_ext are declared in
+ * private_api.h: the Python extension builds its stores with them. */
 
 /* Takes a reference on a live store, or fails naming the function
  * (TC_ERR_INVALID_USAGE for a released or foreign pointer); drops one, the

@@ -222,6 +222,7 @@ int tc_comm_create(const char *backend, const char *device,
                          "world_size %d", fn, rank, size);
   }
   const tc_backend_ops_t *ops;
+  backend = tc__backend_alias(backend, device); /* "gloo" -> "cpu" */
   TC_CHECK(tc__backend_find(backend, &ops));
   tc_comm_t *c = tc__comm_new();
   if (!c) return tc__set_error(TC_ERR_NOMEM, "torchcomms: %s: out of memory", fn);

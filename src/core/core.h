@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 
 #include "internal.h"
+#include "bootstrap/bootstrap.h" /* tc__default_store */
 
 #define TC_COMM_MAGIC 0x74636f6du  /* 'tcom' */
 #define TC_COMM_DEAD 0x64656164u   /* destroyed */
@@ -75,8 +76,6 @@ struct tc_batch {
   size_t n, cap;
 };
 
-/* Name of an operation type ("all_reduce"). */
-TC_INTERNAL const char *tc__op_name(tc_op_type_t type);
 
 /* Work objects (work.c). */
 TC_INTERNAL tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
@@ -164,9 +163,9 @@ TC_INTERNAL int tc__host_store_add(tc_store_t *s, const char *key, int64_t delta
 
 /* Backend loader (loader.c). */
 TC_INTERNAL int tc__backend_find(const char *name, const tc_backend_ops_t **out);
-
-/* Default store from the environment (bootstrap/default_store.c). */
-TC_INTERNAL int tc__default_store(int rank, int size, double timeout_s,
-                                  tc_store_t **out);
+/* The backend name to load for `name` on `device`: "cpu" for torch's c10d
+ * names "gloo" (unless TORCHCOMMS_BACKEND_LIB_PATH_GLOO names a gloo plugin)
+ * and "torchcomms" on device "cpu"; otherwise name itself. */
+TC_INTERNAL const char *tc__backend_alias(const char *name, const char *device);
 
 #endif

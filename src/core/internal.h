@@ -12,6 +12,9 @@
 
 #include "torchcomms.h"
 #include "torchcomms_backend.h"
+/* Repeats some declarations below for tcrun and the extension; included
+ * so that the compiler checks both agree. */
+#include "private_api.h"
 
 #define TC_INTERNAL __attribute__((visibility("hidden")))
 
@@ -48,8 +51,9 @@ TC_INTERNAL int tc__log_enabled(int level);
     if ((rc) != TC_OK) goto label;                                             \
   } while (0)
 
-/* Name of an operation type ("all_reduce"), for messages (src/core/ops.c). */
-TC_INTERNAL const char *tc__op_name(tc_op_type_t type);
+/* Name of an operation type ("all_reduce"), for messages: from the one op
+ * list (TC_OP_MAP, generated inline in torchcomms_backend.h). */
+static inline const char *tc__op_name(tc_op_type_t type) { return tc_backend_op_name(type); }
 
 /* ---- reduction kernels (src/reduce/) ---- */
 

@@ -1,6 +1,7 @@
 /* loader.c -- finds a backend by name: $TORCHCOMMS_BACKEND_LIB_PATH_<NAME>
  * (a file or a directory), then libtorchcomms-<name>.so beside libtorchcomms,
- * then the built-ins; checks the ABI version and size of the table. */
+ * then the built-ins; checks the ABI version and size of the table. Also
+ * maps torch's c10d names to ours (tc__backend_alias). */
 #include "core.h"
 
 #include <ctype.h>
@@ -10,7 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "backends/cpu/cpu.h"
+#include "backends/builtin.h"
 
 static const tc_backend_ops_t *const tc__builtins[] = {&tc__cpu_backend};
 
@@ -98,6 +99,19 @@ static int tc__valid_name(const char *name) {
           name[i] == '_' || name[i] == '-'))
       return 0;
   return 1;
+}
+
+const char *tc__backend_alias(const char *name, const char *device) {
+  /* torch.distributed's own switch to torchcomms (use_torchcomms) asks for
+   * its c10d backend name: "gloo" for CPU tensors, or the name a c10d
+   * backend was registered under ("torchcomms"). On CPU the native backend
+   * "cpu" serves both, unless a gloo plugin is named explicitly through
+   * TORCHCOMMS_BACKEND_LIB_PATH_GLOO. */
+  if (!name || !device || strcmp(device, "cpu") != 0) return name;
+  if (!strcmp(name, "torchcomms")) return "cpu";
+  if (!strcmp(name, "gloo") && !tc__env_str("TORCHCOMMS_BACKEND_LIB_PATH_GLOO"))
+    return "cpu";
+  return name;
 }
 
 int tc__backend_find(const char *name, const tc_backend_ops_t **out) {

@@ -142,7 +142,6 @@ static size_t tc__sum(const size_t *v, int n) {
 /* ---- the issue path ---- */
 
 const char *tc_op_name(tc_op_type_t t) { return tc_backend_op_name(t); }
-const char *tc__op_name(tc_op_type_t t) { return tc_backend_op_name(t); }
 
 uint32_t tc_op_flags(tc_op_type_t t) { return tc_backend_op_flags(t); }
 

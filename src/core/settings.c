@@ -8,7 +8,7 @@
  * each stored atomically; readers take no lock. tc__settings_reload takes
  * a new snapshot under a mutex; the first reader takes one if none was
  * taken yet (pthread_once). */
-#include "core.h"
+#include "internal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -411,6 +411,10 @@ int tc__redop_allowed(tc_dtype_t dtype, tc_redop_type_t op) {
   return tc__kernels[dtype][op].k2 != NULL;
 }
 
+int tc_redop_supported(tc_dtype_t dtype, tc_redop_type_t op) {
+  return tc__redop_allowed(dtype, op);
+}
+
 /* Aliased operand staged through the stack, TC__STAGE bytes per step:
  * a != NULL: out = a op copy(out) (the call had b == out, a != out);
  * a == NULL: out = out op copy(out) (every operand was out). */

@@ -112,7 +112,7 @@ static int shm_block(struct tc_shm *s, shm_waiter_t *w, double spin_s, int may_s
   if (now >= w->next_live) {
     int rc = check ? check(s, arg, op) : TC_OK;
     if (rc == TC_OK) {
-      rc = tc__tcp_check_alive(s->tcp, op);
+      rc = tc__mesh_check_alive(s->mesh, op);
       /* a peer that wrote its last message (a goodbye) and exited between
        * the caller's look and this check: take the message first; the next
        * wait reports the death if something is still missing */
@@ -169,7 +169,7 @@ static int flag_ready(struct tc_shm *s, void *arg) {
 static int flag_check(struct tc_shm *s, void *arg, const tc_tp_op_t *op) {
   flag_arg_t *a = arg;
   int p = a->r;
-  if (tc__tcp_left(s->tcp, p)) return tc__shm_left(s, op, p);
+  if (tc__mesh_left(s->mesh, p)) return tc__shm_left(s, op, p);
   uint32_t head = atomic_load_explicit(&shm_rctl(s, p, s->rank)->head, memory_order_acquire);
   if (head == s->in_tail[p]) return TC_OK;
   const char *h = shm_rdata(s, p, s->rank) + (s->in_tail[p] & (s->ring_bytes - 1));
@@ -287,7 +287,7 @@ static void ring_send(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining
   uint32_t head = s->out_head[p], start = head;
   uint32_t tail = atomic_load_explicit(&rc->tail, memory_order_acquire);
   size_t space = R - (uint32_t)(head - tail);
-  if (space == 0 && s->tcp->gone[p]) { /* it said goodbye: nothing to deliver */
+  if (space == 0 && tc__mesh_gone(s->mesh, p)) { /* it said goodbye: nothing to deliver */
     while (*hi >= 0) {
       (*remaining)--;
       *hi = x[*hi].next;
@@ -347,7 +347,7 @@ static int ring_recv(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining,
     size_t total = xf_total(xf);
     if (xf->done == 0) {
       if ((err = check_hdr(s, op, xf, data + (tail & mask))) != TC_OK) break;
-      if (xf->kind == TC_XFER_GOODBYE) s->tcp->gone[p] = 1;
+      if (xf->kind == TC_XFER_GOODBYE) tc__mesh_mark_gone(s->mesh, p);
       tail += SHM_UNIT;
       avail -= SHM_UNIT;
       xf->done = SHM_UNIT;
@@ -401,7 +401,7 @@ static int exch_ready(struct tc_shm *s, void *arg) {
     if (s->send_head[p] >= 0) {
       uint32_t tail = atomic_load_explicit(&shm_rctl(s, s->rank, p)->tail,
                                            memory_order_acquire);
-      if ((uint32_t)(s->out_head[p] - tail) < s->ring_bytes || s->tcp->gone[p]) return 1;
+      if ((uint32_t)(s->out_head[p] - tail) < s->ring_bytes || tc__mesh_gone(s->mesh, p)) return 1;
     }
   }
   return 0;
@@ -422,8 +422,8 @@ static int exch_mismatch(struct tc_shm *s, void *arg, const tc_tp_op_t *op) {
   uint64_t mine = atomic_load_explicit(&s->me->flag, memory_order_relaxed);
   for (int p = 0; p < s->size; p++) {
     if (s->recv_head[p] < 0 && s->send_head[p] < 0) continue;
-    if (s->tcp->gone[p]) continue;
-    if (tc__tcp_left(s->tcp, p)) return tc__shm_left(s, op, p);
+    if (tc__mesh_gone(s->mesh, p)) continue;
+    if (tc__mesh_left(s->mesh, p)) return tc__shm_left(s, op, p);
     if (tc__shm_flag(s, p) > mine)
       return tc__shm_fail(s, op, TC_ERR_PROTOCOL,
                           "peer %d is in a different operation than this rank "

@@ -26,6 +26,7 @@
 #define TC_TRANSPORT_SHM_H
 
 #include "transport/transport.h"
+#include "private_api.h" /* tc__shm_sweep, declared there too */
 
 TC_INTERNAL extern const tc_transport_ops_t tc__shm_transport;
 

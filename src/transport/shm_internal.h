@@ -5,8 +5,8 @@
 #ifndef TC_TRANSPORT_SHM_INTERNAL_H
 #define TC_TRANSPORT_SHM_INTERNAL_H
 
+#include "transport/mesh.h"
 #include "transport/shm.h"
-#include "transport/tcp_internal.h"
 
 #define SHM_MAGIC 0x314d48535443ull /* "CTSHM1" */
 #define SHM_VERSION 1u
@@ -60,7 +60,7 @@ typedef struct tc_shm_owner {
 } tc_shm_owner_t;
 
 struct tc_shm {
-  tcp_t *tcp; /* the mesh: bootstrap barrier and liveness channel */
+  tc_mesh_t *mesh; /* the TCP mesh: setup channel and liveness channel */
   const tc_backend_host_t *host;
   char name[128];
   int rank, size;

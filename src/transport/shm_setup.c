@@ -17,7 +17,7 @@
  * back to TCP together (or fail together, when shm was forced).
  *
  * Creation is all or nothing: on every path its last exchange is an
- * all-to-all (the single-copy probe's, or mesh_final_barrier), so it returns
+ * all-to-all (the single-copy probe's, or tc__mesh_final_barrier), so it returns
  * on no rank before every rank got there; in it a peer done with its part
  * may close (tc_tp_op_t.hangup_ok), so a rank that drops the communicator
  * (or dies) right after its creation returned fails no other's.
@@ -25,6 +25,7 @@
  * Ranks on several machines use TCP for every pair for now (a hierarchical
  * shm + TCP transport is future work). */
 #include "transport/shm_internal.h"
+#include "transport/tcp.h" /* tc__tcp_transport: the mesh as the transport */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -69,7 +70,7 @@ static void shm_geometry(struct tc_shm *s, size_t budget) {
 }
 
 static void shm_segname(const struct tc_shm *s, int r, char *buf, size_t len) {
-  tc__shm_name(buf, len, s->name, s->tcp->token, r, &s->owners[r]);
+  tc__shm_name(buf, len, s->name, tc__mesh_token(s->mesh), r, &s->owners[r]);
 }
 
 static int setup_fail(struct tc_shm *s, char *err, size_t errlen, int rc, const char *fmt, ...)
@@ -118,7 +119,7 @@ static int shm_create_own(struct tc_shm *s, char *why, size_t wl) {
   c->ring_bytes = s->ring_bytes;
   c->slot_bytes = s->slot_bytes;
   c->half_bytes = s->half_bytes;
-  memcpy(c->token, s->tcp->token, sizeof c->token);
+  memcpy(c->token, tc__mesh_token(s->mesh), sizeof c->token);
   c->self_addr = (uint64_t)(uintptr_t)p;
   c->pid = (int32_t)getpid();
   s->me = c;
@@ -174,7 +175,7 @@ static int shm_map_peer(struct tc_shm *s, int r, char *why, size_t wl) {
   if (c->magic != SHM_MAGIC || c->version != SHM_VERSION || c->rank != (uint32_t)r ||
       c->size != (uint32_t)s->size || c->ring_bytes != s->ring_bytes ||
       c->slot_bytes != s->slot_bytes || c->half_bytes != s->half_bytes ||
-      memcmp(c->token, s->tcp->token, sizeof c->token) != 0) {
+      memcmp(c->token, tc__mesh_token(s->mesh), sizeof c->token) != 0) {
     snprintf(why, wl, "rank %d's segment does not match this rank's (another job, or "
              "TORCHCOMMS_SHM_BYTES differs between ranks)", r);
     return -1;
@@ -182,57 +183,9 @@ static int shm_map_peer(struct tc_shm *s, int r, char *why, size_t wl) {
   return 0;
 }
 
-/* len bytes from every rank to every rank over the TCP mesh (a barrier that
- * also tells everyone everyone's status): all[p * len] gets rank p's.
- * final: the last exchange of creation, after which a peer that completed
- * it may close (hangup_ok). */
-static int mesh_all_gather(tcp_t *t, const void *mine, size_t len, void *all, int final,
-                           double deadline, char *err, size_t errlen) {
-  int n = t->size;
-  tc_xfer_t *x = t->bye; /* 2 * size transfers: free during setup */
-  size_t k = 0;
-  for (int p = 0; p < n; p++) {
-    memcpy((char *)all + (size_t)p * len, mine, len);
-    if (p == t->rank) continue;
-    x[k++] = tc__xfer_send(p, mine, len);
-    x[k++] = tc__xfer_recv(p, (char *)all + (size_t)p * len, len);
-  }
-  char msg[768] = "";
-  tc_tp_op_t op = {.opname = final ? "init (final barrier)" : "init (shared memory setup)",
-                   .deadline = deadline, .timeout_s = deadline - tc__now(), .msg = msg,
-                   .msglen = sizeof msg, .hangup_ok = final};
-  int rc = tc__tcp_transport.exchange(t, x, k, &op);
-  if (rc != TC_OK) {
-    if (err && errlen)
-      snprintf(err, errlen, "%s: %s", final ? "the final barrier of creation"
-                                            : "the shared-memory setup", msg);
-    return rc;
-  }
-  return TC_OK;
-}
-
-static int mesh_all_status(tcp_t *t, unsigned char mine, unsigned char *all, int final,
-                           double deadline, char *err, size_t errlen) {
-  return mesh_all_gather(t, &mine, 1, all, final, deadline, err, errlen);
-}
-
 static int shm_all_status(struct tc_shm *s, unsigned char mine, unsigned char *all,
                           int final, double deadline, char *err, size_t errlen) {
-  return mesh_all_status(s->tcp, mine, all, final, deadline, err, errlen);
-}
-
-/* Creation returns on no rank before every rank's setup is complete: an
- * all-to-all after the last step, whose completion tells each rank that all
- * got there. A rank that then drops the communicator (or dies) never fails
- * another's creation: hangup_ok (tcp.c, "Hang-ups"). Closes t on failure. */
-static int mesh_final_barrier(tcp_t *t, double deadline, char *err, size_t errlen) {
-  unsigned char *all = malloc((size_t)t->size);
-  int rc = all ? mesh_all_status(t, 1, all, 1, deadline, err, errlen) : TC_ERR_NOMEM;
-  if (!all)
-    snprintf(err, errlen, "out of memory");
-  free(all);
-  if (rc != TC_OK) tc__tcp_close(t);
-  return rc;
+  return tc__mesh_all_gather(s->mesh, &mine, 1, all, final, deadline, err, errlen);
 }
 
 static void shm_unlink_own(struct tc_shm *s) {
@@ -249,7 +202,7 @@ void tc__shm_close(void *tp) {
   if (s->base)
     for (int r = 0; r < s->size; r++)
       if (s->base[r]) munmap(s->base[r], s->total);
-  if (s->tcp) tc__tcp_close(s->tcp);
+  tc__mesh_close(s->mesh);
   free(s->base);
   free(s->out_head);
   free(s->in_tail);
@@ -264,9 +217,9 @@ void tc__shm_close(void *tp) {
 }
 
 /* Unmaps and frees everything but the TCP mesh, which it returns. */
-static tcp_t *shm_dismantle(struct tc_shm *s) {
-  tcp_t *t = s->tcp;
-  s->tcp = NULL;
+static tc_mesh_t *shm_dismantle(struct tc_shm *s) {
+  tc_mesh_t *t = s->mesh;
+  s->mesh = NULL;
   tc__shm_close(s);
   return t;
 }
@@ -285,18 +238,17 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
                        size_t errlen) {
   *tp = NULL;
   *ops = &tc__tcp_transport;
-  void *tcpv = NULL;
-  int rc = tc__tcp_create(a, &tcpv, err, errlen);
+  tc_mesh_t *t = NULL;
+  int rc = tc__mesh_create(a, &t, err, errlen);
   if (rc != TC_OK) return rc;
-  tcp_t *t = tcpv;
   double deadline = tc__now() + (a->timeout_s > 0 ? a->timeout_s : TC_DEFAULT_TIMEOUT_S);
-  int here = t->local == a->size;
+  int here = tc__mesh_local(t) == a->size;
   if (choice == TC_TP_TCP || (!here && choice == TC_TP_AUTO)) {
     if (choice == TC_TP_AUTO)
       a->host->log(3, "cpu backend '%s' rank %d: %d of %d ranks on this machine: TCP "
                    "between every pair (no hierarchical shm + TCP yet)",
-                   a->comm_name, a->rank, t->local, a->size);
-    rc = mesh_final_barrier(t, deadline, err, errlen);
+                   a->comm_name, a->rank, tc__mesh_local(t), a->size);
+    rc = tc__mesh_final_barrier(t, deadline, err, errlen);
     if (rc == TC_OK) *tp = t;
     return rc;
   }
@@ -320,22 +272,22 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
       !s->recv_head || !s->recv_tail || !s->bye || !s->pids ||
       !s->owners || !all) {
     if (s) {
-      s->tcp = t;
+      s->mesh = t;
       tc__shm_close(s);
     } else {
-      tc__tcp_close(t);
+      tc__mesh_close(t);
     }
     free(all);
     snprintf(err, errlen, "out of memory");
     return TC_ERR_NOMEM;
   }
-  s->tcp = t;
+  s->mesh = t;
   s->host = a->host;
   snprintf(s->name, sizeof s->name, "%s", a->comm_name ? a->comm_name : "");
   s->rank = a->rank;
   s->size = a->size;
   s->aborted = a->aborted;
-  s->spin_s = t->spin_s;
+  s->spin_s = tc__mesh_spin_s(t);
   if (s->spin_s <= 0 && !tc__setting_is_set(TC_SET_CPU_SPIN_US)) {
     /* more ranks than cores: a waiter that sleeps at once costs a futex
      * wake-up and a context switch per sync point; polling with
@@ -370,7 +322,7 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
     (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); /* EINVAL without Yama */
 #endif
   recs = malloc(n * sizeof *recs);
-  rc = recs ? mesh_all_gather(t, &rec, sizeof rec, recs, 0, deadline, err, errlen)
+  rc = recs ? tc__mesh_all_gather(t, &rec, sizeof rec, recs, 0, deadline, err, errlen)
             : setup_fail(s, err, errlen, TC_ERR_NOMEM, "out of memory");
   for (int p = 0; p < a->size && rc == TC_OK; p++) {
     all[p] = recs[p].st;
@@ -411,18 +363,18 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
       snprintf(what, sizeof what, "rank %d %s", bad, status_text(all[bad]));
     unsigned char bst = all[bad];
     free(all);
-    tcp_t *mesh = shm_dismantle(s);
+    tc_mesh_t *mesh = shm_dismantle(s);
     if (choice == TC_TP_SHM) {
       struct tc_shm tmp = {.rank = a->rank, .size = a->size};
       snprintf(tmp.name, sizeof tmp.name, "%s", a->comm_name ? a->comm_name : "");
-      tc__tcp_close(mesh);
+      tc__mesh_close(mesh);
       return setup_fail(&tmp, err, errlen, bst == 0 ? TC_ERR_INVALID_ARGUMENT : TC_ERR_SYSTEM,
                         "TORCHCOMMS_CPU_TRANSPORT=shm but %s%s", what,
                         bst == 0 ? " (shared memory needs every rank on one machine)" : "");
     }
     a->host->log(1, "cpu backend '%s' rank %d: shared memory unavailable (%s); using TCP",
                  a->comm_name, a->rank, what);
-    rc = mesh_final_barrier(mesh, deadline, err, errlen);
+    rc = tc__mesh_final_barrier(mesh, deadline, err, errlen);
     if (rc == TC_OK) *tp = mesh;
     return rc;
   }
@@ -437,10 +389,10 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   return TC_OK;
 }
 
-/* tc_transport_ops_t.leave: the peers learn over the mesh (tcp.c). */
+/* tc_transport_ops_t.leave: the peers learn over the mesh (mesh.h). */
 static void shm_leave(void *tp) {
   struct tc_shm *s = tp;
-  if (s) tc__tcp_leave(s->tcp);
+  if (s) tc__mesh_leave(s->mesh);
 }
 
 static int shm_create_forced(const tc_tp_args_t *a, void **tp, char *err, size_t errlen) {

@@ -12,6 +12,7 @@
  * TC__TCP_PENDING_EXTRA connections wait unauthenticated, the oldest dropped
  * first for a newer one; refusals are logged once per source, then counted
  * and reported once (tcp_listen.c). */
+#include "transport/mesh.h" /* tc__mesh_host_key, tc__mesh_spin_policy */
 #include "transport/tcp_internal.h"
 #include "transport/tcp_listen.h"
 
@@ -411,38 +412,6 @@ static int setup_mesh(setup_t *s) {
   }
 }
 
-/* "cpu/host/<hostname>/<boot id>": ranks that share it share a machine. */
-static void host_key(char *key, size_t len) {
-  char host[256] = "", boot[64] = "";
-  gethostname(host, sizeof host - 1);
-  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-  if (f) {
-    if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
-    fclose(f);
-  }
-  boot[strcspn(boot, "\n")] = 0;
-  snprintf(key, len, "cpu/host/%s/%s", host, boot);
-}
-
-/* Busy-polling before sleeping cuts small-message latency several times
- * over, but only pays while every local rank can have a core of its own:
- * TORCHCOMMS_CPU_SPIN_US (microseconds) if set, else 50 us when the ranks on
- * this machine are no more than its usable cores, else 0. */
-static double spin_policy(const tc_tp_args_t *a, int local) {
-  if (tc__setting_is_set(TC_SET_CPU_SPIN_US)) {
-    double us = tc__setting_double(TC_SET_CPU_SPIN_US);
-    return us > 0 ? us * 1e-6 : 0;
-  }
-  cpu_set_t set;
-  int ncpu = 0;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) ncpu = CPU_COUNT(&set);
-  if (ncpu <= 0) ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
-  double spin = local > 0 && local <= ncpu ? 50e-6 : 0;
-  a->host->log(3, "cpu backend '%s' rank %d: %d ranks on this machine, %d cores: "
-               "busy-poll %g us", a->comm_name, a->rank, local, ncpu, spin * 1e6);
-  return spin;
-}
-
 int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) {
   *out = NULL;
   tcp_t *t = calloc(1, sizeof *t);
@@ -493,7 +462,7 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
 
   /* 0. count the ranks on this machine (read back once all are connected) */
   char hkey[400];
-  host_key(hkey, sizeof hkey);
+  tc__mesh_host_key(hkey, sizeof hkey);
   int64_t local = 0;
   if (a->host->store_add(a->store, hkey, 1, &local) != TC_OK) local = -1;
 
@@ -571,7 +540,7 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
 
   /* 5. every peer has counted itself before it could connect */
   if (local >= 0 && a->host->store_add(a->store, hkey, 0, &local) != TC_OK) local = -1;
-  t->spin_s = spin_policy(a, (int)local);
+  t->spin_s = tc__mesh_spin_policy(a, (int)local);
   /* TCP busy-polls the sockets as long, unless TORCHCOMMS_CPU_TCP_SPIN_US
    * says otherwise (0: sleep in poll at once; on a loaded VM, whose loopback
    * packets are delivered by ksoftirqd, spinning delays them) */

@@ -36,7 +36,7 @@ typedef struct tcp {
   tc_xfer_t *bye;         /* [2 * size] goodbye transfers */
   int wake_fd;
   atomic_int *aborted;
-  double spin_s;      /* shared memory's busy-wait budget (see spin_policy) */
+  double spin_s;      /* shared memory's busy-wait budget (tc__mesh_spin_policy, mesh.c) */
   double poll_spin_s; /* TCP: busy-poll the sockets this long before sleeping
                        * in poll (TORCHCOMMS_CPU_TCP_SPIN_US, default spin_s) */
   int local;     /* ranks of this communicator on this machine (-1: unknown) */

@@ -241,3 +241,49 @@ TC_TEST(loader_abi_v1_symbol) {
                 "but this libtorchcomms speaks version 2 (rebuild the backend");
   TC_ASSERT(c == NULL);
 }
+
+/* torch's c10d names reach the loader (tc__backend_alias): on device cpu,
+ * "gloo" and "torchcomms" load the native "cpu" backend, unless
+ * TORCHCOMMS_BACKEND_LIB_PATH_GLOO names a gloo plugin, which then wins
+ * (here the test plugin, loaded under the name "gloo"); a missing gloo
+ * plugin is an error naming the path, never a silent fallback. */
+#define GLOO_ENV "TORCHCOMMS_BACKEND_LIB_PATH_GLOO"
+TC_TEST(loader_gloo_alias) {
+  clear_env();
+  unsetenv(GLOO_ENV);
+  tc_comm_t *c = NULL;
+  TC_ASSERT_OK(create1("gloo", &c));
+  TC_ASSERT_STR_EQ(tc_comm_backend(c), "cpu");
+  TC_ASSERT_OK(tc_barrier(c, NULL, NULL));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+  TC_ASSERT_OK(create1("torchcomms", &c));
+  TC_ASSERT_STR_EQ(tc_comm_backend(c), "cpu");
+  TC_ASSERT_OK(tc_comm_destroy(c));
+  /* only on device cpu */
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  o.rank = 0;
+  o.world_size = 1;
+  TC_ASSERT_ERR(tc_comm_create("gloo", "cuda", &o, &c), TC_ERR_BACKEND_NOT_FOUND,
+                "backend 'gloo' not found");
+  /* a gloo plugin named explicitly wins */
+  TC_ASSERT_EQ(setenv(GLOO_ENV, PLUGIN_FILE, 1), 0);
+  TC_ASSERT_OK(create1("gloo", &c));
+  TC_ASSERT_STR_EQ(tc_comm_backend(c), "gloo");
+  TC_ASSERT_STR_EQ(tc_comm_backend_version(c), "1.0-test");
+  TC_ASSERT_OK(tc_comm_destroy(c));
+  /* "torchcomms" stays the native backend */
+  TC_ASSERT_OK(create1("torchcomms", &c));
+  TC_ASSERT_STR_EQ(tc_comm_backend(c), "cpu");
+  TC_ASSERT_OK(tc_comm_destroy(c));
+  unsetenv(GLOO_ENV);
+}
+
+TC_TEST(loader_gloo_plugin_missing) {
+  clear_env();
+  const char *missing = TC_BUILD_DIR "/plugins/no-such-dir/libtorchcomms-gloo.so";
+  TC_ASSERT_EQ(setenv(GLOO_ENV, missing, 1), 0);
+  tc_comm_t *c = NULL;
+  TC_ASSERT_ERR(create1("gloo", &c), TC_ERR_BACKEND_NOT_FOUND, missing);
+  TC_ASSERT(c == NULL);
+  unsetenv(GLOO_ENV);
+}

@@ -492,7 +492,14 @@ TC_TEST(reduce_redop_allowed) {
         tc_test_fail(__FILE__, __LINE__, "tc__redop_allowed(%s, %s) = %d, "
                      "expected %d", tc_dtype_name((tc_dtype_t)dt),
                      tc_redop_name((tc_redop_type_t)op), got, want);
+      /* the public query (torchcomms.h) answers the same */
+      if (tc_redop_supported((tc_dtype_t)dt, (tc_redop_type_t)op) != want)
+        tc_test_fail(__FILE__, __LINE__, "tc_redop_supported(%s, %s) != %d",
+                     tc_dtype_name((tc_dtype_t)dt),
+                     tc_redop_name((tc_redop_type_t)op), want);
     }
+  TC_ASSERT_EQ(tc_redop_supported((tc_dtype_t)-1, TC_SUM), 0);
+  TC_ASSERT_EQ(tc_redop_supported(TC_INT32, (tc_redop_type_t)TC_REDOP_COUNT), 0);
   TC_ASSERT_EQ(tc__redop_allowed((tc_dtype_t)TC_DTYPE_COUNT, TC_SUM), 0);
   TC_ASSERT_EQ(tc__redop_allowed((tc_dtype_t)-1, TC_SUM), 0);
   TC_ASSERT_EQ(tc__redop_allowed(TC_INT32, (tc_redop_type_t)TC_REDOP_COUNT), 0);

@@ -292,3 +292,25 @@ def test_standalone_build_with_pkg_config(tmp_path):
                        env=dict(env, **{ENV_VAR: str(so)}), timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "1.0.0 [0.0, 0.5, 1.0, 1.5]"
+
+
+def test_gloo_alias(monkeypatch):
+    """torch's c10d names reach the library's loader: "gloo" and "torchcomms"
+    on CPU give the native "cpu" backend, unless TORCHCOMMS_BACKEND_LIB_PATH_GLOO
+    names a gloo plugin (here the loopback example), which then wins."""
+    monkeypatch.delenv("TORCHCOMMS_BACKEND_LIB_PATH_GLOO", raising=False)
+    for name in ("gloo", "torchcomms"):
+        c = torchcomms.new_comm(name, "cpu", name=f"alias_{name}")
+        assert c.get_backend() == "cpu"
+        t = torch.ones(3)
+        c.all_reduce(t, ReduceOp.SUM, async_op=False)
+        assert t.tolist() == [1.0, 1.0, 1.0]
+        c.finalize()
+    monkeypatch.setenv("TORCHCOMMS_BACKEND_LIB_PATH_GLOO",
+                       str(PLUGIN_DIR / "libtorchcomms-loopback.so"))
+    c = torchcomms.new_comm("gloo", "cpu", name="alias_plugin")
+    assert c.get_backend() == "gloo"
+    c.finalize()
+    c = torchcomms.new_comm("torchcomms", "cpu", name="alias_tc")
+    assert c.get_backend() == "cpu"
+    c.finalize()

@@ -10,9 +10,7 @@
 #include "core/internal.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
-
-/* The table the core registers as the built-in "cpu" backend. */
-TC_INTERNAL extern const tc_backend_ops_t tc__cpu_backend;
+#include "backends/builtin.h" /* tc__cpu_backend */
 
 /* Algorithm thresholds (bytes). */
 #define CPU_SMALL_BYTES (64u * 1024u)        /* tree/doubling below, ring above */

@@ -1,0 +1,64 @@
+/* private_api.h -- the internal entry points of libtorchcomms deliberately
+ * shared with its two statically linked clients: tcrun (tools/tcrun.c) and
+ * the Python extension (python/torchcomms/_comms_*.c). They include this
+ * header and the public ones, never a layer's internal header
+ * (docs/architecture.md; tools/check_layers.py enforces it).
+ *
+ * Keep it small: an entry point belongs here only when a client needs
+ * something that is not for users of the public API. Each declaration
+ * repeats (or, for the store extension, is) the one of the layer that
+ * defines it; those layers' headers include this file, so the compiler
+ * checks that both agree. Symbols are hidden: only code linked into the
+ * same object as libtorchcomms' sources can call them. */
+#ifndef TC_PRIVATE_API_H
+#define TC_PRIVATE_API_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "torchcomms.h"
+
+#define TC__PRIVATE __attribute__((visibility("hidden")))
+
+/* ---- core utilities (src/core/internal.h) ---- */
+
+/* Copies text into the calling thread's last error verbatim and returns rc
+ * (a store callback of the extension reports a Python exception's text). */
+TC__PRIVATE int tc__set_error_text(int rc, const char *text);
+/* Monotonic clock, seconds. */
+TC__PRIVATE double tc__now(void);
+/* Logging, gated by TORCHCOMMS_LOG (level 0 error .. 3 debug). */
+TC__PRIVATE void tc__log(int level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Prints every declared setting, its help and its value when set
+ * (tcrun --help-env). */
+TC__PRIVATE void tc__settings_print(FILE *f);
+
+/* ---- bootstrap (src/bootstrap/store_internal.h) ---- */
+
+/* Optional functions of a store, beyond the public tc_store_vtable_t. */
+typedef struct tc__store_ext {
+  /* Waits until all keys exist (TC_ERR_TIMEOUT with the error text set
+   * otherwise). NULL: tc_store_wait polls `check`. */
+  int (*wait)(void *ctx, const char *const *keys, size_t nkeys,
+              double timeout_s);
+  /* The local address of the store's connection, or NULL. */
+  const char *(*local_addr)(void *ctx);
+  /* Short name for messages ("tcp", "memory", "prefix", "custom"). */
+  const char *kind;
+} tc__store_ext_t;
+
+/* Like tc_store_create, with the extra functions. ext may be NULL. On
+ * failure the caller keeps ownership of ctx. */
+TC__PRIVATE int tc__store_create_ext(const tc_store_vtable_t *vtable,
+                                     const tc__store_ext_t *ext, void *ctx,
+                                     tc_store_t **out);
+
+/* ---- transport (src/transport/shm.h) ---- */
+
+/* Removes from /dev/shm every shared-memory segment of this library whose
+ * creating process is dead; returns how many (tcrun at job end). */
+TC__PRIVATE int tc__shm_sweep(void);
+
+#endif /* TC_PRIVATE_API_H */

@@ -1,0 +1,104 @@
+/* mesh.c -- the TCP mesh as the other transports use it (mesh.h): the
+ * accessors the shared-memory transport needs, the mesh's all-gather and
+ * the final barrier of creation (used whichever transport carries the
+ * data), and the machine-locality helpers both transports share. The one
+ * file besides tcp*.c that sees the mesh's inside (tcp_internal.h). */
+#include "transport/mesh.h"
+#include "transport/tcp_internal.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int tc__mesh_create(const tc_tp_args_t *a, tc_mesh_t **out, char *err, size_t errlen) {
+  void *t = NULL;
+  int rc = tc__tcp_create(a, &t, err, errlen);
+  *out = t;
+  return rc;
+}
+
+void tc__mesh_close(tc_mesh_t *m) {
+  if (m) tc__tcp_close(m);
+}
+
+int tc__mesh_check_alive(tc_mesh_t *m, const tc_tp_op_t *op) {
+  return tc__tcp_check_alive(m, op);
+}
+
+void tc__mesh_leave(tc_mesh_t *m) { tc__tcp_leave(m); }
+
+int tc__mesh_gone(const tc_mesh_t *m, int p) { return m->gone[p] != 0; }
+
+void tc__mesh_mark_gone(tc_mesh_t *m, int p) { m->gone[p] = 1; }
+
+int tc__mesh_left(const tc_mesh_t *m, int p) { return tc__tcp_left(m, p); }
+
+const unsigned char *tc__mesh_token(const tc_mesh_t *m) { return m->token; }
+
+int tc__mesh_local(const tc_mesh_t *m) { return m->local; }
+
+double tc__mesh_spin_s(const tc_mesh_t *m) { return m->spin_s; }
+
+int tc__mesh_all_gather(tc_mesh_t *t, const void *mine, size_t len, void *all, int final,
+                        double deadline, char *err, size_t errlen) {
+  int n = t->size;
+  tc_xfer_t *x = t->bye; /* 2 * size transfers: free during setup */
+  size_t k = 0;
+  for (int p = 0; p < n; p++) {
+    memcpy((char *)all + (size_t)p * len, mine, len);
+    if (p == t->rank) continue;
+    x[k++] = tc__xfer_send(p, mine, len);
+    x[k++] = tc__xfer_recv(p, (char *)all + (size_t)p * len, len);
+  }
+  char msg[768] = "";
+  tc_tp_op_t op = {.opname = final ? "init (final barrier)" : "init (shared memory setup)",
+                   .deadline = deadline, .timeout_s = deadline - tc__now(), .msg = msg,
+                   .msglen = sizeof msg, .hangup_ok = final};
+  int rc = tc__tcp_transport.exchange(t, x, k, &op);
+  if (rc != TC_OK) {
+    if (err && errlen)
+      snprintf(err, errlen, "%s: %s", final ? "the final barrier of creation"
+                                            : "the shared-memory setup", msg);
+    return rc;
+  }
+  return TC_OK;
+}
+
+int tc__mesh_final_barrier(tc_mesh_t *t, double deadline, char *err, size_t errlen) {
+  unsigned char one = 1, *all = malloc((size_t)t->size);
+  int rc = all ? tc__mesh_all_gather(t, &one, 1, all, 1, deadline, err, errlen) : TC_ERR_NOMEM;
+  if (!all)
+    snprintf(err, errlen, "out of memory");
+  free(all);
+  if (rc != TC_OK) tc__tcp_close(t);
+  return rc;
+}
+
+void tc__mesh_host_key(char *key, size_t len) {
+  char host[256] = "", boot[64] = "";
+  gethostname(host, sizeof host - 1);
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
+    fclose(f);
+  }
+  boot[strcspn(boot, "\n")] = 0;
+  snprintf(key, len, "cpu/host/%s/%s", host, boot);
+}
+
+double tc__mesh_spin_policy(const tc_tp_args_t *a, int local) {
+  if (tc__setting_is_set(TC_SET_CPU_SPIN_US)) {
+    double us = tc__setting_double(TC_SET_CPU_SPIN_US);
+    return us > 0 ? us * 1e-6 : 0;
+  }
+  cpu_set_t set;
+  int ncpu = 0;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) ncpu = CPU_COUNT(&set);
+  if (ncpu <= 0) ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  double spin = local > 0 && local <= ncpu ? 50e-6 : 0;
+  a->host->log(3, "cpu backend '%s' rank %d: %d ranks on this machine, %d cores: "
+               "busy-poll %g us", a->comm_name, a->rank, local, ncpu, spin * 1e6);
+  return spin;
+}

@@ -1,0 +1,70 @@
+/* mesh.h -- the TCP mesh as the other transports use it.
+ *
+ * Every communicator of the cpu backend first connects its ranks with the
+ * TCP transport's full mesh (tcp_connect.c). Where TCP then carries the
+ * data, the mesh is the transport; where shared memory does (shm*.c), the
+ * mesh stays open underneath as the setup channel (all-gathers, the final
+ * barrier of creation) and the liveness channel (a dead peer's sockets
+ * close). This header is that interface: the mesh is opaque here, and the
+ * shared-memory transport reaches it only through these functions
+ * (mesh.c), never through tcp_internal.h. It also holds what both
+ * transports share about the machine: how many of the communicator's ranks
+ * run on it, and the busy-wait budget that follows from that. */
+#ifndef TC_TRANSPORT_MESH_H
+#define TC_TRANSPORT_MESH_H
+
+#include "transport/transport.h"
+
+typedef struct tcp tc_mesh_t;
+
+/* Connects every pair of ranks (tc__tcp_create). TC_OK with *out, or an
+ * error with one sentence in err. */
+TC_INTERNAL int tc__mesh_create(const tc_tp_args_t *a, tc_mesh_t **out, char *err,
+                                size_t errlen);
+/* Closes every socket and frees the mesh (NULL: nothing). */
+TC_INTERNAL void tc__mesh_close(tc_mesh_t *m);
+/* A zero-timeout check of every connection whose peer has not said goodbye:
+ * TC_OK, or TC_ERR_REMOTE with op->msg naming the lost peer(s). */
+TC_INTERNAL int tc__mesh_check_alive(tc_mesh_t *m, const tc_tp_op_t *op);
+/* Tells every peer that this rank leaves (tc_transport_ops_t.leave). */
+TC_INTERNAL void tc__mesh_leave(tc_mesh_t *m);
+/* Peer p said goodbye (may close any time) / mark that it did. */
+TC_INTERNAL int tc__mesh_gone(const tc_mesh_t *m, int p);
+TC_INTERNAL void tc__mesh_mark_gone(tc_mesh_t *m, int p);
+/* 1 if peer p has left (a TC_XFER_LEFT notice, or a hang-up after data:
+ * for a transport whose sockets carry nothing after setup, a cut-off). */
+TC_INTERNAL int tc__mesh_left(const tc_mesh_t *m, int p);
+/* The communicator's random 16-byte token. */
+TC_INTERNAL const unsigned char *tc__mesh_token(const tc_mesh_t *m);
+/* Ranks of the communicator on this machine (same host name and boot id),
+ * or -1 when unknown. */
+TC_INTERNAL int tc__mesh_local(const tc_mesh_t *m);
+/* The busy-wait budget before sleeping, seconds (tc__mesh_spin_policy). */
+TC_INTERNAL double tc__mesh_spin_s(const tc_mesh_t *m);
+
+/* len bytes from every rank to every rank over the mesh (a barrier that
+ * also tells everyone everyone's status): all[p * len] gets rank p's.
+ * final: the last exchange of creation, after which a peer that completed
+ * it may close (hangup_ok). err gets the one-sentence reason of a failure. */
+TC_INTERNAL int tc__mesh_all_gather(tc_mesh_t *m, const void *mine, size_t len, void *all,
+                                    int final, double deadline, char *err, size_t errlen);
+/* Creation returns on no rank before every rank's setup is complete: an
+ * all-to-all after the last step, whose completion tells each rank that
+ * all got there. A rank that then drops the communicator (or dies) never
+ * fails another's creation: hangup_ok (tcp.c, "Hang-ups"). Closes m on
+ * failure. */
+TC_INTERNAL int tc__mesh_final_barrier(tc_mesh_t *m, double deadline, char *err,
+                                       size_t errlen);
+
+/* ---- the machine, for both transports ---- */
+
+/* "cpu/host/<hostname>/<boot id>": the store key through which the ranks
+ * that share it count themselves (they share a machine). */
+TC_INTERNAL void tc__mesh_host_key(char *key, size_t len);
+/* Busy-polling before sleeping cuts small-message latency several times
+ * over, but only pays while every local rank can have a core of its own:
+ * TORCHCOMMS_CPU_SPIN_US (microseconds) if set, else 50 us when the `local`
+ * ranks on this machine are no more than its usable cores, else 0. */
+TC_INTERNAL double tc__mesh_spin_policy(const tc_tp_args_t *a, int local);
+
+#endif /* TC_TRANSPORT_MESH_H */
