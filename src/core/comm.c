@@ -16,28 +16,57 @@ static tc__htable_t tc__comms = TC__HTABLE_INIT(TC__HANDLE_COMM);
 
 /* Per-process count of communicators created with each name: the store
  * prefix "tc/<job>/<attempt>/<name>/<n>" (comm_keys.c) is unique even when a
- * name is reused. Every rank
- * creates communicators in the same order (creation is collective). */
-#define TC_MAX_NAMES 256
-static struct {
-  char name[128];
+ * name is reused. Every rank creates communicators in the same order
+ * (creation is collective). A hash table (open addressing, grown at half
+ * full) without a limit: one entry per distinct name ever used, so no name
+ * ever shares another's generation. */
+typedef struct {
+  char *name;
   uint64_t count;
-} tc__names[TC_MAX_NAMES];
+} tc__name_t;
+static tc__name_t *tc__names;
+static size_t tc__names_cap, tc__names_n;
 static pthread_mutex_t tc__names_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static uint64_t tc__name_generation(const char *name) {
+static uint64_t tc__name_hash(const char *s) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+  return h;
+}
+
+/* The slot of name in a table of cap (a power of 2) entries: its entry, or
+ * the empty one where it goes. */
+static tc__name_t *tc__name_find(tc__name_t *t, size_t cap, const char *name) {
+  size_t i = (size_t)tc__name_hash(name) & (cap - 1);
+  while (t[i].name && strcmp(t[i].name, name)) i = (i + 1) & (cap - 1);
+  return &t[i];
+}
+
+/* The generation for a new communicator named name (0, 1, ...); -1 when out
+ * of memory. */
+static int tc__name_generation(const char *name, uint64_t *gen) {
+  int rc = -1;
   pthread_mutex_lock(&tc__names_mu);
-  uint64_t g = 0;
-  int i;
-  for (i = 0; i < TC_MAX_NAMES && tc__names[i].name[0]; i++)
-    if (!strcmp(tc__names[i].name, name)) break;
-  if (i < TC_MAX_NAMES) {
-    if (!tc__names[i].name[0])
-      snprintf(tc__names[i].name, sizeof tc__names[i].name, "%s", name);
-    g = tc__names[i].count++;
+  if (2 * (tc__names_n + 1) > tc__names_cap) {
+    size_t cap = tc__names_cap ? 2 * tc__names_cap : 64;
+    tc__name_t *t = calloc(cap, sizeof *t);
+    if (!t) goto out;
+    for (size_t i = 0; i < tc__names_cap; i++)
+      if (tc__names[i].name) *tc__name_find(t, cap, tc__names[i].name) = tc__names[i];
+    free(tc__names);
+    tc__names = t;
+    tc__names_cap = cap;
   }
+  tc__name_t *e = tc__name_find(tc__names, tc__names_cap, name);
+  if (!e->name) {
+    if (!(e->name = strdup(name))) goto out;
+    tc__names_n++;
+  }
+  *gen = e->count++;
+  rc = 0;
+out:
   pthread_mutex_unlock(&tc__names_mu);
-  return g;
+  return rc;
 }
 
 int tc__comm_enter(tc_comm_t **c, const char *fn) {
@@ -281,8 +310,12 @@ int tc_comm_create(const char *backend, const char *device,
     rc = tc__default_store(rank, size, c->timeout_s, &c->root_store);
     if (rc != TC_OK) goto fail;
   }
-  tc__comm_scope_prefix(c->prefix, sizeof c->prefix, c->name,
-                        tc__name_generation(c->name));
+  uint64_t gen;
+  if (tc__name_generation(c->name, &gen)) {
+    rc = tc__set_error(TC_ERR_NOMEM, "torchcomms: %s: out of memory", fn);
+    goto fail;
+  }
+  tc__comm_scope_prefix(c->prefix, sizeof c->prefix, c->name, gen);
   rc = tc__comm_start(c, NULL, NULL, 0);
   if (rc != TC_OK) goto fail;
   *out = tc__comm_publish(c);
