@@ -204,11 +204,12 @@ static tc_comm_t *tc__comm_new(void) {
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->err_mu);
     memset(c, 0, sizeof *c);
-  } else if (!(c = calloc(1, sizeof *c))) {
+  } else if ((c = calloc(1, sizeof *c))) {
+    tc__htable_set(&tc__comms, idx, c); /* kept for the slot's later lives */
+  } else {
     tc__htable_put(&tc__comms, idx);
     return NULL;
   }
-  tc__htable_set(&tc__comms, idx, c);
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->err_mu, NULL);
   atomic_store(&c->last_progress_ns, (int64_t)(tc__now() * 1e9));
