@@ -12,8 +12,9 @@
  *    calling thread's last failure, naming the operation, the communicator,
  *    the rank and the peer; tc_comm_last_error() the last failure of one
  *    communicator.
- *  - Handles are opaque. A released, finalized or foreign handle is reported
- *    as an error (TC_ERR_INVALID_USAGE), never a crash.
+ *  - Handles are opaque. A released, finalized, destroyed or foreign handle
+ *    is reported as an error (TC_ERR_INVALID_USAGE), never a crash, also once
+ *    the library reuses the memory behind it for a new object.
  *  - Option structs begin with `size` and `version`; initialise them with
  *    their TC_*_OPTIONS_INIT macro so that they can grow.
  *  - Counts are element counts, not bytes. Buffers are host pointers for the

@@ -8,107 +8,65 @@
 
 #define TC_FAIL(c, fn, rc, ...) return tc__comm_error((c), (rc), (fn), __VA_ARGS__)
 
-/* The batch table: chunks of slots allocated once and never moved or freed
- * (a slot's address stays valid while other threads grow the table); a
- * handle is (generation << 32) | (index << 3) | 4, its generation bumped at
- * every free. Freed slots go on a free list and are reused. */
-#define TC_BATCH_CHUNK 1024u
-#define TC_BATCH_CHUNKS 4096u /* at most 4M batches alive at once */
-_Static_assert(sizeof(uintptr_t) >= 8, "batch handles need 64-bit pointers");
+/* The batch table (handles.h): a freed batch's handle is stale from then on,
+ * also once its slot holds a new batch; a slot keeps its struct (and its
+ * list's memory) for the slot's next batch. */
+static tc__htable_t tc__batches = TC__HTABLE_INIT(TC__HANDLE_BATCH);
 
-typedef struct tc__bslot {
-  struct tc_batch b;
-  _Atomic uint32_t gen; /* odd: live; even: free */
-  uint32_t next_free;
-} tc__bslot_t;
-
-static _Atomic(tc__bslot_t *) tc__bchunks[TC_BATCH_CHUNKS];
-static pthread_mutex_t tc__btable_mu = PTHREAD_MUTEX_INITIALIZER;
-static uint32_t tc__bslots_used;               /* slots ever handed out */
-static uint32_t tc__bfree_head = UINT32_MAX;   /* free list of slot indexes */
-
-static tc__bslot_t *tc__bslot_at(uint32_t idx) {
-  if (idx / TC_BATCH_CHUNK >= TC_BATCH_CHUNKS) return NULL;
-  tc__bslot_t *ch = atomic_load(&tc__bchunks[idx / TC_BATCH_CHUNK]);
-  return ch ? &ch[idx % TC_BATCH_CHUNK] : NULL;
-}
-
-static tc_batch_t *tc__bhandle(uint32_t idx, uint32_t gen) {
-  return (tc_batch_t *)(uintptr_t)(((uint64_t)gen << 32) | ((uint64_t)idx << 3) | 4u);
-}
-
-/* The slot of a live handle, or NULL with the thread's error set. */
-static tc__bslot_t *tc__batch_slot(const tc_batch_t *h, const char *fn) {
+/* The live batch of handle h, or NULL with the thread's error set. */
+static tc_batch_t *tc__batch_live(const tc_batch_t *h, const char *fn) {
   if (!h) {
     tc__set_error(TC_ERR_INVALID_ARGUMENT, "torchcomms: %s: argument 'batch' is NULL", fn);
     return NULL;
   }
-  uint64_t v = (uint64_t)(uintptr_t)h;
-  uint32_t idx = (uint32_t)(v & 0xffffffffu) >> 3, gen = (uint32_t)(v >> 32);
-  tc__bslot_t *s = (v & 7u) == 4u ? tc__bslot_at(idx) : NULL;
-  if (!s || !(gen & 1u) || atomic_load(&s->gen) != gen) {
+  int stale;
+  tc_batch_t *b = tc__htable_get(&tc__batches, h, &stale);
+  if (!b)
     tc__set_error(TC_ERR_INVALID_USAGE,
                   "torchcomms: %s: argument 'batch' is not a live batch handle (freed "
                   "already, or not a batch handle?)", fn);
-    return NULL;
-  }
-  return s;
+  return b;
 }
 
-static int tc__batch_check(const tc_batch_t *h, const char *fn, tc_batch_t **b) {
-  tc__bslot_t *s = tc__batch_slot(h, fn);
-  if (!s) return h ? TC_ERR_INVALID_USAGE : TC_ERR_INVALID_ARGUMENT;
-  *b = &s->b;
-  return tc__comm_check(s->b.comm, fn);
-}
-
-/* A free slot (reused, or a new one), marked live; its handle in *h. */
-static tc__bslot_t *tc__batch_alloc(tc_batch_t **h) {
-  pthread_mutex_lock(&tc__btable_mu);
-  uint32_t idx = tc__bfree_head;
-  tc__bslot_t *s = NULL;
-  if (idx != UINT32_MAX) {
-    s = tc__bslot_at(idx);
-    tc__bfree_head = s->next_free;
-  } else if (tc__bslots_used / TC_BATCH_CHUNK < TC_BATCH_CHUNKS) {
-    idx = tc__bslots_used;
-    uint32_t k = idx / TC_BATCH_CHUNK;
-    if (!atomic_load(&tc__bchunks[k])) {
-      tc__bslot_t *ch = calloc(TC_BATCH_CHUNK, sizeof *ch);
-      if (ch) atomic_store(&tc__bchunks[k], ch);
-    }
-    s = tc__bslot_at(idx);
-    if (s) tc__bslots_used++;
-  }
-  if (s) {
-    uint32_t gen = atomic_load(&s->gen) + 1u; /* even (free) -> odd (live) */
-    atomic_store(&s->gen, gen);
-    *h = tc__bhandle(idx, gen);
-  }
-  pthread_mutex_unlock(&tc__btable_mu);
-  return s;
+/* The live batch of h in *b and its live communicator in *c (a destroyed
+ * one is "the communicator handle was destroyed"). */
+static int tc__batch_check(const tc_batch_t *h, const char *fn, tc_batch_t **b,
+                           tc_comm_t **c) {
+  if (!(*b = tc__batch_live(h, fn))) return h ? TC_ERR_INVALID_USAGE : TC_ERR_INVALID_ARGUMENT;
+  *c = (*b)->comm;
+  return tc__comm_enter(c, fn);
 }
 
 int tc_batch_create(tc_comm_t *c, tc_batch_t **out) {
   static const char *fn = "batch_op_create";
-  TC_CHECK(tc__v_comm(c, fn, NULL));
+  TC_CHECK(tc__v_comm(&c, fn, NULL));
   if (!out)
     TC_FAIL(c, fn, TC_ERR_INVALID_ARGUMENT, "argument 'out' is NULL");
-  tc_batch_t *h = NULL;
-  tc__bslot_t *s = tc__batch_alloc(&h);
-  if (!s) TC_FAIL(c, fn, TC_ERR_NOMEM, "out of memory (batch handles)");
-  s->b.magic = TC_BATCH_MAGIC;
-  s->b.comm = c;
-  s->b.n = 0;
-  *out = h;
+  uint32_t idx;
+  void *obj;
+  if (tc__htable_take(&tc__batches, &idx, &obj))
+    TC_FAIL(c, fn, TC_ERR_NOMEM, "out of memory (batch handles)");
+  tc_batch_t *b = obj;
+  if (!b) {
+    if (!(b = calloc(1, sizeof *b))) {
+      tc__htable_put(&tc__batches, idx);
+      TC_FAIL(c, fn, TC_ERR_NOMEM, "out of memory");
+    }
+    b->slot = idx;
+    tc__htable_set(&tc__batches, idx, b);
+  }
+  b->magic = TC_BATCH_MAGIC;
+  b->comm = c->handle;
+  b->n = 0;
+  *out = (tc_batch_t *)tc__htable_open(&tc__batches, idx);
   return TC_OK;
 }
 
 static int tc__batch_add(tc_batch_t *h, int is_send, void *buf, size_t count,
                          tc_dtype_t dt, int peer, const char *fn) {
   tc_batch_t *b;
-  TC_CHECK(tc__batch_check(h, fn, &b));
-  tc_comm_t *c = b->comm;
+  tc_comm_t *c;
+  TC_CHECK(tc__batch_check(h, fn, &b, &c));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_supports(c, fn, TC_OP_BATCH, dt, -1));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, 1));
@@ -139,10 +97,10 @@ int tc_batch_recv(tc_batch_t *b, void *buf, size_t count, tc_dtype_t dt,
 int tc_batch_issue(tc_batch_t *h, const tc_op_options_t *opts,
                    tc_work_t **work) {
   static const char *fn = "batch_op_issue";
-  tc_batch_t *b;
-  TC_CHECK(tc__batch_check(h, fn, &b));
+  tc_batch_t *b = tc__batch_live(h, fn);
+  if (!b) return h ? TC_ERR_INVALID_USAGE : TC_ERR_INVALID_ARGUMENT;
   tc_comm_t *c = b->comm;
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   /* Self sends and receives must pair up with equal byte sizes. */
   size_t ns = 0, nr = 0;
   for (size_t i = 0; i < b->n; i++) {
@@ -173,30 +131,23 @@ int tc_batch_issue(tc_batch_t *h, const tc_op_options_t *opts,
   return tc__op_issue(c, fn, &op, opts, work);
 }
 
-/* Freeing empties the slot (its list's memory is kept for the next batch in
- * it) and bumps its generation: the old handle is stale from now on, also
- * once the slot holds a new batch. Works after the comm was destroyed. */
+/* Freeing ends the handle's life first (one winner when two threads free
+ * it), then empties the batch (its list's memory is kept for the slot's next
+ * batch) and returns the slot. Works after the comm was destroyed. */
 int tc_batch_free(tc_batch_t *h) {
-  tc__bslot_t *s = tc__batch_slot(h, "batch_free");
-  if (!s) return h ? TC_ERR_INVALID_USAGE : TC_ERR_INVALID_ARGUMENT;
-  pthread_mutex_lock(&tc__btable_mu);
-  if (!(atomic_load(&s->gen) & 1u)) { /* freed by another thread meanwhile */
-    pthread_mutex_unlock(&tc__btable_mu);
+  tc_batch_t *b = tc__batch_live(h, "batch_free");
+  if (!b) return h ? TC_ERR_INVALID_USAGE : TC_ERR_INVALID_ARGUMENT;
+  if (!tc__htable_close(&tc__batches, h)) /* freed by another thread meanwhile */
     return tc__set_error(TC_ERR_INVALID_USAGE, "torchcomms: batch_free: argument 'batch' "
                          "is not a live batch handle (freed already, or not a batch handle?)");
+  b->magic = TC_BATCH_FREED;
+  b->comm = NULL;
+  b->n = 0;
+  if (b->cap > 64) { /* a huge list is not kept around */
+    free(b->ops);
+    b->ops = NULL;
+    b->cap = 0;
   }
-  s->b.magic = TC_BATCH_FREED;
-  s->b.comm = NULL;
-  s->b.n = 0;
-  if (s->b.cap > 64) { /* a huge list is not kept around */
-    free(s->b.ops);
-    s->b.ops = NULL;
-    s->b.cap = 0;
-  }
-  atomic_store(&s->gen, atomic_load(&s->gen) + 1u); /* odd -> even: free */
-  uint64_t v = (uint64_t)(uintptr_t)h;
-  s->next_free = tc__bfree_head;
-  tc__bfree_head = (uint32_t)(v & 0xffffffffu) >> 3;
-  pthread_mutex_unlock(&tc__btable_mu);
+  tc__htable_put(&tc__batches, b->slot);
   return TC_OK;
 }

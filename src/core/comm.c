@@ -7,54 +7,97 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Destroyed handles are kept (their big resources freed) so that a stale
- * handle is reported as an error instead of touching freed memory. */
-static pthread_mutex_t tc__grave_mu = PTHREAD_MUTEX_INITIALIZER;
-static tc_comm_t *tc__graveyard;
+/* The communicator table: users hold handles (slot + generation, see
+ * handles.h), so a destroyed communicator's handle stays an error ("was
+ * destroyed") after its slot and struct were reused, and the memory is
+ * bounded by the most communicators alive (or still referred to by a work)
+ * at once. */
+static tc__htable_t tc__comms = TC__HTABLE_INIT(TC__HANDLE_COMM);
 
 /* Per-process count of communicators created with each name: the store
  * prefix "tc/<job>/<attempt>/<name>/<n>" (comm_keys.c) is unique even when a
- * name is reused. Every rank
- * creates communicators in the same order (creation is collective). */
-#define TC_MAX_NAMES 256
-static struct {
-  char name[128];
+ * name is reused. Every rank creates communicators in the same order
+ * (creation is collective). A hash table (open addressing, grown at half
+ * full) without a limit: one entry per distinct name ever used, so no name
+ * ever shares another's generation. */
+typedef struct {
+  char *name;
   uint64_t count;
-} tc__names[TC_MAX_NAMES];
+} tc__name_t;
+static tc__name_t *tc__names;
+static size_t tc__names_cap, tc__names_n;
 static pthread_mutex_t tc__names_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static uint64_t tc__name_generation(const char *name) {
-  pthread_mutex_lock(&tc__names_mu);
-  uint64_t g = 0;
-  int i;
-  for (i = 0; i < TC_MAX_NAMES && tc__names[i].name[0]; i++)
-    if (!strcmp(tc__names[i].name, name)) break;
-  if (i < TC_MAX_NAMES) {
-    if (!tc__names[i].name[0])
-      snprintf(tc__names[i].name, sizeof tc__names[i].name, "%s", name);
-    g = tc__names[i].count++;
-  }
-  pthread_mutex_unlock(&tc__names_mu);
-  return g;
+static uint64_t tc__name_hash(const char *s) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+  return h;
 }
 
-int tc__comm_check(const tc_comm_t *c, const char *fn) {
-  if (!c)
+/* The slot of name in a table of cap (a power of 2) entries: its entry, or
+ * the empty one where it goes. */
+static tc__name_t *tc__name_find(tc__name_t *t, size_t cap, const char *name) {
+  size_t i = (size_t)tc__name_hash(name) & (cap - 1);
+  while (t[i].name && strcmp(t[i].name, name)) i = (i + 1) & (cap - 1);
+  return &t[i];
+}
+
+/* The generation for a new communicator named name (0, 1, ...); -1 when out
+ * of memory. */
+static int tc__name_generation(const char *name, uint64_t *gen) {
+  int rc = -1;
+  pthread_mutex_lock(&tc__names_mu);
+  if (2 * (tc__names_n + 1) > tc__names_cap) {
+    size_t cap = tc__names_cap ? 2 * tc__names_cap : 64;
+    tc__name_t *t = calloc(cap, sizeof *t);
+    if (!t) goto out;
+    for (size_t i = 0; i < tc__names_cap; i++)
+      if (tc__names[i].name) *tc__name_find(t, cap, tc__names[i].name) = tc__names[i];
+    free(tc__names);
+    tc__names = t;
+    tc__names_cap = cap;
+  }
+  tc__name_t *e = tc__name_find(tc__names, tc__names_cap, name);
+  if (!e->name) {
+    if (!(e->name = strdup(name))) goto out;
+    tc__names_n++;
+  }
+  *gen = e->count++;
+  rc = 0;
+out:
+  pthread_mutex_unlock(&tc__names_mu);
+  return rc;
+}
+
+int tc__comm_enter(tc_comm_t **c, const char *fn) {
+  if (!*c)
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: %s: argument 'comm' is NULL", fn);
-  if ((uintptr_t)c & 7u) /* no communicator's address (a batch handle, say) */
-    return tc__set_error(TC_ERR_INVALID_USAGE,
-                         "torchcomms: %s: argument 'comm' is not a "
-                         "communicator handle", fn);
-  if (c->magic == TC_COMM_DEAD)
+  int stale;
+  tc_comm_t *p = tc__htable_get(&tc__comms, *c, &stale);
+  if (!p && stale)
     return tc__set_error(TC_ERR_INVALID_USAGE,
                          "torchcomms: %s: the communicator handle was "
                          "destroyed", fn);
-  if (c->magic != TC_COMM_MAGIC)
+  if (!p) /* some other pointer, a work or a batch handle: never read */
     return tc__set_error(TC_ERR_INVALID_USAGE,
                          "torchcomms: %s: argument 'comm' is not a "
                          "communicator handle", fn);
+  *c = p;
   return TC_OK;
+}
+
+/* The live communicator of a handle for the getters (NULL otherwise). */
+static tc_comm_t *tc__comm_live(const tc_comm_t *h, const char *fn) {
+  tc_comm_t *c = (tc_comm_t *)h;
+  return tc__comm_enter(&c, fn) == TC_OK ? c : NULL;
+}
+
+void tc__comm_ref(tc_comm_t *c) { atomic_fetch_add(&c->refs, 1); }
+
+/* The last reference gone (destroyed, no work left): the slot is reused. */
+void tc__comm_unref(tc_comm_t *c) {
+  if (atomic_fetch_sub(&c->refs, 1) == 1) tc__htable_put(&tc__comms, c->slot);
 }
 
 void tc__comm_record_error(tc_comm_t *c, const char *text) {
@@ -150,18 +193,42 @@ static int tc__comm_start(tc_comm_t *c, const tc_comm_t *parent,
   return TC_OK;
 }
 
+/* A communicator in a free slot (its struct reused, or a new one), not yet
+ * live: its handle is made by tc__comm_publish once it works. */
 static tc_comm_t *tc__comm_new(void) {
-  tc_comm_t *c = calloc(1, sizeof *c);
-  if (!c) return NULL;
+  uint32_t idx;
+  void *obj;
+  if (tc__htable_take(&tc__comms, &idx, &obj)) return NULL;
+  tc_comm_t *c = obj;
+  if (c) { /* the slot's earlier communicator is gone: nothing refers to it */
+    pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->err_mu);
+    memset(c, 0, sizeof *c);
+  } else if ((c = calloc(1, sizeof *c))) {
+    tc__htable_set(&tc__comms, idx, c); /* kept for the slot's later lives */
+  } else {
+    tc__htable_put(&tc__comms, idx);
+    return NULL;
+  }
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->err_mu, NULL);
   atomic_store(&c->last_progress_ns, (int64_t)(tc__now() * 1e9));
+  atomic_store(&c->refs, 1); /* the creator's, then the user's handle */
+  c->slot = idx;
   c->magic = TC_COMM_MAGIC;
   return c;
 }
 
-/* Releases everything but the handle itself, which goes to the graveyard. */
-static void tc__comm_bury(tc_comm_t *c) {
+/* Makes c's handle live and returns it. */
+static tc_comm_t *tc__comm_publish(tc_comm_t *c) {
+  c->handle = (tc_comm_t *)tc__htable_open(&tc__comms, c->slot);
+  return c->handle;
+}
+
+/* Releases everything c holds and its handle's reference (its handle, if it
+ * had one, must be closed already); the struct and its slot are reused once
+ * no work refers to them any more. */
+static void tc__comm_release(tc_comm_t *c) {
   if (c->bcomm) c->ops->destroy(c->bcomm);
   c->bcomm = NULL;
   if (c->store) tc_store_release(c->store);
@@ -171,10 +238,7 @@ static void tc__comm_bury(tc_comm_t *c) {
   c->hints = NULL;
   c->num_hints = 0;
   c->magic = TC_COMM_DEAD;
-  pthread_mutex_lock(&tc__grave_mu);
-  c->grave_next = tc__graveyard;
-  tc__graveyard = c;
-  pthread_mutex_unlock(&tc__grave_mu);
+  tc__comm_unref(c);
 }
 
 static double tc__default_timeout(void) {
@@ -247,21 +311,25 @@ int tc_comm_create(const char *backend, const char *device,
     rc = tc__default_store(rank, size, c->timeout_s, &c->root_store);
     if (rc != TC_OK) goto fail;
   }
-  tc__comm_scope_prefix(c->prefix, sizeof c->prefix, c->name,
-                        tc__name_generation(c->name));
+  uint64_t gen;
+  if (tc__name_generation(c->name, &gen)) {
+    rc = tc__set_error(TC_ERR_NOMEM, "torchcomms: %s: out of memory", fn);
+    goto fail;
+  }
+  tc__comm_scope_prefix(c->prefix, sizeof c->prefix, c->name, gen);
   rc = tc__comm_start(c, NULL, NULL, 0);
   if (rc != TC_OK) goto fail;
-  *out = c;
+  *out = tc__comm_publish(c);
   return TC_OK;
 fail:;
   char saved[1024];
   snprintf(saved, sizeof saved, "%s", tc_last_error());
-  tc__comm_bury(c);
+  tc__comm_release(c);
   return tc__set_error_text(rc, saved);
 }
 
 int tc_comm_finalize(tc_comm_t *c) {
-  TC_CHECK(tc__comm_check(c, "tc_comm_finalize"));
+  TC_CHECK(tc__comm_enter(&c, "tc_comm_finalize"));
   pthread_mutex_lock(&c->mu);
   int state = c->state;
   if (state == TC_STATE_ACTIVE) c->state = TC_STATE_FINALIZED;
@@ -276,56 +344,76 @@ int tc_comm_finalize(tc_comm_t *c) {
   return TC_OK;
 }
 
-int tc_comm_abort(tc_comm_t *c) {
-  TC_CHECK(tc__comm_check(c, "tc_comm_abort"));
+static void tc__comm_abort(tc_comm_t *c) {
   pthread_mutex_lock(&c->mu);
   int state = c->state;
   if (state == TC_STATE_ACTIVE) c->state = TC_STATE_ABORTED;
   pthread_mutex_unlock(&c->mu);
-  if (state != TC_STATE_ACTIVE) return TC_OK;
+  if (state != TC_STATE_ACTIVE) return;
   c->ops->abort(c->bcomm);
   c->ops->destroy(c->bcomm);
   c->bcomm = NULL;
+}
+
+int tc_comm_abort(tc_comm_t *c) {
+  TC_CHECK(tc__comm_enter(&c, "tc_comm_abort"));
+  tc__comm_abort(c);
   return TC_OK;
 }
 
-int tc_comm_is_aborted(const tc_comm_t *c) {
-  if (tc__comm_check(c, "tc_comm_is_aborted") != TC_OK) return 0;
-  return c->state == TC_STATE_ABORTED;
+int tc_comm_is_aborted(const tc_comm_t *h) {
+  tc_comm_t *c = tc__comm_live(h, "tc_comm_is_aborted");
+  return c && c->state == TC_STATE_ABORTED;
 }
 
-int tc_comm_destroy(tc_comm_t *c) {
-  TC_CHECK(tc__comm_check(c, "tc_comm_destroy"));
-  if (c->state == TC_STATE_ACTIVE) tc_comm_abort(c);
-  tc__comm_bury(c);
+/* The handle goes stale first (a second destroy, also from another thread,
+ * is "destroyed"), then the backend is torn down: works it completes during
+ * that still reach the struct, which lives on while they refer to it. */
+int tc_comm_destroy(tc_comm_t *h) {
+  tc_comm_t *c = h;
+  TC_CHECK(tc__comm_enter(&c, "tc_comm_destroy"));
+  if (!tc__htable_close(&tc__comms, h))
+    return tc__set_error(TC_ERR_INVALID_USAGE,
+                         "torchcomms: tc_comm_destroy: the communicator handle "
+                         "was destroyed");
+  tc__comm_abort(c);
+  tc__comm_release(c);
   return TC_OK;
 }
 
-int tc_comm_rank(const tc_comm_t *c) {
-  return tc__comm_check(c, "tc_comm_rank") == TC_OK ? c->rank : -1;
+int tc_comm_rank(const tc_comm_t *h) {
+  tc_comm_t *c = tc__comm_live(h, "tc_comm_rank");
+  return c ? c->rank : -1;
 }
-int tc_comm_size(const tc_comm_t *c) {
-  return tc__comm_check(c, "tc_comm_size") == TC_OK ? c->size : -1;
+int tc_comm_size(const tc_comm_t *h) {
+  tc_comm_t *c = tc__comm_live(h, "tc_comm_size");
+  return c ? c->size : -1;
 }
-const char *tc_comm_name(const tc_comm_t *c) {
-  return tc__comm_check(c, "tc_comm_name") == TC_OK ? c->name : NULL;
+const char *tc_comm_name(const tc_comm_t *h) {
+  tc_comm_t *c = tc__comm_live(h, "tc_comm_name");
+  return c ? c->name : NULL;
 }
-const char *tc_comm_backend(const tc_comm_t *c) {
-  return tc__comm_check(c, "tc_comm_backend") == TC_OK ? c->backend_name : NULL;
+const char *tc_comm_backend(const tc_comm_t *h) {
+  tc_comm_t *c = tc__comm_live(h, "tc_comm_backend");
+  return c ? c->backend_name : NULL;
 }
-const char *tc_comm_backend_version(const tc_comm_t *c) {
-  if (tc__comm_check(c, "tc_comm_backend_version") != TC_OK) return NULL;
+const char *tc_comm_backend_version(const tc_comm_t *h) {
+  tc_comm_t *c = tc__comm_live(h, "tc_comm_backend_version");
+  if (!c) return NULL;
   return c->ops->version ? c->ops->version : "unknown";
 }
-const char *tc_comm_device(const tc_comm_t *c) {
-  return tc__comm_check(c, "tc_comm_device") == TC_OK ? c->device : NULL;
+const char *tc_comm_device(const tc_comm_t *h) {
+  tc_comm_t *c = tc__comm_live(h, "tc_comm_device");
+  return c ? c->device : NULL;
 }
-const char *tc_comm_last_error(const tc_comm_t *c) {
-  return tc__comm_check(c, "tc_comm_last_error") == TC_OK ? c->last_error : "";
+const char *tc_comm_last_error(const tc_comm_t *h) {
+  tc_comm_t *c = tc__comm_live(h, "tc_comm_last_error");
+  return c ? c->last_error : "";
 }
 
-int tc_comm_get_options(const tc_comm_t *c, tc_comm_options_t *out) {
-  TC_CHECK(tc__comm_check(c, "tc_comm_get_options"));
+int tc_comm_get_options(const tc_comm_t *h, tc_comm_options_t *out) {
+  tc_comm_t *c = (tc_comm_t *)h;
+  TC_CHECK(tc__comm_enter(&c, "tc_comm_get_options"));
   if (!out)
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: tc_comm_get_options: argument 'out' is "
@@ -345,7 +433,7 @@ int tc_comm_get_options(const tc_comm_t *c, tc_comm_options_t *out) {
 }
 
 int tc_comm_set_timeout(tc_comm_t *c, double timeout_s) {
-  TC_CHECK(tc__comm_check(c, "tc_comm_set_timeout"));
+  TC_CHECK(tc__comm_enter(&c, "tc_comm_set_timeout"));
   if (!(timeout_s > 0) || isinf(timeout_s))
     return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, "tc_comm_set_timeout",
                           "argument 'timeout_s' must be a positive number of "
@@ -372,7 +460,8 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
                   const char *name, const tc_op_options_t *opts,
                   tc_comm_t **out) {
   static const char *fn = "tc_comm_split";
-  TC_CHECK(tc__comm_check(c, fn));
+  tc_comm_t *handle = c; /* for the public all_gather below */
+  TC_CHECK(tc__comm_enter(&c, fn));
   if (!out)
     return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
                           "argument 'out' is NULL");
@@ -409,7 +498,7 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
   int64_t mine[2] = {(int64_t)nranks, (int64_t)tc__hash_ranks(ranks, nranks)};
   int64_t *all = calloc((size_t)c->size * 2, sizeof *all);
   if (!all) return tc__comm_error(c, TC_ERR_NOMEM, fn, "out of memory");
-  int rc = tc_all_gather_single(c, all, mine, 2, TC_INT64, opts, NULL);
+  int rc = tc_all_gather_single(handle, all, mine, 2, TC_INT64, opts, NULL);
   if (rc != TC_OK) {
     free(all);
     return rc;
@@ -462,7 +551,7 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
     child->num_hints = rc == TC_OK ? c->num_hints : 0;
   }
   if (rc != TC_OK) {
-    tc__comm_bury(child);
+    tc__comm_release(child);
     return rc;
   }
   tc_store_retain(c->root_store);
@@ -477,9 +566,9 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
   if (rc != TC_OK) {
     char saved[1024];
     snprintf(saved, sizeof saved, "%s", tc_last_error());
-    tc__comm_bury(child);
+    tc__comm_release(child);
     return tc__set_error_text(rc, saved);
   }
-  *out = child;
+  *out = tc__comm_publish(child);
   return TC_OK;
 }

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "handles.h"
 #include "internal.h"
 #include "bootstrap/bootstrap.h" /* tc__default_store */
 
@@ -18,8 +19,15 @@
 
 enum { TC_STATE_ACTIVE = 0, TC_STATE_FINALIZED, TC_STATE_ABORTED };
 
+/* A communicator lives in a slot of the communicator table (comm.c): users
+ * hold the slot's handle (handles.h), the core and the backends' callbacks
+ * the struct. The struct is reused by the slot's next communicator once it
+ * was destroyed and no work refers to it any more (refs). */
 struct tc_comm {
   uint32_t magic;
+  uint32_t slot;   /* index in the communicator table */
+  _Atomic int refs; /* the user's handle until destroyed, + one per work */
+  tc_comm_t *handle; /* the handle users hold (slot + generation) */
   char name[128];
   char backend_name[64];
   char device[32];
@@ -42,14 +50,17 @@ struct tc_comm {
   _Atomic int64_t last_progress_ns; /* last start/completion, monotonic */
   pthread_mutex_t err_mu; /* last_error only: taken inside backend callbacks */
   char last_error[1024];
-  struct tc_comm *grave_next;
 };
 
+/* A work lives in a slot of the work table (work.c), reused after its last
+ * reference is dropped; users hold the slot's handle, which is stale from
+ * tc_work_release on, also once the slot serves a later operation. */
 struct tc_work {
   uint32_t magic;
+  uint32_t slot;     /* index in the work table */
+  tc_work_t *handle; /* the handle given to the user (slot + generation) */
   _Atomic int refs;
-  _Atomic int user_released; /* tc_work_release was called */
-  tc_comm_t *comm;
+  tc_comm_t *comm; /* holds a reference (refs) until the work is reused */
   const char *opname;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -62,7 +73,6 @@ struct tc_work {
   void *arrays; /* owned copies of the op's lists, reused across uses */
   size_t arrays_cap;
   char msg[1024];
-  struct tc_work *pool_next;
 };
 
 /* A batch lives in a slot of the batch table (batch.c); the handle users hold
@@ -71,7 +81,8 @@ struct tc_work {
  * bounded by the most batches alive at once. */
 struct tc_batch {
   uint32_t magic;
-  tc_comm_t *comm;
+  uint32_t slot; /* index in the batch table */
+  tc_comm_t *comm; /* the communicator's handle (not the struct): checked at every use */
   tc_p2p_t *ops; /* kept (emptied) when freed, reused by the slot's next batch */
   size_t n, cap;
 };
@@ -83,13 +94,26 @@ TC_INTERNAL tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
 /* Reserves `bytes` of owned array space in the work (aligned 16). */
 TC_INTERNAL void *tc__work_arrays(tc_work_t *w, size_t bytes);
 TC_INTERNAL void tc__work_unref(tc_work_t *w);
-TC_INTERNAL int tc__work_check(const tc_work_t *w, const char *fn);
+/* Resolves the user's work handle *w to its live work in place; an error
+ * ("already released", "not a work handle", NULL) otherwise. */
+TC_INTERNAL int tc__work_enter(tc_work_t **w, const char *fn);
+/* The handle given to the user for w. */
+TC_INTERNAL tc_work_t *tc__work_handle(const tc_work_t *w);
+/* Waits for w until its deadline (tc_work_wait on the struct). */
+TC_INTERNAL int tc__work_wait(tc_work_t *w);
 /* Completes a work that never reached the backend (validation failure). */
 TC_INTERNAL void tc__work_fail_local(tc_work_t *w, int rc, const char *msg);
 TC_INTERNAL extern const tc_backend_host_t tc__host;
 
 /* Communicator helpers (comm.c). */
-TC_INTERNAL int tc__comm_check(const tc_comm_t *c, const char *fn);
+/* The one check of a user's communicator handle: resolves *c to the live
+ * communicator in place, or fails ("argument 'comm' is NULL", "the
+ * communicator handle was destroyed", "argument 'comm' is not a communicator
+ * handle") without reading anything but the handle table. */
+TC_INTERNAL int tc__comm_enter(tc_comm_t **c, const char *fn);
+/* References held by works on a communicator's struct (not its handle). */
+TC_INTERNAL void tc__comm_ref(tc_comm_t *c);
+TC_INTERNAL void tc__comm_unref(tc_comm_t *c);
 /* Formats "torchcomms: <fn> on '<name>' (rank r of n): " + message into the
  * thread's error and the communicator's last error; returns rc. */
 TC_INTERNAL int tc__comm_error(tc_comm_t *c, int rc, const char *fn,
@@ -137,7 +161,9 @@ TC_INTERNAL int tc__v_supports(tc_comm_t *c, const char *fn, tc_op_type_t type,
 /* Argument checks shared by every operation (ops.c): each returns TC_OK or
  * sets the full message ("torchcomms: <fn> on '<comm>' (rank r of n): argument
  * ...") and returns the error. */
-TC_INTERNAL int tc__v_comm(tc_comm_t *c, const char *fn, const tc_op_options_t *o);
+/* Resolves the user's handle *c in place (tc__comm_enter), then checks the
+ * communicator's state and the options. */
+TC_INTERNAL int tc__v_comm(tc_comm_t **c, const char *fn, const tc_op_options_t *o);
 TC_INTERNAL int tc__v_dtype(tc_comm_t *c, const char *fn, tc_dtype_t dt);
 /* count elements of dt, times mult, must fit in the addressable size. */
 TC_INTERNAL int tc__v_count(tc_comm_t *c, const char *fn, const char *arg,

@@ -11,8 +11,9 @@
 
 #define TC_FAIL(c, fn, rc, ...) return tc__comm_error((c), (rc), (fn), __VA_ARGS__)
 
-int tc__v_comm(tc_comm_t *c, const char *fn, const tc_op_options_t *o) {
-  TC_CHECK(tc__comm_check(c, fn));
+int tc__v_comm(tc_comm_t **cp, const char *fn, const tc_op_options_t *o) {
+  TC_CHECK(tc__comm_enter(cp, fn));
+  tc_comm_t *c = *cp;
   if (c->state == TC_STATE_FINALIZED)
     TC_FAIL(c, fn, TC_ERR_INVALID_USAGE,
             "the communicator was finalized (create a new one)");
@@ -276,10 +277,10 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
     return tc__comm_error(c, rc, fn, "%s", why[0] ? why : "the backend refused the operation");
   }
   if (work) {
-    *work = w;
+    *work = tc__work_handle(w);
     return TC_OK;
   }
-  rc = tc_work_wait(w);
+  rc = tc__work_wait(w);
   tc__work_unref(w);
   return rc;
 }
@@ -291,7 +292,7 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
 int tc_send(tc_comm_t *c, const void *buf, size_t count, tc_dtype_t dt,
             int peer, const tc_op_options_t *opts, tc_work_t **work) {
   static const char *fn = "send";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, 1));
   TC_CHECK(tc__v_buf(c, fn, "buf", buf, count));
@@ -311,7 +312,7 @@ int tc_send(tc_comm_t *c, const void *buf, size_t count, tc_dtype_t dt,
 int tc_recv(tc_comm_t *c, void *buf, size_t count, tc_dtype_t dt, int peer,
             const tc_op_options_t *opts, tc_work_t **work) {
   static const char *fn = "recv";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, 1));
   TC_CHECK(tc__v_buf(c, fn, "buf", buf, count));
@@ -331,7 +332,7 @@ int tc_recv(tc_comm_t *c, void *buf, size_t count, tc_dtype_t dt, int peer,
 int tc_broadcast(tc_comm_t *c, void *buf, size_t count, tc_dtype_t dt,
                  int root, const tc_op_options_t *opts, tc_work_t **work) {
   static const char *fn = "broadcast";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, 1));
   TC_CHECK(tc__v_buf(c, fn, "buf", buf, count));
@@ -348,7 +349,7 @@ int tc_all_reduce(tc_comm_t *c, void *buf, size_t count, tc_dtype_t dt,
                   tc_redop_t rop, const tc_op_options_t *opts,
                   tc_work_t **work) {
   static const char *fn = "all_reduce";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_redop(c, fn, dt, rop));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, 1));
@@ -365,7 +366,7 @@ int tc_reduce(tc_comm_t *c, void *buf, size_t count, tc_dtype_t dt,
               tc_redop_t rop, int root, const tc_op_options_t *opts,
               tc_work_t **work) {
   static const char *fn = "reduce";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_redop(c, fn, dt, rop));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, 1));
@@ -384,7 +385,7 @@ int tc_all_gather(tc_comm_t *c, void *const *recvbufs, const void *sendbuf,
                   size_t count, tc_dtype_t dt, const tc_op_options_t *opts,
                   tc_work_t **work) {
   static const char *fn = "all_gather";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, (size_t)c->size));
   TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, count));
@@ -403,7 +404,7 @@ int tc_all_gather_v(tc_comm_t *c, void *const *recvbufs,
                     size_t sendcount, tc_dtype_t dt,
                     const tc_op_options_t *opts, tc_work_t **work) {
   static const char *fn = "all_gather_v";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_count(c, fn, "sendcount", sendcount, dt, 1));
   TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, sendcount));
@@ -426,7 +427,7 @@ int tc_all_gather_single(tc_comm_t *c, void *recvbuf, const void *sendbuf,
                          size_t count, tc_dtype_t dt,
                          const tc_op_options_t *opts, tc_work_t **work) {
   static const char *fn = "all_gather_single";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, (size_t)c->size));
   TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, count));
@@ -443,7 +444,7 @@ int tc_reduce_scatter(tc_comm_t *c, void *recvbuf, const void *const *sendbufs,
                       size_t count, tc_dtype_t dt, tc_redop_t rop,
                       const tc_op_options_t *opts, tc_work_t **work) {
   static const char *fn = "reduce_scatter";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_redop(c, fn, dt, rop));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, (size_t)c->size));
@@ -463,7 +464,7 @@ int tc_reduce_scatter_v(tc_comm_t *c, void *recvbuf, size_t recvcount,
                         tc_dtype_t dt, tc_redop_t rop,
                         const tc_op_options_t *opts, tc_work_t **work) {
   static const char *fn = "reduce_scatter_v";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_redop(c, fn, dt, rop));
   TC_CHECK(tc__v_count(c, fn, "recvcount", recvcount, dt, 1));
@@ -488,7 +489,7 @@ int tc_reduce_scatter_single(tc_comm_t *c, void *recvbuf, const void *sendbuf,
                              size_t count, tc_dtype_t dt, tc_redop_t rop,
                              const tc_op_options_t *opts, tc_work_t **work) {
   static const char *fn = "reduce_scatter_single";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_redop(c, fn, dt, rop));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, (size_t)c->size));
@@ -507,7 +508,7 @@ int tc_all_to_all_single(tc_comm_t *c, void *recvbuf, const void *sendbuf,
                          size_t count, tc_dtype_t dt,
                          const tc_op_options_t *opts, tc_work_t **work) {
   static const char *fn = "all_to_all_single";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, (size_t)c->size));
   TC_CHECK(tc__v_buf(c, fn, "recvbuf", recvbuf, count));
@@ -525,7 +526,7 @@ int tc_all_to_all_v_single(tc_comm_t *c, void *recvbuf,
                            const size_t *sendcounts, tc_dtype_t dt,
                            const tc_op_options_t *opts, tc_work_t **work) {
   static const char *fn = "all_to_all_v_single";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_counts(c, fn, "recvcounts", recvcounts, dt));
   TC_CHECK(tc__v_counts(c, fn, "sendcounts", sendcounts, dt));
@@ -545,7 +546,7 @@ int tc_all_to_all(tc_comm_t *c, void *const *recvbufs, const size_t *recvcounts,
                   tc_dtype_t dt, const tc_op_options_t *opts,
                   tc_work_t **work) {
   static const char *fn = "all_to_all";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_list(c, fn, "recvbufs", (const void *const *)recvbufs,
                       recvcounts, "recvcounts", 0, dt));
@@ -562,7 +563,7 @@ int tc_all_to_all(tc_comm_t *c, void *const *recvbufs, const size_t *recvcounts,
 
 int tc_barrier(tc_comm_t *c, const tc_op_options_t *opts, tc_work_t **work) {
   static const char *fn = "barrier";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   tc__op_args_t op = TC_OP_INIT(TC_OP_BARRIER);
   return tc__op_issue(c, fn, &op, opts, work);
 }
@@ -571,7 +572,7 @@ int tc_scatter(tc_comm_t *c, void *recvbuf, const void *const *sendbufs,
                size_t count, tc_dtype_t dt, int root,
                const tc_op_options_t *opts, tc_work_t **work) {
   static const char *fn = "scatter";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, (size_t)c->size));
   TC_CHECK(tc__v_buf(c, fn, "recvbuf", recvbuf, count));
@@ -591,7 +592,7 @@ int tc_gather(tc_comm_t *c, void *const *recvbufs, const void *sendbuf,
               size_t count, tc_dtype_t dt, int root,
               const tc_op_options_t *opts, tc_work_t **work) {
   static const char *fn = "gather";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, (size_t)c->size));
   TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, count));
@@ -612,7 +613,7 @@ int tc_gather_single(tc_comm_t *c, void *recvbuf, const void *sendbuf,
                      size_t count, tc_dtype_t dt, int root,
                      const tc_op_options_t *opts, tc_work_t **work) {
   static const char *fn = "gather_single";
-  TC_CHECK(tc__v_comm(c, fn, opts));
+  TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, (size_t)c->size));
   TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, count));

@@ -12,30 +12,36 @@
  * deadline (the backend normally reports the timeout itself). */
 #define TC_WORK_GRACE_S 5.0
 
-static pthread_mutex_t tc__pool_mu = PTHREAD_MUTEX_INITIALIZER;
-static tc_work_t *tc__pool;
+/* The work table: works are pooled in its slots (no allocation per
+ * operation once warm) and users hold handles, never pointers. */
+static tc__htable_t tc__works = TC__HTABLE_INIT(TC__HANDLE_WORK);
 
 static int64_t tc__now_ns(void) { return (int64_t)(tc__now() * 1e9); }
 
 tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
                           double timeout_s) {
-  pthread_mutex_lock(&tc__pool_mu);
-  tc_work_t *w = tc__pool;
-  if (w) tc__pool = w->pool_next;
-  pthread_mutex_unlock(&tc__pool_mu);
-  if (!w) {
+  uint32_t idx;
+  void *obj;
+  if (tc__htable_take(&tc__works, &idx, &obj)) return NULL;
+  tc_work_t *w = obj;
+  if (!w) { /* a new slot: its work is kept for every later use */
     w = calloc(1, sizeof *w);
-    if (!w) return NULL;
+    if (!w) {
+      tc__htable_put(&tc__works, idx);
+      return NULL;
+    }
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&w->cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&w->mu, NULL);
+    w->slot = idx;
+    tc__htable_set(&tc__works, idx, w);
   }
   w->magic = TC_WORK_MAGIC;
   atomic_store(&w->refs, 1);
-  atomic_store(&w->user_released, 0);
+  if (comm) tc__comm_ref(comm);
   w->comm = comm;
   w->opname = opname;
   atomic_store(&w->status, TC_WORK_NOT_STARTED);
@@ -45,7 +51,7 @@ tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
   w->timeout_s = timeout_s;
   memset(&w->op, 0, sizeof w->op);
   w->msg[0] = 0;
-  w->pool_next = NULL;
+  w->handle = (tc_work_t *)tc__htable_open(&tc__works, idx);
   return w;
 }
 
@@ -59,32 +65,34 @@ void *tc__work_arrays(tc_work_t *w, size_t bytes) {
   return w->arrays;
 }
 
+/* The last reference: the handle goes stale (if tc_work_release did not
+ * already end it), the communicator is let go, the slot is free again. */
 void tc__work_unref(tc_work_t *w) {
   if (atomic_fetch_sub(&w->refs, 1) != 1) return;
   w->magic = TC_WORK_FREED;
+  tc_comm_t *c = w->comm;
   w->comm = NULL;
-  pthread_mutex_lock(&tc__pool_mu);
-  w->pool_next = tc__pool;
-  tc__pool = w;
-  pthread_mutex_unlock(&tc__pool_mu);
+  tc__htable_close_slot(&tc__works, w->slot);
+  tc__htable_put(&tc__works, w->slot);
+  if (c) tc__comm_unref(c);
 }
 
-int tc__work_check(const tc_work_t *w, const char *fn) {
-  if (!w)
+tc_work_t *tc__work_handle(const tc_work_t *w) { return w->handle; }
+
+int tc__work_enter(tc_work_t **w, const char *fn) {
+  if (!*w)
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: %s: argument 'work' is NULL", fn);
-  if ((uintptr_t)w & 7u) /* no work's address (a batch handle, say): not read */
-    return tc__set_error(TC_ERR_INVALID_USAGE,
-                         "torchcomms: %s: argument 'work' is not a work handle", fn);
-  if (w->magic == TC_WORK_FREED ||
-      (w->magic == TC_WORK_MAGIC && atomic_load(&((tc_work_t *)w)->user_released)))
+  int stale;
+  tc_work_t *p = tc__htable_get(&tc__works, *w, &stale);
+  if (!p && stale)
     return tc__set_error(TC_ERR_INVALID_USAGE,
                          "torchcomms: %s: the work handle was already released",
                          fn);
-  if (w->magic != TC_WORK_MAGIC)
+  if (!p)
     return tc__set_error(TC_ERR_INVALID_USAGE,
-                         "torchcomms: %s: argument 'work' is not a work handle",
-                         fn);
+                         "torchcomms: %s: argument 'work' is not a work handle", fn);
+  *w = p;
   return TC_OK;
 }
 
@@ -237,13 +245,15 @@ static int tc__work_wait_until(tc_work_t *w, double limit, const char *fn) {
   return rc;
 }
 
+int tc__work_wait(tc_work_t *w) { return tc__work_wait_until(w, 0, "tc_work_wait"); }
+
 int tc_work_wait(tc_work_t *w) {
-  TC_CHECK(tc__work_check(w, "tc_work_wait"));
+  TC_CHECK(tc__work_enter(&w, "tc_work_wait"));
   return tc__work_wait_until(w, 0, "tc_work_wait");
 }
 
 int tc_work_wait_for(tc_work_t *w, double timeout_s) {
-  TC_CHECK(tc__work_check(w, "tc_work_wait_for"));
+  TC_CHECK(tc__work_enter(&w, "tc_work_wait_for"));
   if (!(timeout_s >= 0))
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: tc_work_wait_for: argument 'timeout_s' "
@@ -253,7 +263,7 @@ int tc_work_wait_for(tc_work_t *w, double timeout_s) {
 }
 
 int tc_work_test(tc_work_t *w, int *done) {
-  TC_CHECK(tc__work_check(w, "tc_work_test"));
+  TC_CHECK(tc__work_enter(&w, "tc_work_test"));
   if (!done)
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: tc_work_test: argument 'done' is NULL");
@@ -267,19 +277,22 @@ int tc_work_test(tc_work_t *w, int *done) {
   return rc;
 }
 
-int tc_work_status(const tc_work_t *w) {
-  if (tc__work_check(w, "tc_work_status") != TC_OK) return -1;
-  return atomic_load(&((tc_work_t *)w)->status);
+int tc_work_status(const tc_work_t *h) {
+  tc_work_t *w = (tc_work_t *)h;
+  if (tc__work_enter(&w, "tc_work_status") != TC_OK) return -1;
+  return atomic_load(&w->status);
 }
 
-const char *tc_work_error(const tc_work_t *w) {
-  if (tc__work_check(w, "tc_work_error") != TC_OK) return "";
+const char *tc_work_error(const tc_work_t *h) {
+  tc_work_t *w = (tc_work_t *)h;
+  if (tc__work_enter(&w, "tc_work_error") != TC_OK) return "";
   return w->msg;
 }
 
-int tc_work_release(tc_work_t *w) {
-  TC_CHECK(tc__work_check(w, "tc_work_release"));
-  if (atomic_exchange(&w->user_released, 1))
+int tc_work_release(tc_work_t *h) {
+  tc_work_t *w = h;
+  TC_CHECK(tc__work_enter(&w, "tc_work_release"));
+  if (!tc__htable_close(&tc__works, h)) /* another thread released it */
     return tc__set_error(TC_ERR_INVALID_USAGE,
                          "torchcomms: tc_work_release: the work handle was "
                          "already released");

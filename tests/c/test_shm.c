@@ -78,6 +78,7 @@ static void assert_no_entries(const char *name) {
 }
 
 static tc_shm_t *comm_shm(tc_comm_t *c) {
+  TC_ASSERT_OK(tc__comm_enter(&c, "comm_shm")); /* the handle's struct */
   return ((cpu_comm_t *)c->bcomm)->shm;
 }
 

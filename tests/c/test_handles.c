@@ -1,0 +1,233 @@
+/* test_handles.c -- handles whose memory is bounded (src/core/handles.c):
+ * communicators and works are slots with generations like batches; a stale
+ * handle of each kind is an error, also once its slot serves a new object;
+ * split + finalize + destroy cycles keep RSS flat; every communicator name
+ * gets its own generation of store keys however many names a process uses. */
+#include <stdint.h>
+#include <unistd.h>
+
+#include "core/core.h" /* the structs behind handles, to check slot reuse */
+#include "runner.h"
+
+static long rss_kib(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  long pages = 0, res = 0;
+  TC_ASSERT(f && fscanf(f, "%ld %ld", &pages, &res) == 2);
+  fclose(f);
+  return res * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+/* The struct behind a live communicator handle. */
+static tc_comm_t *comm_struct(tc_comm_t *h) {
+  TC_ASSERT_OK(tc__comm_enter(&h, "test"));
+  return h;
+}
+
+static tc_comm_t *world1(const char *name) {
+  tc_comm_t *c = NULL;
+  TC_ASSERT_OK(tc_world1_create(name, "cpu", &c));
+  return c;
+}
+
+TC_TEST(handles_stale_comm_after_slot_reuse) {
+  tc_comm_t *old = world1("old");
+  tc_comm_t *old_struct = comm_struct(old);
+  TC_ASSERT_OK(tc_comm_finalize(old));
+  TC_ASSERT_OK(tc_comm_destroy(old));
+  tc_comm_t *fresh = world1("fresh");
+  /* the struct (and slot) of the destroyed one serves the new one ... */
+  TC_ASSERT(comm_struct(fresh) == old_struct);
+  TC_ASSERT(fresh != old);
+  /* ... and the old handle still only says it was destroyed */
+  TC_ASSERT_ERR(tc_barrier(old, NULL, NULL), TC_ERR_INVALID_USAGE,
+                "torchcomms: barrier: the communicator handle was destroyed");
+  TC_ASSERT_ERR(tc_comm_destroy(old), TC_ERR_INVALID_USAGE,
+                "torchcomms: tc_comm_destroy: the communicator handle was destroyed");
+  tc_batch_t *b = NULL;
+  TC_ASSERT_ERR(tc_batch_create(old, &b), TC_ERR_INVALID_USAGE, "was destroyed");
+  TC_ASSERT_EQ(tc_comm_rank(old), -1);
+  TC_ASSERT(tc_comm_name(old) == NULL);
+  TC_ASSERT_STR_EQ(tc_comm_name(fresh), "fresh");
+  TC_ASSERT_OK(tc_barrier(fresh, NULL, NULL));
+  /* a handle of another kind, or one with a generation never given */
+  TC_ASSERT_ERR(tc_barrier((tc_comm_t *)((uintptr_t)fresh + ((uintptr_t)2 << 27)), NULL, NULL),
+                TC_ERR_INVALID_USAGE, "argument 'comm' is not a communicator handle");
+  TC_ASSERT_OK(tc_batch_create(fresh, &b));
+  TC_ASSERT_ERR(tc_barrier((tc_comm_t *)b, NULL, NULL), TC_ERR_INVALID_USAGE,
+                "argument 'comm' is not a communicator handle");
+  /* a batch whose communicator was destroyed reports the communicator */
+  TC_ASSERT_OK(tc_comm_finalize(fresh));
+  TC_ASSERT_OK(tc_comm_destroy(fresh));
+  float x = 1;
+  TC_ASSERT_ERR(tc_batch_send(b, &x, 1, TC_FLOAT32, 0), TC_ERR_INVALID_USAGE,
+                "batch.send: the communicator handle was destroyed");
+  TC_ASSERT_ERR(tc_batch_issue(b, NULL, NULL), TC_ERR_INVALID_USAGE,
+                "batch_op_issue: the communicator handle was destroyed");
+  TC_ASSERT_OK(tc_batch_free(b));
+}
+
+TC_TEST(handles_stale_work_after_slot_reuse) {
+  tc_comm_t *c = world1("works");
+  float f[2] = {1, 2};
+  tc_work_t *old = NULL, *fresh = NULL;
+  TC_ASSERT_OK(tc_all_reduce(c, f, 2, TC_FLOAT32, TC_OP(TC_SUM), NULL, &old));
+  tc_work_t *old_struct = old;
+  TC_ASSERT_OK(tc__work_enter(&old_struct, "test"));
+  TC_ASSERT_OK(tc_work_wait(old));
+  TC_ASSERT_OK(tc_work_release(old));
+  TC_ASSERT_OK(tc_all_reduce(c, f, 2, TC_FLOAT32, TC_OP(TC_SUM), NULL, &fresh));
+  tc_work_t *fresh_struct = fresh;
+  TC_ASSERT_OK(tc__work_enter(&fresh_struct, "test"));
+  TC_ASSERT(fresh_struct == old_struct); /* the pooled work was reused */
+  TC_ASSERT(fresh != old);
+  int done = 0;
+  TC_ASSERT_ERR(tc_work_wait(old), TC_ERR_INVALID_USAGE,
+                "torchcomms: tc_work_wait: the work handle was already released");
+  TC_ASSERT_ERR(tc_work_test(old, &done), TC_ERR_INVALID_USAGE, "already released");
+  TC_ASSERT_ERR(tc_work_release(old), TC_ERR_INVALID_USAGE, "already released");
+  TC_ASSERT_EQ(tc_work_status(old), -1);
+  TC_ASSERT_STR_EQ(tc_work_error(old), "");
+  /* the release of the stale handle did not touch the new operation */
+  TC_ASSERT_OK(tc_work_wait(fresh));
+  TC_ASSERT_EQ(tc_work_status(fresh), TC_WORK_COMPLETED);
+  TC_ASSERT_ERR(tc_work_wait((tc_work_t *)c), TC_ERR_INVALID_USAGE, "not a work handle");
+  TC_ASSERT_OK(tc_work_release(fresh));
+  TC_ASSERT_ERR(tc_work_wait(fresh), TC_ERR_INVALID_USAGE, "already released");
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+/* A work keeps its communicator's struct: a new communicator does not get
+ * it while the work is held, and the work still answers after destroy. */
+TC_TEST(handles_work_outlives_comm) {
+  tc_comm_t *c = world1("outlived");
+  tc_comm_t *cs = comm_struct(c);
+  float f[2] = {1, 2};
+  tc_work_t *w = NULL;
+  TC_ASSERT_OK(tc_all_reduce(c, f, 2, TC_FLOAT32, TC_OP(TC_SUM), NULL, &w));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+  tc_comm_t *other = world1("other");
+  TC_ASSERT(comm_struct(other) != cs);
+  TC_ASSERT_OK(tc_work_wait(w));
+  TC_ASSERT_EQ(tc_work_status(w), TC_WORK_COMPLETED);
+  TC_ASSERT_OK(tc_work_release(w));
+  TC_ASSERT_ERR(tc_barrier(c, NULL, NULL), TC_ERR_INVALID_USAGE, "was destroyed");
+  tc_comm_t *third = world1("third"); /* now the struct is free again */
+  TC_ASSERT(comm_struct(third) == cs);
+  TC_ASSERT_OK(tc_comm_destroy(other));
+  TC_ASSERT_OK(tc_comm_destroy(third));
+}
+
+/* ---- the per-name generation: no limit on the number of names ---- */
+
+typedef struct {
+  tc_store_t *inner;
+  char adds[2048][160]; /* keys passed to add, in order */
+  int nadds;
+} rec_store_t;
+
+static int rec_set(void *ctx, const char *key, const void *v, size_t len) {
+  return tc_store_set(((rec_store_t *)ctx)->inner, key, v, len);
+}
+static int rec_get(void *ctx, const char *key, void **v, size_t *len, double t) {
+  return tc_store_get(((rec_store_t *)ctx)->inner, key, v, len, t);
+}
+static int rec_add(void *ctx, const char *key, int64_t d, int64_t *res) {
+  rec_store_t *r = ctx;
+  if (r->nadds < 2048) snprintf(r->adds[r->nadds++], sizeof r->adds[0], "%s", key);
+  return tc_store_add(r->inner, key, d, res);
+}
+static int rec_check(void *ctx, const char *const *keys, size_t n, int *ready) {
+  return tc_store_check(((rec_store_t *)ctx)->inner, keys, n, ready);
+}
+static int rec_delete(void *ctx, const char *key, int *deleted) {
+  return tc_store_delete(((rec_store_t *)ctx)->inner, key, deleted);
+}
+
+/* Creates and destroys a world-of-one communicator called name on s; returns
+ * the arrival key its creation added ("tc/<job>/<attempt>/<name>/<n>/arrivals"). */
+static const char *create_named(tc_store_t *s, rec_store_t *r, const char *name) {
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  o.rank = 0;
+  o.world_size = 1;
+  o.name = name;
+  o.store = s;
+  tc_comm_t *c = NULL;
+  int before = r->nadds;
+  TC_ASSERT_OK(tc_comm_create("cpu", "cpu", &o, &c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+  for (int i = before; i < r->nadds; i++)
+    if (strstr(r->adds[i], "/arrivals")) return r->adds[i];
+  tc_test_fail(__FILE__, __LINE__, "no arrival key added for '%s'", name);
+}
+
+static void assert_generation(const char *key, const char *name, int gen) {
+  char want[200];
+  snprintf(want, sizeof want, "/%s/%d/arrivals", name, gen);
+  TC_ASSERT_CONTAINS(key, want);
+}
+
+TC_TEST(handles_name_generations_unbounded) {
+  static rec_store_t rec;
+  TC_ASSERT_OK(tc_store_memory(&rec.inner));
+  tc_store_vtable_t vt = {.size = sizeof vt, .version = 1, .set = rec_set, .get = rec_get,
+                          .add = rec_add, .check = rec_check, .delete_key = rec_delete};
+  tc_store_t *s = NULL;
+  TC_ASSERT_OK(tc_store_create(&vt, &rec, &s));
+  char name[64];
+  for (int i = 0; i < 300; i++) {
+    snprintf(name, sizeof name, "gen-name-%d", i);
+    assert_generation(create_named(s, &rec, name), name, 0);
+  }
+  /* the 300th name is counted like the first (it was 0 again past 256) */
+  assert_generation(create_named(s, &rec, "gen-name-299"), "gen-name-299", 1);
+  assert_generation(create_named(s, &rec, "gen-name-299"), "gen-name-299", 2);
+  assert_generation(create_named(s, &rec, "gen-name-0"), "gen-name-0", 1);
+  assert_generation(create_named(s, &rec, "gen-name-257"), "gen-name-257", 1);
+  tc_store_release(s);
+  tc_store_release(rec.inner);
+}
+
+/* ---- split + finalize + destroy cycles at 2 ranks: RSS flat ---- */
+
+#define SPLIT_CYCLES 2000
+#define SPLIT_WARMUP 200
+
+static void split_cycles_rank(tc_ctx_t *ctx) {
+  tc_comm_t *c = tc_ctx_comm(ctx, "split-rss", NULL);
+  int ranks[2] = {0, 1};
+  long before = 0;
+  double t0 = tc__now(), tw = t0;
+  tc_comm_t *first = NULL, *first_struct = NULL;
+  for (int i = 0; i < SPLIT_WARMUP + SPLIT_CYCLES; i++) {
+    if (i == SPLIT_WARMUP) {
+      before = rss_kib();
+      tw = tc__now();
+    }
+    tc_comm_t *s = NULL;
+    TC_ASSERT_OK(tc_comm_split(c, ranks, 2, "cycle", NULL, &s));
+    int v = ctx->rank + 1;
+    TC_ASSERT_OK(tc_all_reduce(s, &v, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL));
+    TC_ASSERT_EQ(v, 3);
+    if (i == 0) {
+      first = s;
+      first_struct = comm_struct(s);
+    } else {
+      TC_ASSERT(comm_struct(s) == first_struct); /* one slot serves every child */
+    }
+    TC_ASSERT_OK(tc_comm_finalize(s));
+    TC_ASSERT_OK(tc_comm_destroy(s));
+  }
+  long after = rss_kib();
+  if (ctx->rank == 0)
+    printf("  rank 0: RSS after %d warm-up cycles %ld KiB, after %d more %ld KiB "
+           "(%+ld KiB); %.1f s for the %d cycles\n", SPLIT_WARMUP, before, SPLIT_CYCLES,
+           after, after - before, tc__now() - tw, SPLIT_CYCLES);
+  TC_ASSERT(after - before < 1024);
+  /* the first child's handle is stale though its slot serves others since */
+  TC_ASSERT_ERR(tc_barrier(first, NULL, NULL), TC_ERR_INVALID_USAGE,
+                "torchcomms: barrier: the communicator handle was destroyed");
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(handles_split_cycles_rss_flat) { tc_spawn(2, split_cycles_rank, NULL, 110); }
