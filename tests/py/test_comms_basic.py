@@ -534,16 +534,27 @@ def test_finalize_and_abort():
 
 
 def test_async_lifetime_world1(monkeypatch):
-    # on the progress thread (world size 1 otherwise runs operations on the
-    # caller's thread, complete before the call returns)
-    monkeypatch.setenv("TORCHCOMMS_CPU_INLINE_BYTES", "0")
-    c = torchcomms.new_comm("cpu", "cpu", name="life")
+    # An operation certainly in flight: the loopback example backend holds it
+    # on its progress thread for the hinted delay (the cpu backend finishes
+    # one rank's operation at once, so "still in flight" would be a race).
+    build = Path(os.environ.get("TC_BUILD_DIR", Path(__file__).resolve().parents[2] / "build"))
+    monkeypatch.setenv("TORCHCOMMS_BACKEND_LIB_PATH_LOOPBACK", str(build.resolve() / "plugins"))
+    lb = torchcomms.new_comm("loopback", "cpu", name="life-lb")
     t = torch.full((1 << 14,), 2.0)
     ref = weakref.ref(t)
-    c.all_reduce(t, ReduceOp.SUM, async_op=True)  # work dropped at once
+    lb.all_reduce(t, ReduceOp.SUM, async_op=True,
+                  hints={"loopback.delay_ms": "600000"})  # work dropped at once
     del t
     gc.collect()
     assert ref() is not None  # held by the communicator's pending list
+    lb.abort()  # fails it at once
+    del lb
+    gc.collect()
+    assert ref() is None
+    # on the cpu backend's progress thread (world size 1 otherwise runs
+    # operations on the caller's thread, complete before the call returns)
+    monkeypatch.setenv("TORCHCOMMS_CPU_INLINE_BYTES", "0")
+    c = torchcomms.new_comm("cpu", "cpu", name="life")
     ts = [torch.ones(256) for _ in range(200)]
     refs = [weakref.ref(x) for x in ts]
     for x in ts:
@@ -553,7 +564,7 @@ def test_async_lifetime_world1(monkeypatch):
     gc.collect()
     c.finalize()
     gc.collect()
-    assert ref() is None and all(r() is None for r in refs)
+    assert all(r() is None for r in refs)
     for w in works:
         w.wait()
         assert w.status() is WorkStatus.COMPLETED
