@@ -12,19 +12,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-static pthread_mutex_t tc__ds_mu = PTHREAD_MUTEX_INITIALIZER;
-static tc_store_t *tc__ds_store;
-static tc_store_server_t *tc__ds_server;
+static pthread_mutex_t ds_mu = PTHREAD_MUTEX_INITIALIZER;
+static tc_store_t *ds_store;
+static tc_store_server_t *ds_server;
 
 int tc__default_store(int rank, int size, double timeout_s, tc_store_t **out) {
-  pthread_mutex_lock(&tc__ds_mu);
+  pthread_mutex_lock(&ds_mu);
   int rc = TC_OK;
-  if (tc__ds_store) goto done;
+  if (ds_store) goto done;
   const char *addr = tc__env_str("MASTER_ADDR");
   const char *port_s = tc__env_str("MASTER_PORT");
   if (!addr || !port_s) {
     if (size == 1) {
-      rc = tc_store_memory(&tc__ds_store);
+      rc = tc_store_memory(&ds_store);
       goto done;
     }
     rc = tc__set_error(TC_ERR_INVALID_USAGE,
@@ -45,15 +45,15 @@ int tc__default_store(int rank, int size, double timeout_s, tc_store_t **out) {
   const char *agent = tc__env_str("TORCHELASTIC_USE_AGENT_STORE");
   int use_agent = agent && !strcmp(agent, "True");
   if (!use_agent && rank == 0) {
-    rc = tc_store_server_start("0.0.0.0", (int)port, &tc__ds_server);
+    rc = tc_store_server_start("0.0.0.0", (int)port, &ds_server);
     if (rc != TC_OK) goto done;
   }
-  rc = tc_store_tcp_connect(addr, (int)port, timeout_s, &tc__ds_store);
+  rc = tc_store_tcp_connect(addr, (int)port, timeout_s, &ds_store);
 done:
   if (rc == TC_OK) {
-    tc_store_retain(tc__ds_store);
-    *out = tc__ds_store;
+    tc_store_retain(ds_store);
+    *out = ds_store;
   }
-  pthread_mutex_unlock(&tc__ds_mu);
+  pthread_mutex_unlock(&ds_mu);
   return rc;
 }

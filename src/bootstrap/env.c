@@ -20,7 +20,7 @@ typedef struct tc__env_pair {
   const char *source; /* "RANK_VAR/SIZE_VAR" */
 } tc__env_pair_t;
 
-static const tc__env_pair_t tc__env_pairs[] = {
+static const tc__env_pair_t env_pairs[] = {
 #define TC__ENV_PAIR(r, s) {r, s, r "/" s},
     TC__ENV_PAIRS(TC__ENV_PAIR)
 #undef TC__ENV_PAIR
@@ -28,7 +28,7 @@ static const tc__env_pair_t tc__env_pairs[] = {
 
 /* Parses a whole decimal integer in [min, INT_MAX] (surrounding blanks
  * allowed). Returns 0 and sets *out, or -1. */
-static int tc__env_parse_int(const char *text, long min, int *out) {
+static int env_parse_int(const char *text, long min, int *out) {
   char *end = NULL;
   errno = 0;
   long v = strtol(text, &end, 10);
@@ -55,10 +55,10 @@ int tc_env_rank_size(int *rank, int *size, const char **source) {
    * allocation, whose variables then describe the agents, not the ranks. */
   static const int plain[] = {0, 1, 2, 3, 4}, agent[] = {0, 4, 1, 2, 3};
   const int *order = tc__env_str("TORCHELASTIC_RUN_ID") ? agent : plain;
-  _Static_assert(sizeof tc__env_pairs / sizeof tc__env_pairs[0] == 5,
+  _Static_assert(sizeof env_pairs / sizeof env_pairs[0] == 5,
                  "update the orders above");
   for (size_t k = 0; k < 5; k++) {
-    const tc__env_pair_t *p = &tc__env_pairs[order[k]];
+    const tc__env_pair_t *p = &env_pairs[order[k]];
     const char *rv = tc__env_str(p->rank_var);
     const char *sv = tc__env_str(p->size_var);
     if (!rv && !sv) continue;
@@ -71,8 +71,8 @@ int tc_env_rank_size(int *rank, int *size, const char **source) {
           p->rank_var, rv ? "\"" : "", rv ? rv : "(unset)", rv ? "\"" : "",
           p->size_var, sv ? "\"" : "", sv ? sv : "(unset)", sv ? "\"" : "");
     int r, s;
-    if (tc__env_parse_int(rv, 0, &r) != 0 ||
-        tc__env_parse_int(sv, 1, &s) != 0)
+    if (env_parse_int(rv, 0, &r) != 0 ||
+        env_parse_int(sv, 1, &s) != 0)
       return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                            "torchcomms: tc_env_rank_size: %s=\"%s\" and "
                            "%s=\"%s\" must be integers, the rank >= 0 and the "

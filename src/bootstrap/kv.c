@@ -11,7 +11,7 @@
 #include <time.h>
 
 /* FNV-1a, 64 bit. */
-static uint64_t tc__kv_hash(const void *key, size_t klen) {
+static uint64_t kv_hash(const void *key, size_t klen) {
   const uint8_t *p = key;
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < klen; i++) h = (h ^ p[i]) * 1099511628211ull;
@@ -20,14 +20,14 @@ static uint64_t tc__kv_hash(const void *key, size_t klen) {
 
 tc__kv_entry_t *tc__kv_find(const tc__kv_t *kv, const void *key, size_t klen) {
   if (!kv->nbuckets) return NULL;
-  uint64_t h = tc__kv_hash(key, klen);
+  uint64_t h = kv_hash(key, klen);
   for (tc__kv_entry_t *e = kv->buckets[h & (kv->nbuckets - 1)]; e; e = e->next)
     if (e->hash == h && e->klen == klen && !memcmp(e->key, key, klen)) return e;
   return NULL;
 }
 
 /* Doubles the table when it is more than 3/4 full; -1 when out of memory. */
-static int tc__kv_grow(tc__kv_t *kv) {
+static int kv_grow(tc__kv_t *kv) {
   if (kv->nbuckets && kv->count < kv->nbuckets / 4 * 3) return 0;
   size_t n = kv->nbuckets ? kv->nbuckets * 2 : 64;
   tc__kv_entry_t **b = calloc(n, sizeof *b);
@@ -49,15 +49,15 @@ static int tc__kv_grow(tc__kv_t *kv) {
 
 /* Finds key or inserts it with an empty value; NULL when out of memory.
  * *created tells which. */
-static tc__kv_entry_t *tc__kv_lookup_or_add(tc__kv_t *kv, const void *key,
+static tc__kv_entry_t *kv_lookup_or_add(tc__kv_t *kv, const void *key,
                                             size_t klen, int *created) {
   tc__kv_entry_t *e = tc__kv_find(kv, key, klen);
   *created = 0;
   if (e) return e;
-  if (tc__kv_grow(kv)) return NULL;
+  if (kv_grow(kv)) return NULL;
   e = malloc(sizeof *e + klen + 1);
   if (!e) return NULL;
-  e->hash = tc__kv_hash(key, klen);
+  e->hash = kv_hash(key, klen);
   e->val = NULL;
   e->vlen = 0;
   e->klen = klen;
@@ -80,7 +80,7 @@ tc__kv_entry_t *tc__kv_set(tc__kv_t *kv, const void *key, size_t klen,
     memcpy(copy, val, vlen);
   }
   int created;
-  tc__kv_entry_t *e = tc__kv_lookup_or_add(kv, key, klen, &created);
+  tc__kv_entry_t *e = kv_lookup_or_add(kv, key, klen, &created);
   if (!e) {
     free(copy);
     return NULL;
@@ -94,7 +94,7 @@ tc__kv_entry_t *tc__kv_set(tc__kv_t *kv, const void *key, size_t klen,
 tc__kv_entry_t *tc__kv_append(tc__kv_t *kv, const void *key, size_t klen,
                               const void *data, size_t len) {
   int created;
-  tc__kv_entry_t *e = tc__kv_lookup_or_add(kv, key, klen, &created);
+  tc__kv_entry_t *e = kv_lookup_or_add(kv, key, klen, &created);
   if (!e) return NULL;
   if (len) {
     uint8_t *v = realloc(e->val, e->vlen + len);
@@ -135,7 +135,7 @@ int tc__kv_add(tc__kv_t *kv, const void *key, size_t klen, int64_t delta,
 
 int tc__kv_delete(tc__kv_t *kv, const void *key, size_t klen) {
   if (!kv->nbuckets) return 0;
-  uint64_t h = tc__kv_hash(key, klen);
+  uint64_t h = kv_hash(key, klen);
   tc__kv_entry_t **pp = &kv->buckets[h & (kv->nbuckets - 1)];
   for (; *pp; pp = &(*pp)->next) {
     tc__kv_entry_t *e = *pp;

@@ -31,8 +31,8 @@ struct tc_store {
   struct tc_store *prev, *next; /* registry list */
 };
 
-static pthread_mutex_t tc__store_reg_mu = PTHREAD_MUTEX_INITIALIZER;
-static tc_store_t *tc__store_reg_head;
+static pthread_mutex_t store_reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static tc_store_t *store_reg_head;
 
 /* ======================================================================== */
 /* Messages                                                                  */
@@ -48,7 +48,7 @@ void tc__store_key_owner(const char *key, char *buf, size_t len) {
 }
 
 /* Appends "'k1', 'k2', ... and N more" (at most 4 keys) to buf. */
-static void tc__store_key_list(char *buf, size_t len, const char *const *keys,
+static void store_key_list(char *buf, size_t len, const char *const *keys,
                                size_t nkeys, const unsigned char *skip) {
   size_t used = strlen(buf), shown = 0, total = 0;
   for (size_t i = 0; i < nkeys; i++) {
@@ -69,7 +69,7 @@ int tc__store_wait_timeout_error(
     const char *suffix) {
   char list[512] = "", missing[512] = "", owner[64];
   const char *first_missing = nkeys ? keys[0] : "";
-  tc__store_key_list(list, sizeof list, keys, nkeys, NULL);
+  store_key_list(list, sizeof list, keys, nkeys, NULL);
   unsigned char *present = check && nkeys > 1 ? calloc(nkeys, 1) : NULL;
   if (present) {
     int any_missing = 0;
@@ -85,7 +85,7 @@ int tc__store_wait_timeout_error(
     }
     if (any_missing) {
       snprintf(missing, sizeof missing, "; still missing: ");
-      tc__store_key_list(missing, sizeof missing, keys, nkeys, present);
+      store_key_list(missing, sizeof missing, keys, nkeys, present);
     }
     free(present);
   }
@@ -106,12 +106,12 @@ int tc__store_acquire(tc_store_t *s, const char *fn) {
   if (!s)
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: %s: store is NULL", fn);
-  pthread_mutex_lock(&tc__store_reg_mu);
-  tc_store_t *it = tc__store_reg_head;
+  pthread_mutex_lock(&store_reg_mu);
+  tc_store_t *it = store_reg_head;
   while (it && it != s) it = it->next;
   int ok = it && s->magic == TC__STORE_MAGIC;
   if (ok) atomic_fetch_add(&s->refs, 1);
-  pthread_mutex_unlock(&tc__store_reg_mu);
+  pthread_mutex_unlock(&store_reg_mu);
   if (!ok)
     return tc__set_error(TC_ERR_INVALID_USAGE,
                          "torchcomms: %s: %p is not a live store (already "
@@ -123,22 +123,22 @@ int tc__store_acquire(tc_store_t *s, const char *fn) {
 
 /* Drops a reference; the last one unregisters and destroys the store. */
 void tc__store_drop(tc_store_t *s, const char *fn) {
-  pthread_mutex_lock(&tc__store_reg_mu);
-  tc_store_t *it = tc__store_reg_head;
+  pthread_mutex_lock(&store_reg_mu);
+  tc_store_t *it = store_reg_head;
   while (it && it != s) it = it->next;
   int last = 0;
   if (it && s->magic == TC__STORE_MAGIC) {
     last = atomic_fetch_sub(&s->refs, 1) == 1;
     if (last) {
       if (s->prev) s->prev->next = s->next;
-      else tc__store_reg_head = s->next;
+      else store_reg_head = s->next;
       if (s->next) s->next->prev = s->prev;
       s->magic = TC__STORE_DEAD;
     }
   } else {
     it = NULL;
   }
-  pthread_mutex_unlock(&tc__store_reg_mu);
+  pthread_mutex_unlock(&store_reg_mu);
   if (!it) {
     tc__log(1, "%s: %p is not a live store (released twice?); ignored", fn,
             (void *)s);
@@ -182,11 +182,11 @@ int tc__store_create_ext(const tc_store_vtable_t *vt,
   s->ctx = ctx;
   s->magic = TC__STORE_MAGIC;
   atomic_init(&s->refs, 1);
-  pthread_mutex_lock(&tc__store_reg_mu);
-  s->next = tc__store_reg_head;
+  pthread_mutex_lock(&store_reg_mu);
+  s->next = store_reg_head;
   if (s->next) s->next->prev = s;
-  tc__store_reg_head = s;
-  pthread_mutex_unlock(&tc__store_reg_mu);
+  store_reg_head = s;
+  pthread_mutex_unlock(&store_reg_mu);
   *out = s;
   return TC_OK;
 }
@@ -207,7 +207,7 @@ void tc_store_release(tc_store_t *store) {
 
 /* Normalises a custom store's failure: non-negative codes become
  * TC_ERR_STORE, and a failure that left no error text gets a generic one. */
-static int tc__store_fail(tc_store_t *s, int rc, const char *op,
+static int store_fail(tc_store_t *s, int rc, const char *op,
                           const char *key) {
   if (rc > 0) rc = TC_ERR_STORE;
   if (tc_last_error()[0] == '\0')
@@ -217,7 +217,7 @@ static int tc__store_fail(tc_store_t *s, int rc, const char *op,
 }
 
 /* Rejects NaN and negative timeouts. */
-static int tc__store_check_timeout(double t, const char *fn) {
+static int store_check_timeout(double t, const char *fn) {
   if (isnan(t) || t < 0)
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: %s: timeout_s must be >= 0 (got %g)", fn,
@@ -234,7 +234,7 @@ int tc_store_set(tc_store_t *store, const char *key, const void *value,
   TC_CHECK(tc__store_acquire(store, fn));
   tc__set_error_text(TC_OK, "");
   int rc = store->vt.set(store->ctx, key, value ? value : "", len);
-  if (rc != TC_OK) rc = tc__store_fail(store, rc, "set", key);
+  if (rc != TC_OK) rc = store_fail(store, rc, "set", key);
   tc__store_drop(store, fn);
   return rc;
 }
@@ -246,7 +246,7 @@ int tc_store_get(tc_store_t *store, const char *key, void **value, size_t *len,
   *value = NULL;
   *len = 0;
   TC__ARG(key, fn, "key is NULL");
-  TC_CHECK(tc__store_check_timeout(timeout_s, fn));
+  TC_CHECK(store_check_timeout(timeout_s, fn));
   TC_CHECK(tc__store_acquire(store, fn));
   tc__set_error_text(TC_OK, "");
   void *v = NULL;
@@ -266,7 +266,7 @@ int tc_store_get(tc_store_t *store, const char *key, void **value, size_t *len,
     }
   } else {
     free(v);
-    rc = tc__store_fail(store, rc, "get", key);
+    rc = store_fail(store, rc, "get", key);
   }
   tc__store_drop(store, fn);
   return rc;
@@ -280,7 +280,7 @@ int tc_store_add(tc_store_t *store, const char *key, int64_t delta,
   tc__set_error_text(TC_OK, "");
   int64_t r = 0;
   int rc = store->vt.add(store->ctx, key, delta, &r);
-  if (rc != TC_OK) rc = tc__store_fail(store, rc, "add", key);
+  if (rc != TC_OK) rc = store_fail(store, rc, "add", key);
   else if (result) *result = r;
   tc__store_drop(store, fn);
   return rc;
@@ -300,7 +300,7 @@ int tc_store_check(tc_store_t *store, const char *const *keys, size_t nkeys,
   } else {
     tc__set_error_text(TC_OK, "");
     rc = store->vt.check(store->ctx, keys, nkeys, ready);
-    if (rc != TC_OK) rc = tc__store_fail(store, rc, "check", keys[0]);
+    if (rc != TC_OK) rc = store_fail(store, rc, "check", keys[0]);
     else *ready = *ready != 0;
   }
   tc__store_drop(store, fn);
@@ -308,14 +308,14 @@ int tc_store_check(tc_store_t *store, const char *const *keys, size_t nkeys,
 }
 
 /* Waits for keys by polling `check`, sleeping 1 ms doubling to 50 ms. */
-static int tc__store_poll_wait(tc_store_t *s, const char *const *keys,
+static int store_poll_wait(tc_store_t *s, const char *const *keys,
                                size_t nkeys, double timeout_s) {
   double deadline = tc__deadline(timeout_s), nap = 0.001;
   for (;;) {
     int ready = 0;
     tc__set_error_text(TC_OK, "");
     int rc = s->vt.check(s->ctx, keys, nkeys, &ready);
-    if (rc != TC_OK) return tc__store_fail(s, rc, "wait", keys[0]);
+    if (rc != TC_OK) return store_fail(s, rc, "wait", keys[0]);
     if (ready) return TC_OK;
     double left = deadline - tc__now();
     if (left <= 0)
@@ -333,16 +333,16 @@ int tc_store_wait(tc_store_t *store, const char *const *keys, size_t nkeys,
   static const char fn[] = "tc_store_wait";
   TC__ARG(keys || nkeys == 0, fn, "keys is NULL but nkeys > 0");
   for (size_t i = 0; i < nkeys; i++) TC__ARG(keys[i], fn, "a key is NULL");
-  TC_CHECK(tc__store_check_timeout(timeout_s, fn));
+  TC_CHECK(store_check_timeout(timeout_s, fn));
   TC_CHECK(tc__store_acquire(store, fn));
   int rc = TC_OK;
   if (nkeys > 0) {
     tc__set_error_text(TC_OK, "");
     if (store->ext.wait) {
       rc = store->ext.wait(store->ctx, keys, nkeys, timeout_s);
-      if (rc != TC_OK) rc = tc__store_fail(store, rc, "wait", keys[0]);
+      if (rc != TC_OK) rc = store_fail(store, rc, "wait", keys[0]);
     } else {
-      rc = tc__store_poll_wait(store, keys, nkeys, timeout_s);
+      rc = store_poll_wait(store, keys, nkeys, timeout_s);
     }
   }
   tc__store_drop(store, fn);
@@ -356,7 +356,7 @@ int tc_store_delete(tc_store_t *store, const char *key, int *deleted) {
   tc__set_error_text(TC_OK, "");
   int d = 0;
   int rc = store->vt.delete_key(store->ctx, key, &d);
-  if (rc != TC_OK) rc = tc__store_fail(store, rc, "delete", key);
+  if (rc != TC_OK) rc = store_fail(store, rc, "delete", key);
   else if (deleted) *deleted = d != 0;
   tc__store_drop(store, fn);
   return rc;

@@ -17,7 +17,7 @@ typedef struct tc__mem_store {
 } tc__mem_store_t;
 
 /* Waits on the memory store's condvar until `deadline` (monotonic s). */
-static void tc__mem_wait_until(tc__mem_store_t *m, double deadline) {
+static void mem_wait_until(tc__mem_store_t *m, double deadline) {
   struct timespec now, ts;
   clock_gettime(CLOCK_MONOTONIC, &now);
   double left = deadline - tc__now();
@@ -31,7 +31,7 @@ static void tc__mem_wait_until(tc__mem_store_t *m, double deadline) {
 }
 
 /* vtable set: stores a copy and wakes every waiter. */
-static int tc__mem_set(void *ctx, const char *key, const void *v, size_t n) {
+static int mem_set(void *ctx, const char *key, const void *v, size_t n) {
   tc__mem_store_t *m = ctx;
   pthread_mutex_lock(&m->mu);
   tc__kv_entry_t *e = tc__kv_set(&m->kv, key, strlen(key), v, n);
@@ -43,7 +43,7 @@ static int tc__mem_set(void *ctx, const char *key, const void *v, size_t n) {
 }
 
 /* vtable get: waits on the condvar until the key exists or timeout_s. */
-static int tc__mem_get(void *ctx, const char *key, void **value, size_t *len,
+static int mem_get(void *ctx, const char *key, void **value, size_t *len,
                        double timeout_s) {
   tc__mem_store_t *m = ctx;
   double deadline = tc__deadline(timeout_s);
@@ -63,7 +63,7 @@ static int tc__mem_get(void *ctx, const char *key, void **value, size_t *len,
                                   key);
     }
     if (tc__now() >= deadline) break;
-    tc__mem_wait_until(m, deadline);
+    mem_wait_until(m, deadline);
   }
   pthread_mutex_unlock(&m->mu);
   const char *keys[1] = {key};
@@ -73,7 +73,7 @@ static int tc__mem_get(void *ctx, const char *key, void **value, size_t *len,
 }
 
 /* vtable add: torch add semantics (decimal text counters). */
-static int tc__mem_add(void *ctx, const char *key, int64_t delta,
+static int mem_add(void *ctx, const char *key, int64_t delta,
                        int64_t *result) {
   tc__mem_store_t *m = ctx;
   pthread_mutex_lock(&m->mu);
@@ -92,7 +92,7 @@ static int tc__mem_add(void *ctx, const char *key, int64_t delta,
 }
 
 /* 1 if every key is present; the caller holds m->mu. */
-static int tc__mem_all_present(tc__mem_store_t *m, const char *const *keys,
+static int mem_all_present(tc__mem_store_t *m, const char *const *keys,
                                size_t nkeys) {
   for (size_t i = 0; i < nkeys; i++)
     if (!tc__kv_find(&m->kv, keys[i], strlen(keys[i]))) return 0;
@@ -100,33 +100,33 @@ static int tc__mem_all_present(tc__mem_store_t *m, const char *const *keys,
 }
 
 /* vtable check: 1 when every key exists. */
-static int tc__mem_check(void *ctx, const char *const *keys, size_t nkeys,
+static int mem_check(void *ctx, const char *const *keys, size_t nkeys,
                          int *ready) {
   tc__mem_store_t *m = ctx;
   pthread_mutex_lock(&m->mu);
-  *ready = tc__mem_all_present(m, keys, nkeys);
+  *ready = mem_all_present(m, keys, nkeys);
   pthread_mutex_unlock(&m->mu);
   return TC_OK;
 }
 
 /* ext wait: waits on the condvar until every key exists or timeout_s. */
-static int tc__mem_wait(void *ctx, const char *const *keys, size_t nkeys,
+static int mem_wait(void *ctx, const char *const *keys, size_t nkeys,
                         double timeout_s) {
   tc__mem_store_t *m = ctx;
   double deadline = tc__deadline(timeout_s);
   pthread_mutex_lock(&m->mu);
   int ok;
-  while (!(ok = tc__mem_all_present(m, keys, nkeys)) && tc__now() < deadline)
-    tc__mem_wait_until(m, deadline);
+  while (!(ok = mem_all_present(m, keys, nkeys)) && tc__now() < deadline)
+    mem_wait_until(m, deadline);
   pthread_mutex_unlock(&m->mu);
   if (ok) return TC_OK;
   return tc__store_wait_timeout_error(
-      "wait", tc__mem_check, m, keys, nkeys, timeout_s,
+      "wait", mem_check, m, keys, nkeys, timeout_s,
       "? (in-process memory store: no thread of this process set it)");
 }
 
 /* vtable delete_key. */
-static int tc__mem_delete(void *ctx, const char *key, int *deleted) {
+static int mem_delete(void *ctx, const char *key, int *deleted) {
   tc__mem_store_t *m = ctx;
   pthread_mutex_lock(&m->mu);
   *deleted = tc__kv_delete(&m->kv, key, strlen(key));
@@ -135,7 +135,7 @@ static int tc__mem_delete(void *ctx, const char *key, int *deleted) {
 }
 
 /* vtable destroy: frees the map and the context. */
-static void tc__mem_destroy(void *ctx) {
+static void mem_destroy(void *ctx) {
   tc__mem_store_t *m = ctx;
   tc__kv_free(&m->kv);
   pthread_cond_destroy(&m->cv);
@@ -159,12 +159,12 @@ int tc_store_memory(tc_store_t **out) {
   pthread_condattr_destroy(&ca);
   pthread_mutex_init(&m->mu, NULL);
   static const tc_store_vtable_t vt = {
-      .size = sizeof(tc_store_vtable_t), .version = 1, .set = tc__mem_set,
-      .get = tc__mem_get, .add = tc__mem_add, .check = tc__mem_check,
-      .delete_key = tc__mem_delete, .destroy = tc__mem_destroy};
-  static const tc__store_ext_t ext = {.wait = tc__mem_wait, .kind = "memory"};
+      .size = sizeof(tc_store_vtable_t), .version = 1, .set = mem_set,
+      .get = mem_get, .add = mem_add, .check = mem_check,
+      .delete_key = mem_delete, .destroy = mem_destroy};
+  static const tc__store_ext_t ext = {.wait = mem_wait, .kind = "memory"};
   int rc = tc__store_create_ext(&vt, &ext, m, out);
-  if (rc != TC_OK) tc__mem_destroy(m);
+  if (rc != TC_OK) mem_destroy(m);
   return rc;
 }
 

@@ -17,7 +17,7 @@ typedef struct tc__prefix_store {
 } tc__prefix_store_t;
 
 /* "<prefix>/<key>", malloc()ed; NULL (error text set) when out of memory. */
-static char *tc__prefix_key(tc__prefix_store_t *p, const char *key) {
+static char *prefix_key(tc__prefix_store_t *p, const char *key) {
   size_t klen = strlen(key);
   char *k = malloc(p->plen + 1 + klen + 1);
   if (!k) {
@@ -31,18 +31,18 @@ static char *tc__prefix_key(tc__prefix_store_t *p, const char *key) {
 }
 
 /* vtable set/get/add/delete_key: forward "<prefix>/<key>" to the base. */
-static int tc__prefix_set(void *ctx, const char *key, const void *v,
+static int prefix_set(void *ctx, const char *key, const void *v,
                           size_t n) {
-  char *k = tc__prefix_key(ctx, key);
+  char *k = prefix_key(ctx, key);
   if (!k) return TC_ERR_NOMEM;
   int rc = tc_store_set(((tc__prefix_store_t *)ctx)->base, k, v, n);
   free(k);
   return rc;
 }
 
-static int tc__prefix_get(void *ctx, const char *key, void **value,
+static int prefix_get(void *ctx, const char *key, void **value,
                           size_t *len, double timeout_s) {
-  char *k = tc__prefix_key(ctx, key);
+  char *k = prefix_key(ctx, key);
   if (!k) return TC_ERR_NOMEM;
   int rc = tc_store_get(((tc__prefix_store_t *)ctx)->base, k, value, len,
                         timeout_s);
@@ -50,17 +50,17 @@ static int tc__prefix_get(void *ctx, const char *key, void **value,
   return rc;
 }
 
-static int tc__prefix_add(void *ctx, const char *key, int64_t delta,
+static int prefix_add(void *ctx, const char *key, int64_t delta,
                           int64_t *result) {
-  char *k = tc__prefix_key(ctx, key);
+  char *k = prefix_key(ctx, key);
   if (!k) return TC_ERR_NOMEM;
   int rc = tc_store_add(((tc__prefix_store_t *)ctx)->base, k, delta, result);
   free(k);
   return rc;
 }
 
-static int tc__prefix_delete(void *ctx, const char *key, int *deleted) {
-  char *k = tc__prefix_key(ctx, key);
+static int prefix_delete(void *ctx, const char *key, int *deleted) {
+  char *k = prefix_key(ctx, key);
   if (!k) return TC_ERR_NOMEM;
   int rc = tc_store_delete(((tc__prefix_store_t *)ctx)->base, k, deleted);
   free(k);
@@ -68,7 +68,7 @@ static int tc__prefix_delete(void *ctx, const char *key, int *deleted) {
 }
 
 /* Runs check (wait == 0) or wait on the prefixed keys. */
-static int tc__prefix_multi(tc__prefix_store_t *p, const char *const *keys,
+static int prefix_multi(tc__prefix_store_t *p, const char *const *keys,
                             size_t nkeys, int wait, int *ready,
                             double timeout_s) {
   char **pk = calloc(nkeys, sizeof *pk);
@@ -76,7 +76,7 @@ static int tc__prefix_multi(tc__prefix_store_t *p, const char *const *keys,
               : tc__set_error(TC_ERR_NOMEM,
                               "torchcomms: prefix store: out of memory");
   for (size_t i = 0; rc == TC_OK && i < nkeys; i++)
-    if (!(pk[i] = tc__prefix_key(p, keys[i]))) rc = TC_ERR_NOMEM;
+    if (!(pk[i] = prefix_key(p, keys[i]))) rc = TC_ERR_NOMEM;
   if (rc == TC_OK)
     rc = wait ? tc_store_wait(p->base, (const char *const *)pk, nkeys,
                               timeout_s)
@@ -87,24 +87,24 @@ static int tc__prefix_multi(tc__prefix_store_t *p, const char *const *keys,
 }
 
 /* vtable check: the base checks the prefixed keys. */
-static int tc__prefix_check(void *ctx, const char *const *keys, size_t nkeys,
+static int prefix_check(void *ctx, const char *const *keys, size_t nkeys,
                             int *ready) {
-  return tc__prefix_multi(ctx, keys, nkeys, 0, ready, 0);
+  return prefix_multi(ctx, keys, nkeys, 0, ready, 0);
 }
 
 /* ext wait: the base waits for the prefixed keys. */
-static int tc__prefix_wait(void *ctx, const char *const *keys, size_t nkeys,
+static int prefix_wait(void *ctx, const char *const *keys, size_t nkeys,
                            double timeout_s) {
-  return tc__prefix_multi(ctx, keys, nkeys, 1, NULL, timeout_s);
+  return prefix_multi(ctx, keys, nkeys, 1, NULL, timeout_s);
 }
 
 /* ext local_addr: the base's. */
-static const char *tc__prefix_local_addr(void *ctx) {
+static const char *prefix_local_addr(void *ctx) {
   return tc_store_local_addr(((tc__prefix_store_t *)ctx)->base);
 }
 
 /* vtable destroy: drops the base reference. */
-static void tc__prefix_destroy(void *ctx) {
+static void prefix_destroy(void *ctx) {
   tc__prefix_store_t *p = ctx;
   tc_store_release(p->base);
   free(p->prefix);
@@ -127,13 +127,13 @@ int tc_store_prefix(tc_store_t *base, const char *prefix, tc_store_t **out) {
   p->base = base;
   p->plen = strlen(prefix);
   static const tc_store_vtable_t vt = {
-      .size = sizeof(tc_store_vtable_t), .version = 1, .set = tc__prefix_set,
-      .get = tc__prefix_get, .add = tc__prefix_add, .check = tc__prefix_check,
-      .delete_key = tc__prefix_delete, .destroy = tc__prefix_destroy};
-  static const tc__store_ext_t ext = {.wait = tc__prefix_wait,
-                                      .local_addr = tc__prefix_local_addr,
+      .size = sizeof(tc_store_vtable_t), .version = 1, .set = prefix_set,
+      .get = prefix_get, .add = prefix_add, .check = prefix_check,
+      .delete_key = prefix_delete, .destroy = prefix_destroy};
+  static const tc__store_ext_t ext = {.wait = prefix_wait,
+                                      .local_addr = prefix_local_addr,
                                       .kind = "prefix"};
   int rc = tc__store_create_ext(&vt, &ext, p, out);
-  if (rc != TC_OK) tc__prefix_destroy(p);
+  if (rc != TC_OK) prefix_destroy(p);
   return rc;
 }

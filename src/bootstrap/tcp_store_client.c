@@ -54,7 +54,7 @@ typedef struct tc__tcp_client {
 } tc__tcp_client_t;
 
 /* Milliseconds from now to deadline for poll(), at least 0. */
-static int tc__tcp_ms_left(double deadline) {
+static int tcp_ms_left(double deadline) {
   double left = deadline - tc__now();
   if (left <= 0) return 0;
   double ms = ceil(left * 1000.0);
@@ -63,9 +63,9 @@ static int tc__tcp_ms_left(double deadline) {
 
 /* Closes the connection, remembering why; sets the error text and returns
  * rc. */
-static int tc__tcp_lose(tc__tcp_client_t *c, int rc, const char *fmt, ...)
+static int tcp_lose(tc__tcp_client_t *c, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static int tc__tcp_lose(tc__tcp_client_t *c, int rc, const char *fmt, ...) {
+static int tcp_lose(tc__tcp_client_t *c, int rc, const char *fmt, ...) {
   char msg[512];
   va_list ap;
   va_start(ap, fmt);
@@ -79,11 +79,11 @@ static int tc__tcp_lose(tc__tcp_client_t *c, int rc, const char *fmt, ...) {
   return tc__set_error(rc, "torchcomms: %s", msg);
 }
 
-static int tc__tcp_closed(tc__tcp_client_t *c, int err, const char *op,
+static int tcp_closed(tc__tcp_client_t *c, int err, const char *op,
                           const char *key);
 
 /* Sends len bytes before deadline. */
-static int tc__tcp_send(tc__tcp_client_t *c, const void *buf, size_t len,
+static int tcp_send(tc__tcp_client_t *c, const void *buf, size_t len,
                         double deadline, const char *op, const char *key) {
   const uint8_t *p = buf;
   while (len > 0) {
@@ -95,20 +95,20 @@ static int tc__tcp_send(tc__tcp_client_t *c, const void *buf, size_t len,
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EPIPE || errno == ECONNRESET))
-      return tc__tcp_closed(c, errno, op, key);
+      return tcp_closed(c, errno, op, key);
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
-      return tc__tcp_lose(c, TC_ERR_REMOTE,
+      return tcp_lose(c, TC_ERR_REMOTE,
                           "store %s('%s'): sending to the store at %s:%d "
                           "failed: %s (did the process hosting the store "
                           "exit?)",
                           op, key, c->host, c->port, strerror(errno));
     struct pollfd pfd = {.fd = c->fd, .events = POLLOUT};
-    int r = poll(&pfd, 1, tc__tcp_ms_left(deadline));
+    int r = poll(&pfd, 1, tcp_ms_left(deadline));
     if (r < 0 && errno != EINTR)
-      return tc__tcp_lose(c, TC_ERR_SYSTEM, "store %s('%s'): poll: %s", op,
+      return tcp_lose(c, TC_ERR_SYSTEM, "store %s('%s'): poll: %s", op,
                           key, strerror(errno));
     if (r == 0 && tc__now() >= deadline)
-      return tc__tcp_lose(c, TC_ERR_TIMEOUT,
+      return tcp_lose(c, TC_ERR_TIMEOUT,
                           "store %s('%s'): the store at %s:%d accepted no "
                           "data for %.1f s (is it hung or overloaded?)",
                           op, key, c->host, c->port, c->io_timeout);
@@ -117,7 +117,7 @@ static int tc__tcp_send(tc__tcp_client_t *c, const void *buf, size_t len,
 }
 
 /* Receives exactly len bytes before deadline. */
-static int tc__tcp_recv(tc__tcp_client_t *c, void *buf, size_t len,
+static int tcp_recv(tc__tcp_client_t *c, void *buf, size_t len,
                         double deadline, const char *op, const char *key) {
   uint8_t *p = buf;
   while (len > 0) {
@@ -128,21 +128,21 @@ static int tc__tcp_recv(tc__tcp_client_t *c, void *buf, size_t len,
       continue;
     }
     if (n == 0 || errno == ECONNRESET)
-      return tc__tcp_closed(c, n == 0 ? 0 : errno, op, key);
+      return tcp_closed(c, n == 0 ? 0 : errno, op, key);
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK)
-      return tc__tcp_lose(c, TC_ERR_REMOTE,
+      return tcp_lose(c, TC_ERR_REMOTE,
                           "store %s('%s'): receiving from the store at %s:%d "
                           "failed: %s (did the process hosting the store "
                           "exit?)",
                           op, key, c->host, c->port, strerror(errno));
     struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
-    int r = poll(&pfd, 1, tc__tcp_ms_left(deadline));
+    int r = poll(&pfd, 1, tcp_ms_left(deadline));
     if (r < 0 && errno != EINTR)
-      return tc__tcp_lose(c, TC_ERR_SYSTEM, "store %s('%s'): poll: %s", op,
+      return tcp_lose(c, TC_ERR_SYSTEM, "store %s('%s'): poll: %s", op,
                           key, strerror(errno));
     if (r == 0 && tc__now() >= deadline)
-      return tc__tcp_lose(c, TC_ERR_TIMEOUT,
+      return tcp_lose(c, TC_ERR_TIMEOUT,
                           "store %s('%s'): no reply from the store at %s:%d "
                           "within %.1f s (is it hung or overloaded?)",
                           op, key, c->host, c->port, c->io_timeout);
@@ -150,13 +150,13 @@ static int tc__tcp_recv(tc__tcp_client_t *c, void *buf, size_t len,
   return TC_OK;
 }
 
-static int tc__tcp_try(tc__tcp_client_t *c, const struct addrinfo *ai,
+static int tcp_try(tc__tcp_client_t *c, const struct addrinfo *ai,
                        double deadline, char *why, size_t whylen);
 
 /* Asks the server, on a new connection, why it closed ours: 1 with its
  * reason in why, 0 when it has none (torch's server, a server that exited,
  * or a client it sees under another address). */
-static int tc__tcp_refusal(tc__tcp_client_t *c, char *why, size_t len) {
+static int tcp_refusal(tc__tcp_client_t *c, char *why, size_t len) {
   if (c->no_explain || !c->local[0] || c->local_port <= 0) return 0;
   tc__tcp_client_t *q = calloc(1, sizeof *q);
   if (!q) return 0;
@@ -174,7 +174,7 @@ static int tc__tcp_refusal(tc__tcp_client_t *c, char *why, size_t len) {
   double deadline = tc__deadline(q->io_timeout);
   if (getaddrinfo(c->host, portstr, &hints, &res) == 0) {
     for (struct addrinfo *ai = res; ai && q->fd < 0; ai = ai->ai_next)
-      if (tc__tcp_try(q, ai, deadline, err, sizeof err) != TC_OK) q->fd = -1;
+      if (tcp_try(q, ai, deadline, err, sizeof err) != TC_OK) q->fd = -1;
     freeaddrinfo(res);
   }
   if (q->fd >= 0) {
@@ -185,11 +185,11 @@ static int tc__tcp_refusal(tc__tcp_client_t *c, char *why, size_t len) {
     tc__buf_u8(&b, TC__Q_GET);
     tc__buf_str(&b, key, strlen(key));
     uint8_t x[8];
-    if (!b.oom && tc__tcp_send(q, b.p, b.len, deadline, "get", key) == TC_OK &&
-        tc__tcp_recv(q, x, 8, deadline, "get", key) == TC_OK) {
+    if (!b.oom && tcp_send(q, b.p, b.len, deadline, "get", key) == TC_OK &&
+        tcp_recv(q, x, 8, deadline, "get", key) == TC_OK) {
       uint64_t n = tc__rd_u64(x);
       if (n > 0 && n < len &&
-          tc__tcp_recv(q, why, (size_t)n, deadline, "get", key) == TC_OK) {
+          tcp_recv(q, why, (size_t)n, deadline, "get", key) == TC_OK) {
         why[n] = 0;
         found = 1;
       }
@@ -204,14 +204,14 @@ static int tc__tcp_refusal(tc__tcp_client_t *c, char *why, size_t len) {
 
 /* The server closed the connection (err: 0 for EOF, else errno): names
  * its reason when it gives one, else the likely causes. */
-static int tc__tcp_closed(tc__tcp_client_t *c, int err, const char *op,
+static int tcp_closed(tc__tcp_client_t *c, int err, const char *op,
                           const char *key) {
   if (c->fd >= 0) {
     close(c->fd);
     c->fd = -1;
   }
   char why[300];
-  if (tc__tcp_refusal(c, why, sizeof why)) {
+  if (tcp_refusal(c, why, sizeof why)) {
     snprintf(c->lost, sizeof c->lost, "the store server refused a request: "
              "%s", why);
     return tc__set_error(TC_ERR_STORE,
@@ -234,7 +234,7 @@ static int tc__tcp_closed(tc__tcp_client_t *c, int err, const char *op,
 
 /* Fails when the connection was lost earlier or the request could not be
  * built; otherwise sends it. */
-static int tc__tcp_request(tc__tcp_client_t *c, tc__buf_t *b, const char *op,
+static int tcp_request(tc__tcp_client_t *c, tc__buf_t *b, const char *op,
                            const char *key) {
   if (c->fd < 0)
     return tc__set_error(TC_ERR_REMOTE,
@@ -245,27 +245,27 @@ static int tc__tcp_request(tc__tcp_client_t *c, tc__buf_t *b, const char *op,
   if (b->oom)
     return tc__set_error(TC_ERR_NOMEM, "torchcomms: store %s('%s'): out of "
                          "memory", op, key);
-  return tc__tcp_send(c, b->p, b->len, tc__deadline(c->io_timeout), op, key);
+  return tcp_send(c, b->p, b->len, tc__deadline(c->io_timeout), op, key);
 }
 
 /* Receives a little-endian int64 reply. */
-static int tc__tcp_recv_i64(tc__tcp_client_t *c, int64_t *v, const char *op,
+static int tcp_recv_i64(tc__tcp_client_t *c, int64_t *v, const char *op,
                             const char *key) {
   uint8_t x[8];
-  TC_CHECK(tc__tcp_recv(c, x, 8, tc__deadline(c->io_timeout), op, key));
+  TC_CHECK(tcp_recv(c, x, 8, tc__deadline(c->io_timeout), op, key));
   *v = (int64_t)tc__rd_u64(x);
   return TC_OK;
 }
 
 /* Receives one response byte before deadline. */
-static int tc__tcp_recv_u8(tc__tcp_client_t *c, uint8_t *v, double deadline,
+static int tcp_recv_u8(tc__tcp_client_t *c, uint8_t *v, double deadline,
                            const char *op, const char *key) {
-  return tc__tcp_recv(c, v, 1, deadline, op, key);
+  return tcp_recv(c, v, 1, deadline, op, key);
 }
 
 /* torch's doWait: WAIT for keys; *present = 1 when the server answered
  * STOP_WAITING before timeout_s, 0 after a cancelled wait. Holds c->mu. */
-static int tc__tcp_do_wait(tc__tcp_client_t *c, const char *const *keys,
+static int tcp_do_wait(tc__tcp_client_t *c, const char *const *keys,
                            size_t nkeys, double timeout_s, const char *op,
                            int *present) {
   *present = 0;
@@ -273,13 +273,13 @@ static int tc__tcp_do_wait(tc__tcp_client_t *c, const char *const *keys,
   tc__buf_u8(&b, TC__Q_WAIT);
   tc__buf_u64(&b, nkeys);
   for (size_t i = 0; i < nkeys; i++) tc__buf_key(&b, keys[i]);
-  int rc = tc__tcp_request(c, &b, op, keys[0]);
+  int rc = tcp_request(c, &b, op, keys[0]);
   tc__buf_free(&b);
   if (rc != TC_OK) return rc;
   double deadline = tc__deadline(timeout_s);
   for (;;) {
     struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
-    int r = poll(&pfd, 1, tc__tcp_ms_left(deadline));
+    int r = poll(&pfd, 1, tcp_ms_left(deadline));
     if (r > 0) break; /* an answer, EOF or an error: recv tells */
     if (r == 0 && tc__now() < deadline) continue; /* poll's ms cap */
     if (r == 0) {
@@ -287,29 +287,29 @@ static int tc__tcp_do_wait(tc__tcp_client_t *c, const char *const *keys,
        * STOP_WAITING if the keys appeared meanwhile */
       uint8_t q = TC__Q_CANCEL_WAIT, a = 0;
       double io = tc__deadline(c->io_timeout);
-      TC_CHECK(tc__tcp_send(c, &q, 1, io, op, keys[0]));
-      TC_CHECK(tc__tcp_recv_u8(c, &a, io, op, keys[0]));
+      TC_CHECK(tcp_send(c, &q, 1, io, op, keys[0]));
+      TC_CHECK(tcp_recv_u8(c, &a, io, op, keys[0]));
       if (a == TC__WAIT_CANCELED) return TC_OK;
       if (a == TC__WAIT_STOP_WAITING) {
-        TC_CHECK(tc__tcp_recv_u8(c, &a, io, op, keys[0]));
+        TC_CHECK(tcp_recv_u8(c, &a, io, op, keys[0]));
         if (a == TC__WAIT_CANCELED) {
           *present = 1;
           return TC_OK;
         }
       }
-      return tc__tcp_lose(c, TC_ERR_PROTOCOL,
+      return tcp_lose(c, TC_ERR_PROTOCOL,
                           "store %s('%s'): unexpected answer %u to "
                           "CANCEL_WAIT from %s:%d (not a TCPStore server?)",
                           op, keys[0], a, c->host, c->port);
     }
     if (errno != EINTR)
-      return tc__tcp_lose(c, TC_ERR_SYSTEM, "store %s('%s'): poll: %s", op,
+      return tcp_lose(c, TC_ERR_SYSTEM, "store %s('%s'): poll: %s", op,
                           keys[0], strerror(errno));
   }
   uint8_t a = 0;
-  TC_CHECK(tc__tcp_recv_u8(c, &a, tc__deadline(c->io_timeout), op, keys[0]));
+  TC_CHECK(tcp_recv_u8(c, &a, tc__deadline(c->io_timeout), op, keys[0]));
   if (a != TC__WAIT_STOP_WAITING)
-    return tc__tcp_lose(c, TC_ERR_PROTOCOL,
+    return tcp_lose(c, TC_ERR_PROTOCOL,
                         "store %s('%s'): unexpected answer %u to WAIT from "
                         "%s:%d (not a TCPStore server?)",
                         op, keys[0], a, c->host, c->port);
@@ -321,7 +321,7 @@ static int tc__tcp_do_wait(tc__tcp_client_t *c, const char *const *keys,
 
 /* vtable set: SET key value (no answer), then a PING whose echo confirms
  * that the server took it (a refused SET closes the connection instead). */
-static int tc__tcp_set(void *ctx, const char *key, const void *v, size_t n) {
+static int tcp_set(void *ctx, const char *key, const void *v, size_t n) {
   tc__tcp_client_t *c = ctx;
   tc__buf_t b = {0};
   static _Atomic uint32_t seq;
@@ -332,12 +332,12 @@ static int tc__tcp_set(void *ctx, const char *key, const void *v, size_t n) {
   tc__buf_u8(&b, TC__Q_PING);
   tc__buf_u32(&b, nonce);
   pthread_mutex_lock(&c->mu);
-  int rc = tc__tcp_request(c, &b, "set", key);
+  int rc = tcp_request(c, &b, "set", key);
   uint8_t echo[4];
   if (rc == TC_OK)
-    rc = tc__tcp_recv(c, echo, 4, tc__deadline(c->io_timeout), "set", key);
+    rc = tcp_recv(c, echo, 4, tc__deadline(c->io_timeout), "set", key);
   if (rc == TC_OK && tc__rd_u32(echo) != nonce)
-    rc = tc__tcp_lose(c, TC_ERR_PROTOCOL,
+    rc = tcp_lose(c, TC_ERR_PROTOCOL,
                       "store set('%s'): the store at %s:%d answered the "
                       "confirming PING with 0x%08x instead of 0x%08x (not a "
                       "TCPStore server?)",
@@ -348,22 +348,22 @@ static int tc__tcp_set(void *ctx, const char *key, const void *v, size_t n) {
 }
 
 /* vtable get: WAIT for the key up to timeout_s, then GET it. */
-static int tc__tcp_get(void *ctx, const char *key, void **value, size_t *len,
+static int tcp_get(void *ctx, const char *key, void **value, size_t *len,
                        double timeout_s) {
   tc__tcp_client_t *c = ctx;
   int present = 0;
   pthread_mutex_lock(&c->mu);
-  int rc = tc__tcp_do_wait(c, &key, 1, timeout_s, "get", &present);
+  int rc = tcp_do_wait(c, &key, 1, timeout_s, "get", &present);
   if (rc == TC_OK && present) {
     tc__buf_t b = {0};
     tc__buf_u8(&b, TC__Q_GET);
     tc__buf_key(&b, key);
-    rc = tc__tcp_request(c, &b, "get", key);
+    rc = tcp_request(c, &b, "get", key);
     tc__buf_free(&b);
     int64_t n = 0;
-    if (rc == TC_OK) rc = tc__tcp_recv_i64(c, &n, "get", key);
+    if (rc == TC_OK) rc = tcp_recv_i64(c, &n, "get", key);
     if (rc == TC_OK && (uint64_t)n > TC__TCP_MAX_REPLY)
-      rc = tc__tcp_lose(c, TC_ERR_PROTOCOL,
+      rc = tcp_lose(c, TC_ERR_PROTOCOL,
                         "store get('%s'): the store at %s:%d announced a "
                         "value of %" PRIu64 " bytes (not a TCPStore?)",
                         key, c->host, c->port, (uint64_t)n);
@@ -371,12 +371,12 @@ static int tc__tcp_get(void *ctx, const char *key, void **value, size_t *len,
       uint8_t *v = malloc((size_t)n + 1);
       if (!v) {
         /* the unread value leaves the stream out of sync: drop it */
-        rc = tc__tcp_lose(c, TC_ERR_NOMEM,
+        rc = tcp_lose(c, TC_ERR_NOMEM,
                           "store get('%s'): out of memory for %" PRId64
                           " bytes",
                           key, n);
       } else {
-        rc = tc__tcp_recv(c, v, (size_t)n, tc__deadline(c->io_timeout),
+        rc = tcp_recv(c, v, (size_t)n, tc__deadline(c->io_timeout),
                           "get", key);
         if (rc == TC_OK) {
           v[n] = 0;
@@ -396,7 +396,7 @@ static int tc__tcp_get(void *ctx, const char *key, void **value, size_t *len,
 }
 
 /* vtable add: ADD key delta, answered with the new value. */
-static int tc__tcp_add(void *ctx, const char *key, int64_t delta,
+static int tcp_add(void *ctx, const char *key, int64_t delta,
                        int64_t *result) {
   tc__tcp_client_t *c = ctx;
   tc__buf_t b = {0};
@@ -404,15 +404,15 @@ static int tc__tcp_add(void *ctx, const char *key, int64_t delta,
   tc__buf_key(&b, key);
   tc__buf_u64(&b, (uint64_t)delta);
   pthread_mutex_lock(&c->mu);
-  int rc = tc__tcp_request(c, &b, "add", key);
-  if (rc == TC_OK) rc = tc__tcp_recv_i64(c, result, "add", key);
+  int rc = tcp_request(c, &b, "add", key);
+  if (rc == TC_OK) rc = tcp_recv_i64(c, result, "add", key);
   pthread_mutex_unlock(&c->mu);
   tc__buf_free(&b);
   return rc;
 }
 
 /* vtable check: CHECK keys, answered READY or NOT_READY. */
-static int tc__tcp_check(void *ctx, const char *const *keys, size_t nkeys,
+static int tcp_check(void *ctx, const char *const *keys, size_t nkeys,
                          int *ready) {
   tc__tcp_client_t *c = ctx;
   tc__buf_t b = {0};
@@ -420,13 +420,13 @@ static int tc__tcp_check(void *ctx, const char *const *keys, size_t nkeys,
   tc__buf_u64(&b, nkeys);
   for (size_t i = 0; i < nkeys; i++) tc__buf_key(&b, keys[i]);
   pthread_mutex_lock(&c->mu);
-  int rc = tc__tcp_request(c, &b, "check", keys[0]);
+  int rc = tcp_request(c, &b, "check", keys[0]);
   uint8_t a = 0;
   if (rc == TC_OK)
-    rc = tc__tcp_recv_u8(c, &a, tc__deadline(c->io_timeout), "check",
+    rc = tcp_recv_u8(c, &a, tc__deadline(c->io_timeout), "check",
                          keys[0]);
   if (rc == TC_OK && a != TC__CHECK_READY && a != TC__CHECK_NOT_READY)
-    rc = tc__tcp_lose(c, TC_ERR_PROTOCOL,
+    rc = tcp_lose(c, TC_ERR_PROTOCOL,
                       "store check('%s'): unexpected answer %u from %s:%d",
                       keys[0], a, c->host, c->port);
   pthread_mutex_unlock(&c->mu);
@@ -436,29 +436,29 @@ static int tc__tcp_check(void *ctx, const char *const *keys, size_t nkeys,
 }
 
 /* ext wait: WAIT for all keys up to timeout_s. */
-static int tc__tcp_wait(void *ctx, const char *const *keys, size_t nkeys,
+static int tcp_wait(void *ctx, const char *const *keys, size_t nkeys,
                         double timeout_s) {
   tc__tcp_client_t *c = ctx;
   int present = 0;
   pthread_mutex_lock(&c->mu);
-  int rc = tc__tcp_do_wait(c, keys, nkeys, timeout_s, "wait", &present);
+  int rc = tcp_do_wait(c, keys, nkeys, timeout_s, "wait", &present);
   pthread_mutex_unlock(&c->mu);
   if (rc == TC_OK && !present)
-    rc = tc__store_wait_timeout_error("wait", tc__tcp_check, c, keys, nkeys,
+    rc = tc__store_wait_timeout_error("wait", tcp_check, c, keys, nkeys,
                                       timeout_s, c->hint);
   return rc;
 }
 
 /* vtable delete_key: DELETE_KEY, answered with the number deleted. */
-static int tc__tcp_delete(void *ctx, const char *key, int *deleted) {
+static int tcp_delete(void *ctx, const char *key, int *deleted) {
   tc__tcp_client_t *c = ctx;
   tc__buf_t b = {0};
   tc__buf_u8(&b, TC__Q_DELETE_KEY);
   tc__buf_key(&b, key);
   int64_t n = 0;
   pthread_mutex_lock(&c->mu);
-  int rc = tc__tcp_request(c, &b, "delete", key);
-  if (rc == TC_OK) rc = tc__tcp_recv_i64(c, &n, "delete", key);
+  int rc = tcp_request(c, &b, "delete", key);
+  if (rc == TC_OK) rc = tcp_recv_i64(c, &n, "delete", key);
   pthread_mutex_unlock(&c->mu);
   tc__buf_free(&b);
   if (rc == TC_OK) *deleted = n == 1;
@@ -466,13 +466,13 @@ static int tc__tcp_delete(void *ctx, const char *key, int *deleted) {
 }
 
 /* ext local_addr: our end of the connection, as text. */
-static const char *tc__tcp_local_addr(void *ctx) {
+static const char *tcp_local_addr(void *ctx) {
   tc__tcp_client_t *c = ctx;
   return c->local[0] ? c->local : NULL;
 }
 
 /* vtable destroy: closes the connection. */
-static void tc__tcp_destroy(void *ctx) {
+static void tcp_destroy(void *ctx) {
   tc__tcp_client_t *c = ctx;
   if (c->fd >= 0) close(c->fd);
   pthread_mutex_destroy(&c->mu);
@@ -482,7 +482,7 @@ static void tc__tcp_destroy(void *ctx) {
 /* ---- connect ---- */
 
 /* Records the local address of fd as text (IPv4-mapped IPv6 as IPv4). */
-static void tc__tcp_note_local(tc__tcp_client_t *c) {
+static void tcp_note_local(tc__tcp_client_t *c) {
   struct sockaddr_storage ss;
   socklen_t sl = sizeof ss;
   c->local[0] = '\0';
@@ -506,7 +506,7 @@ static void tc__tcp_note_local(tc__tcp_client_t *c) {
  * handshake (VALIDATE + magic, then PING + nonce, echoed). TC_OK with c->fd
  * set; TC_ERR_PROTOCOL when the peer is not a TCPStore; another code (and
  * why) when worth retrying. */
-static int tc__tcp_try(tc__tcp_client_t *c, const struct addrinfo *ai,
+static int tcp_try(tc__tcp_client_t *c, const struct addrinfo *ai,
                        double deadline, char *why, size_t whylen) {
   int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
                   ai->ai_protocol);
@@ -520,7 +520,7 @@ static int tc__tcp_try(tc__tcp_client_t *c, const struct addrinfo *ai,
     if (err == EINPROGRESS) {
       struct pollfd pfd = {.fd = fd, .events = POLLOUT};
       int r;
-      while ((r = poll(&pfd, 1, tc__tcp_ms_left(deadline))) < 0 &&
+      while ((r = poll(&pfd, 1, tcp_ms_left(deadline))) < 0 &&
              errno == EINTR) {
       }
       socklen_t sl = sizeof err;
@@ -545,9 +545,9 @@ static int tc__tcp_try(tc__tcp_client_t *c, const struct addrinfo *ai,
   tc__buf_u32(&b, nonce);
   uint8_t echo[4] = {0};
   int rc = b.oom ? TC_ERR_NOMEM
-                 : tc__tcp_send(c, b.p, b.len, deadline, "connect", "");
+                 : tcp_send(c, b.p, b.len, deadline, "connect", "");
   tc__buf_free(&b);
-  if (rc == TC_OK) rc = tc__tcp_recv(c, echo, 4, deadline, "connect", "");
+  if (rc == TC_OK) rc = tcp_recv(c, echo, 4, deadline, "connect", "");
   if (rc == TC_OK && tc__rd_u32(echo) != nonce) {
     snprintf(why, whylen,
              "the server answered the handshake with a wrong nonce (is "
@@ -609,7 +609,7 @@ int tc_store_tcp_connect(const char *host, int port, double timeout_s,
     int g = getaddrinfo(host, portstr, &hints, &res);
     if (g == 0) {
       for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        rc = tc__tcp_try(c, ai, attempt, why, sizeof why);
+        rc = tcp_try(c, ai, attempt, why, sizeof why);
         if (rc == TC_OK || rc == TC_ERR_PROTOCOL) break;
       }
       freeaddrinfo(res);
@@ -633,7 +633,7 @@ int tc_store_tcp_connect(const char *host, int port, double timeout_s,
     nap = nap * 2 < 1.0 ? nap * 2 : 1.0;
   }
   if (rc != TC_OK) {
-    tc__tcp_destroy(c);
+    tcp_destroy(c);
     if (rc == TC_ERR_TIMEOUT)
       return tc__set_error(rc,
                            "torchcomms: could not connect to the store at "
@@ -645,14 +645,14 @@ int tc_store_tcp_connect(const char *host, int port, double timeout_s,
     return tc__set_error(rc, "torchcomms: could not connect to the store at "
                          "%s:%d: %s", host, port, why);
   }
-  tc__tcp_note_local(c);
+  tcp_note_local(c);
   static const tc_store_vtable_t vt = {
-      .size = sizeof(tc_store_vtable_t), .version = 1, .set = tc__tcp_set,
-      .get = tc__tcp_get, .add = tc__tcp_add, .check = tc__tcp_check,
-      .delete_key = tc__tcp_delete, .destroy = tc__tcp_destroy};
+      .size = sizeof(tc_store_vtable_t), .version = 1, .set = tcp_set,
+      .get = tcp_get, .add = tcp_add, .check = tcp_check,
+      .delete_key = tcp_delete, .destroy = tcp_destroy};
   static const tc__store_ext_t ext = {
-      .wait = tc__tcp_wait, .local_addr = tc__tcp_local_addr, .kind = "tcp"};
+      .wait = tcp_wait, .local_addr = tcp_local_addr, .kind = "tcp"};
   rc = tc__store_create_ext(&vt, &ext, c, out);
-  if (rc != TC_OK) tc__tcp_destroy(c);
+  if (rc != TC_OK) tcp_destroy(c);
   return rc;
 }

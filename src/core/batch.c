@@ -11,16 +11,16 @@
 /* The batch table (handles.h): a freed batch's handle is stale from then on,
  * also once its slot holds a new batch; a slot keeps its struct (and its
  * list's memory) for the slot's next batch. */
-static tc__htable_t tc__batches = TC__HTABLE_INIT(TC__HANDLE_BATCH);
+static tc__htable_t batches = TC__HTABLE_INIT(TC__HANDLE_BATCH);
 
 /* The live batch of handle h, or NULL with the thread's error set. */
-static tc_batch_t *tc__batch_live(const tc_batch_t *h, const char *fn) {
+static tc_batch_t *batch_live(const tc_batch_t *h, const char *fn) {
   if (!h) {
     tc__set_error(TC_ERR_INVALID_ARGUMENT, "torchcomms: %s: argument 'batch' is NULL", fn);
     return NULL;
   }
   int stale;
-  tc_batch_t *b = tc__htable_get(&tc__batches, h, &stale);
+  tc_batch_t *b = tc__htable_get(&batches, h, &stale);
   if (!b)
     tc__set_error(TC_ERR_INVALID_USAGE,
                   "torchcomms: %s: argument 'batch' is not a live batch handle (freed "
@@ -30,9 +30,9 @@ static tc_batch_t *tc__batch_live(const tc_batch_t *h, const char *fn) {
 
 /* The live batch of h in *b and its live communicator in *c (a destroyed
  * one is "the communicator handle was destroyed"). */
-static int tc__batch_check(const tc_batch_t *h, const char *fn, tc_batch_t **b,
+static int batch_check(const tc_batch_t *h, const char *fn, tc_batch_t **b,
                            tc_comm_t **c) {
-  if (!(*b = tc__batch_live(h, fn))) return h ? TC_ERR_INVALID_USAGE : TC_ERR_INVALID_ARGUMENT;
+  if (!(*b = batch_live(h, fn))) return h ? TC_ERR_INVALID_USAGE : TC_ERR_INVALID_ARGUMENT;
   *c = (*b)->comm;
   return tc__comm_enter(c, fn);
 }
@@ -44,29 +44,29 @@ int tc_batch_create(tc_comm_t *c, tc_batch_t **out) {
     TC_FAIL(c, fn, TC_ERR_INVALID_ARGUMENT, "argument 'out' is NULL");
   uint32_t idx;
   void *obj;
-  if (tc__htable_take(&tc__batches, &idx, &obj))
+  if (tc__htable_take(&batches, &idx, &obj))
     TC_FAIL(c, fn, TC_ERR_NOMEM, "out of memory (batch handles)");
   tc_batch_t *b = obj;
   if (!b) {
     if (!(b = calloc(1, sizeof *b))) {
-      tc__htable_put(&tc__batches, idx);
+      tc__htable_put(&batches, idx);
       TC_FAIL(c, fn, TC_ERR_NOMEM, "out of memory");
     }
     b->slot = idx;
-    tc__htable_set(&tc__batches, idx, b);
+    tc__htable_set(&batches, idx, b);
   }
   b->magic = TC_BATCH_MAGIC;
   b->comm = c->handle;
   b->n = 0;
-  *out = (tc_batch_t *)tc__htable_open(&tc__batches, idx);
+  *out = (tc_batch_t *)tc__htable_open(&batches, idx);
   return TC_OK;
 }
 
-static int tc__batch_add(tc_batch_t *h, int is_send, void *buf, size_t count,
+static int batch_add(tc_batch_t *h, int is_send, void *buf, size_t count,
                          tc_dtype_t dt, int peer, const char *fn) {
   tc_batch_t *b;
   tc_comm_t *c;
-  TC_CHECK(tc__batch_check(h, fn, &b, &c));
+  TC_CHECK(batch_check(h, fn, &b, &c));
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_supports(c, fn, TC_OP_BATCH, dt, -1));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, 1));
@@ -86,18 +86,18 @@ static int tc__batch_add(tc_batch_t *h, int is_send, void *buf, size_t count,
 
 int tc_batch_send(tc_batch_t *b, const void *buf, size_t count, tc_dtype_t dt,
                   int peer) {
-  return tc__batch_add(b, 1, (void *)buf, count, dt, peer, "batch.send");
+  return batch_add(b, 1, (void *)buf, count, dt, peer, "batch.send");
 }
 
 int tc_batch_recv(tc_batch_t *b, void *buf, size_t count, tc_dtype_t dt,
                   int peer) {
-  return tc__batch_add(b, 0, buf, count, dt, peer, "batch.recv");
+  return batch_add(b, 0, buf, count, dt, peer, "batch.recv");
 }
 
 int tc_batch_issue(tc_batch_t *h, const tc_op_options_t *opts,
                    tc_work_t **work) {
   static const char *fn = "batch_op_issue";
-  tc_batch_t *b = tc__batch_live(h, fn);
+  tc_batch_t *b = batch_live(h, fn);
   if (!b) return h ? TC_ERR_INVALID_USAGE : TC_ERR_INVALID_ARGUMENT;
   tc_comm_t *c = b->comm;
   TC_CHECK(tc__v_comm(&c, fn, opts));
@@ -135,9 +135,9 @@ int tc_batch_issue(tc_batch_t *h, const tc_op_options_t *opts,
  * it), then empties the batch (its list's memory is kept for the slot's next
  * batch) and returns the slot. Works after the comm was destroyed. */
 int tc_batch_free(tc_batch_t *h) {
-  tc_batch_t *b = tc__batch_live(h, "batch_free");
+  tc_batch_t *b = batch_live(h, "batch_free");
   if (!b) return h ? TC_ERR_INVALID_USAGE : TC_ERR_INVALID_ARGUMENT;
-  if (!tc__htable_close(&tc__batches, h)) /* freed by another thread meanwhile */
+  if (!tc__htable_close(&batches, h)) /* freed by another thread meanwhile */
     return tc__set_error(TC_ERR_INVALID_USAGE, "torchcomms: batch_free: argument 'batch' "
                          "is not a live batch handle (freed already, or not a batch handle?)");
   b->magic = TC_BATCH_FREED;
@@ -148,6 +148,6 @@ int tc_batch_free(tc_batch_t *h) {
     b->ops = NULL;
     b->cap = 0;
   }
-  tc__htable_put(&tc__batches, b->slot);
+  tc__htable_put(&batches, b->slot);
   return TC_OK;
 }

@@ -12,7 +12,7 @@
  * destroyed") after its slot and struct were reused, and the memory is
  * bounded by the most communicators alive (or still referred to by a work)
  * at once. */
-static tc__htable_t tc__comms = TC__HTABLE_INIT(TC__HANDLE_COMM);
+static tc__htable_t comms = TC__HTABLE_INIT(TC__HANDLE_COMM);
 
 /* Per-process count of communicators created with each name: the store
  * prefix "tc/<job>/<attempt>/<name>/<n>" (comm_keys.c) is unique even when a
@@ -24,11 +24,11 @@ typedef struct {
   char *name;
   uint64_t count;
 } tc__name_t;
-static tc__name_t *tc__names;
-static size_t tc__names_cap, tc__names_n;
-static pthread_mutex_t tc__names_mu = PTHREAD_MUTEX_INITIALIZER;
+static tc__name_t *names;
+static size_t names_cap, names_n;
+static pthread_mutex_t names_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static uint64_t tc__name_hash(const char *s) {
+static uint64_t name_hash(const char *s) {
   uint64_t h = 1469598103934665603ull; /* FNV-1a */
   for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
   return h;
@@ -36,36 +36,36 @@ static uint64_t tc__name_hash(const char *s) {
 
 /* The slot of name in a table of cap (a power of 2) entries: its entry, or
  * the empty one where it goes. */
-static tc__name_t *tc__name_find(tc__name_t *t, size_t cap, const char *name) {
-  size_t i = (size_t)tc__name_hash(name) & (cap - 1);
+static tc__name_t *name_find(tc__name_t *t, size_t cap, const char *name) {
+  size_t i = (size_t)name_hash(name) & (cap - 1);
   while (t[i].name && strcmp(t[i].name, name)) i = (i + 1) & (cap - 1);
   return &t[i];
 }
 
 /* The generation for a new communicator named name (0, 1, ...); -1 when out
  * of memory. */
-static int tc__name_generation(const char *name, uint64_t *gen) {
+static int name_generation(const char *name, uint64_t *gen) {
   int rc = -1;
-  pthread_mutex_lock(&tc__names_mu);
-  if (2 * (tc__names_n + 1) > tc__names_cap) {
-    size_t cap = tc__names_cap ? 2 * tc__names_cap : 64;
+  pthread_mutex_lock(&names_mu);
+  if (2 * (names_n + 1) > names_cap) {
+    size_t cap = names_cap ? 2 * names_cap : 64;
     tc__name_t *t = calloc(cap, sizeof *t);
     if (!t) goto out;
-    for (size_t i = 0; i < tc__names_cap; i++)
-      if (tc__names[i].name) *tc__name_find(t, cap, tc__names[i].name) = tc__names[i];
-    free(tc__names);
-    tc__names = t;
-    tc__names_cap = cap;
+    for (size_t i = 0; i < names_cap; i++)
+      if (names[i].name) *name_find(t, cap, names[i].name) = names[i];
+    free(names);
+    names = t;
+    names_cap = cap;
   }
-  tc__name_t *e = tc__name_find(tc__names, tc__names_cap, name);
+  tc__name_t *e = name_find(names, names_cap, name);
   if (!e->name) {
     if (!(e->name = strdup(name))) goto out;
-    tc__names_n++;
+    names_n++;
   }
   *gen = e->count++;
   rc = 0;
 out:
-  pthread_mutex_unlock(&tc__names_mu);
+  pthread_mutex_unlock(&names_mu);
   return rc;
 }
 
@@ -74,7 +74,7 @@ int tc__comm_enter(tc_comm_t **c, const char *fn) {
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: %s: argument 'comm' is NULL", fn);
   int stale;
-  tc_comm_t *p = tc__htable_get(&tc__comms, *c, &stale);
+  tc_comm_t *p = tc__htable_get(&comms, *c, &stale);
   if (!p && stale)
     return tc__set_error(TC_ERR_INVALID_USAGE,
                          "torchcomms: %s: the communicator handle was "
@@ -88,7 +88,7 @@ int tc__comm_enter(tc_comm_t **c, const char *fn) {
 }
 
 /* The live communicator of a handle for the getters (NULL otherwise). */
-static tc_comm_t *tc__comm_live(const tc_comm_t *h, const char *fn) {
+static tc_comm_t *comm_live(const tc_comm_t *h, const char *fn) {
   tc_comm_t *c = (tc_comm_t *)h;
   return tc__comm_enter(&c, fn) == TC_OK ? c : NULL;
 }
@@ -97,7 +97,7 @@ void tc__comm_ref(tc_comm_t *c) { atomic_fetch_add(&c->refs, 1); }
 
 /* The last reference gone (destroyed, no work left): the slot is reused. */
 void tc__comm_unref(tc_comm_t *c) {
-  if (atomic_fetch_sub(&c->refs, 1) == 1) tc__htable_put(&tc__comms, c->slot);
+  if (atomic_fetch_sub(&c->refs, 1) == 1) tc__htable_put(&comms, c->slot);
 }
 
 void tc__comm_record_error(tc_comm_t *c, const char *text) {
@@ -118,7 +118,7 @@ int tc__comm_error(tc_comm_t *c, int rc, const char *fn, const char *fmt, ...) {
   return tc__set_error_text(rc, full);
 }
 
-static int tc__copy_hints(const tc_hint_t *hints, size_t n, tc_hint_t **out,
+static int copy_hints(const tc_hint_t *hints, size_t n, tc_hint_t **out,
                           const char *fn) {
   *out = NULL;
   if (n == 0) return TC_OK;
@@ -146,7 +146,7 @@ static int tc__copy_hints(const tc_hint_t *hints, size_t n, tc_hint_t **out,
   return TC_OK;
 }
 
-static void tc__free_hints(tc_hint_t *h, size_t n) {
+static void free_hints(tc_hint_t *h, size_t n) {
   if (!h) return;
   for (size_t i = 0; i < n; i++) {
     free((void *)h[i].key);
@@ -156,13 +156,13 @@ static void tc__free_hints(tc_hint_t *h, size_t n) {
 }
 
 /* 1 if the backend has a native split (and its table is that long). */
-static int tc__has_split(const tc_backend_ops_t *ops) {
+static int has_split(const tc_backend_ops_t *ops) {
   return ops->size >= offsetof(tc_backend_ops_t, split) + sizeof ops->split &&
          ops->split != NULL;
 }
 
 /* Common tail of create and split: backend init on a prefixed store. */
-static int tc__comm_start(tc_comm_t *c, const tc_comm_t *parent,
+static int comm_start(tc_comm_t *c, const tc_comm_t *parent,
                           const int *ranks, size_t nranks) {
   int rc = tc_store_prefix(c->root_store, c->prefix, &c->store);
   if (rc != TC_OK) return rc;
@@ -179,7 +179,7 @@ static int tc__comm_start(tc_comm_t *c, const tc_comm_t *parent,
   char err[512] = "";
   void *keys;
   tc__comm_record_begin(c, &keys);
-  if (parent && tc__has_split(c->ops))
+  if (parent && has_split(c->ops))
     rc = c->ops->split(parent->bcomm, ranks, nranks, &args, &c->bcomm, err,
                        sizeof err);
   else
@@ -194,20 +194,20 @@ static int tc__comm_start(tc_comm_t *c, const tc_comm_t *parent,
 }
 
 /* A communicator in a free slot (its struct reused, or a new one), not yet
- * live: its handle is made by tc__comm_publish once it works. */
-static tc_comm_t *tc__comm_new(void) {
+ * live: its handle is made by comm_publish once it works. */
+static tc_comm_t *comm_new(void) {
   uint32_t idx;
   void *obj;
-  if (tc__htable_take(&tc__comms, &idx, &obj)) return NULL;
+  if (tc__htable_take(&comms, &idx, &obj)) return NULL;
   tc_comm_t *c = obj;
   if (c) { /* the slot's earlier communicator is gone: nothing refers to it */
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->err_mu);
     memset(c, 0, sizeof *c);
   } else if ((c = calloc(1, sizeof *c))) {
-    tc__htable_set(&tc__comms, idx, c); /* kept for the slot's later lives */
+    tc__htable_set(&comms, idx, c); /* kept for the slot's later lives */
   } else {
-    tc__htable_put(&tc__comms, idx);
+    tc__htable_put(&comms, idx);
     return NULL;
   }
   pthread_mutex_init(&c->mu, NULL);
@@ -220,28 +220,28 @@ static tc_comm_t *tc__comm_new(void) {
 }
 
 /* Makes c's handle live and returns it. */
-static tc_comm_t *tc__comm_publish(tc_comm_t *c) {
-  c->handle = (tc_comm_t *)tc__htable_open(&tc__comms, c->slot);
+static tc_comm_t *comm_publish(tc_comm_t *c) {
+  c->handle = (tc_comm_t *)tc__htable_open(&comms, c->slot);
   return c->handle;
 }
 
 /* Releases everything c holds and its handle's reference (its handle, if it
  * had one, must be closed already); the struct and its slot are reused once
  * no work refers to them any more. */
-static void tc__comm_release(tc_comm_t *c) {
+static void comm_release(tc_comm_t *c) {
   if (c->bcomm) c->ops->destroy(c->bcomm);
   c->bcomm = NULL;
   if (c->store) tc_store_release(c->store);
   if (c->root_store) tc_store_release(c->root_store);
   c->store = c->root_store = NULL;
-  tc__free_hints(c->hints, c->num_hints);
+  free_hints(c->hints, c->num_hints);
   c->hints = NULL;
   c->num_hints = 0;
   c->magic = TC_COMM_DEAD;
   tc__comm_unref(c);
 }
 
-static double tc__default_timeout(void) {
+static double default_timeout(void) {
   return tc__setting_double(TC_SET_TIMEOUT_SECONDS); /* > 0 */
 }
 
@@ -288,7 +288,7 @@ int tc_comm_create(const char *backend, const char *device,
   const tc_backend_ops_t *ops;
   backend = tc__backend_alias(backend, device); /* "gloo" -> "cpu" */
   TC_CHECK(tc__backend_find(backend, &ops));
-  tc_comm_t *c = tc__comm_new();
+  tc_comm_t *c = comm_new();
   if (!c) return tc__set_error(TC_ERR_NOMEM, "torchcomms: %s: out of memory", fn);
   snprintf(c->name, sizeof c->name, "%s", name);
   snprintf(c->backend_name, sizeof c->backend_name, "%s", backend);
@@ -297,11 +297,11 @@ int tc_comm_create(const char *backend, const char *device,
   c->rank = rank;
   c->size = size;
   c->ops = ops;
-  c->timeout_s = o.timeout_s > 0 ? o.timeout_s : tc__default_timeout();
+  c->timeout_s = o.timeout_s > 0 ? o.timeout_s : default_timeout();
   c->abort_process = o.abort_process_on_timeout_or_error >= 0
                          ? o.abort_process_on_timeout_or_error != 0
                          : tc__setting_bool(TC_SET_ABORT_ON_ERROR);
-  int rc = tc__copy_hints(o.hints, o.num_hints, &c->hints, fn);
+  int rc = copy_hints(o.hints, o.num_hints, &c->hints, fn);
   if (rc != TC_OK) goto fail;
   c->num_hints = o.num_hints;
   if (o.store) {
@@ -312,19 +312,19 @@ int tc_comm_create(const char *backend, const char *device,
     if (rc != TC_OK) goto fail;
   }
   uint64_t gen;
-  if (tc__name_generation(c->name, &gen)) {
+  if (name_generation(c->name, &gen)) {
     rc = tc__set_error(TC_ERR_NOMEM, "torchcomms: %s: out of memory", fn);
     goto fail;
   }
   tc__comm_scope_prefix(c->prefix, sizeof c->prefix, c->name, gen);
-  rc = tc__comm_start(c, NULL, NULL, 0);
+  rc = comm_start(c, NULL, NULL, 0);
   if (rc != TC_OK) goto fail;
-  *out = tc__comm_publish(c);
+  *out = comm_publish(c);
   return TC_OK;
 fail:;
   char saved[1024];
   snprintf(saved, sizeof saved, "%s", tc_last_error());
-  tc__comm_release(c);
+  comm_release(c);
   return tc__set_error_text(rc, saved);
 }
 
@@ -344,7 +344,7 @@ int tc_comm_finalize(tc_comm_t *c) {
   return TC_OK;
 }
 
-static void tc__comm_abort(tc_comm_t *c) {
+static void comm_abort(tc_comm_t *c) {
   pthread_mutex_lock(&c->mu);
   int state = c->state;
   if (state == TC_STATE_ACTIVE) c->state = TC_STATE_ABORTED;
@@ -357,12 +357,12 @@ static void tc__comm_abort(tc_comm_t *c) {
 
 int tc_comm_abort(tc_comm_t *c) {
   TC_CHECK(tc__comm_enter(&c, "tc_comm_abort"));
-  tc__comm_abort(c);
+  comm_abort(c);
   return TC_OK;
 }
 
 int tc_comm_is_aborted(const tc_comm_t *h) {
-  tc_comm_t *c = tc__comm_live(h, "tc_comm_is_aborted");
+  tc_comm_t *c = comm_live(h, "tc_comm_is_aborted");
   return c && c->state == TC_STATE_ABORTED;
 }
 
@@ -372,42 +372,42 @@ int tc_comm_is_aborted(const tc_comm_t *h) {
 int tc_comm_destroy(tc_comm_t *h) {
   tc_comm_t *c = h;
   TC_CHECK(tc__comm_enter(&c, "tc_comm_destroy"));
-  if (!tc__htable_close(&tc__comms, h))
+  if (!tc__htable_close(&comms, h))
     return tc__set_error(TC_ERR_INVALID_USAGE,
                          "torchcomms: tc_comm_destroy: the communicator handle "
                          "was destroyed");
-  tc__comm_abort(c);
-  tc__comm_release(c);
+  comm_abort(c);
+  comm_release(c);
   return TC_OK;
 }
 
 int tc_comm_rank(const tc_comm_t *h) {
-  tc_comm_t *c = tc__comm_live(h, "tc_comm_rank");
+  tc_comm_t *c = comm_live(h, "tc_comm_rank");
   return c ? c->rank : -1;
 }
 int tc_comm_size(const tc_comm_t *h) {
-  tc_comm_t *c = tc__comm_live(h, "tc_comm_size");
+  tc_comm_t *c = comm_live(h, "tc_comm_size");
   return c ? c->size : -1;
 }
 const char *tc_comm_name(const tc_comm_t *h) {
-  tc_comm_t *c = tc__comm_live(h, "tc_comm_name");
+  tc_comm_t *c = comm_live(h, "tc_comm_name");
   return c ? c->name : NULL;
 }
 const char *tc_comm_backend(const tc_comm_t *h) {
-  tc_comm_t *c = tc__comm_live(h, "tc_comm_backend");
+  tc_comm_t *c = comm_live(h, "tc_comm_backend");
   return c ? c->backend_name : NULL;
 }
 const char *tc_comm_backend_version(const tc_comm_t *h) {
-  tc_comm_t *c = tc__comm_live(h, "tc_comm_backend_version");
+  tc_comm_t *c = comm_live(h, "tc_comm_backend_version");
   if (!c) return NULL;
   return c->ops->version ? c->ops->version : "unknown";
 }
 const char *tc_comm_device(const tc_comm_t *h) {
-  tc_comm_t *c = tc__comm_live(h, "tc_comm_device");
+  tc_comm_t *c = comm_live(h, "tc_comm_device");
   return c ? c->device : NULL;
 }
 const char *tc_comm_last_error(const tc_comm_t *h) {
-  tc_comm_t *c = tc__comm_live(h, "tc_comm_last_error");
+  tc_comm_t *c = comm_live(h, "tc_comm_last_error");
   return c ? c->last_error : "";
 }
 
@@ -444,7 +444,7 @@ int tc_comm_set_timeout(tc_comm_t *c, double timeout_s) {
 
 /* ---- split ---- */
 
-static uint64_t tc__hash_ranks(const int *ranks, size_t n) {
+static uint64_t hash_ranks(const int *ranks, size_t n) {
   uint64_t h = 1469598103934665603ull; /* FNV-1a */
   for (size_t i = 0; i < n; i++) {
     uint32_t v = (uint32_t)ranks[i];
@@ -495,7 +495,7 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
                           "'ranks' does not contain the caller's rank %d "
                           "(pass an empty list to join no group)", c->rank);
   /* Agree on the groups: every rank publishes (nranks, hash of its list). */
-  int64_t mine[2] = {(int64_t)nranks, (int64_t)tc__hash_ranks(ranks, nranks)};
+  int64_t mine[2] = {(int64_t)nranks, (int64_t)hash_ranks(ranks, nranks)};
   int64_t *all = calloc((size_t)c->size * 2, sizeof *all);
   if (!all) return tc__comm_error(c, TC_ERR_NOMEM, fn, "out of memory");
   int rc = tc_all_gather_single(handle, all, mine, 2, TC_INT64, opts, NULL);
@@ -520,7 +520,7 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
   if (nranks == 0) {
     /* a native split is collective over the parent (ncclCommSplit): the
      * ranks joining no group take part too */
-    if (!tc__has_split(c->ops)) return TC_OK;
+    if (!has_split(c->ops)) return TC_OK;
     char err[512] = "";
     void *none = NULL;
     rc = c->ops->split(c->bcomm, NULL, 0, NULL, &none, err, sizeof err);
@@ -530,7 +530,7 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
     return TC_OK;
   }
 
-  tc_comm_t *child = tc__comm_new();
+  tc_comm_t *child = comm_new();
   if (!child) return tc__comm_error(c, TC_ERR_NOMEM, fn, "out of memory");
   snprintf(child->name, sizeof child->name, "%s", name);
   memcpy(child->backend_name, c->backend_name, sizeof c->backend_name);
@@ -541,17 +541,17 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
   child->ops = c->ops;
   child->timeout_s = c->timeout_s;
   child->abort_process = c->abort_process;
-  rc = tc__copy_hints(c->hints, c->num_hints, &child->hints, fn);
+  rc = copy_hints(c->hints, c->num_hints, &child->hints, fn);
   if (rc == TC_OK && opts && opts->num_hints) {
     /* per-split hints replace the parent's */
-    tc__free_hints(child->hints, c->num_hints);
-    rc = tc__copy_hints(opts->hints, opts->num_hints, &child->hints, fn);
+    free_hints(child->hints, c->num_hints);
+    rc = copy_hints(opts->hints, opts->num_hints, &child->hints, fn);
     child->num_hints = rc == TC_OK ? opts->num_hints : 0;
   } else {
     child->num_hints = rc == TC_OK ? c->num_hints : 0;
   }
   if (rc != TC_OK) {
-    tc__comm_release(child);
+    comm_release(child);
     return rc;
   }
   tc_store_retain(c->root_store);
@@ -562,13 +562,13 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
   snprintf(child->prefix, sizeof child->prefix, "tc/split/%016llx/%llu/%016llx",
            (unsigned long long)ph, (unsigned long long)seq,
            (unsigned long long)mine[1]);
-  rc = tc__comm_start(child, c, ranks, nranks);
+  rc = comm_start(child, c, ranks, nranks);
   if (rc != TC_OK) {
     char saved[1024];
     snprintf(saved, sizeof saved, "%s", tc_last_error());
-    tc__comm_release(child);
+    comm_release(child);
     return tc__set_error_text(rc, saved);
   }
-  *out = tc__comm_publish(child);
+  *out = comm_publish(child);
   return TC_OK;
 }

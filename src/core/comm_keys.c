@@ -38,12 +38,12 @@ typedef struct tc__keylog {
   tc_store_t *store; /* the communicator's prefixed store */
   char **keys;
   size_t n, cap;
-} tc__keylog_t;
+} keylog_t;
 
-static _Thread_local tc__keylog_t *tc__recording;
+static _Thread_local keylog_t *key_recording;
 
-static void tc__keylog_add(const char *key) {
-  tc__keylog_t *l = tc__recording;
+static void keylog_add(const char *key) {
+  keylog_t *l = key_recording;
   for (size_t i = 0; i < l->n; i++)
     if (!strcmp(l->keys[i], key)) return;
   if (l->n == l->cap) {
@@ -61,19 +61,19 @@ static void tc__keylog_add(const char *key) {
  * recording of what a creation writes. */
 int tc__host_store_set(tc_store_t *s, const char *key, const void *v, size_t len) {
   int rc = tc_store_set(s, key, v, len);
-  if (rc == TC_OK && tc__recording && s == tc__recording->store) tc__keylog_add(key);
+  if (rc == TC_OK && key_recording && s == key_recording->store) keylog_add(key);
   return rc;
 }
 
 int tc__host_store_add(tc_store_t *s, const char *key, int64_t delta, int64_t *result) {
   int rc = tc_store_add(s, key, delta, result);
-  if (rc == TC_OK && tc__recording && s == tc__recording->store) tc__keylog_add(key);
+  if (rc == TC_OK && key_recording && s == key_recording->store) keylog_add(key);
   return rc;
 }
 
 /* Writes a store-safe form of v (at most 64 characters of [A-Za-z0-9._-],
  * others as '_') into out. */
-static void tc__key_part(char *out, size_t len, const char *v) {
+static void key_part(char *out, size_t len, const char *v) {
   size_t i = 0;
   for (; v[i] && i + 1 < len && i < 64; i++) {
     char ch = v[i];
@@ -85,7 +85,7 @@ static void tc__key_part(char *out, size_t len, const char *v) {
 }
 
 /* The job id and the attempt the keys are scoped by ("-" and "0" if unset). */
-static void tc__scope(const char **job, const char **attempt) {
+static void key_scope(const char **job, const char **attempt) {
   *job = tc__setting_str(TC_SET_JOB_ID);
   if (!*job) *job = tc__env_str("TORCHELASTIC_RUN_ID");
   if (!*job) *job = "-";
@@ -95,10 +95,10 @@ static void tc__scope(const char **job, const char **attempt) {
 
 void tc__comm_scope_prefix(char *buf, size_t len, const char *name, uint64_t generation) {
   const char *job, *attempt;
-  tc__scope(&job, &attempt);
+  key_scope(&job, &attempt);
   char j[80], a[80];
-  tc__key_part(j, sizeof j, job);
-  tc__key_part(a, sizeof a, attempt);
+  key_part(j, sizeof j, job);
+  key_part(a, sizeof a, attempt);
   snprintf(buf, len, "tc/%s/%s/%s/%llu", j, a, name, (unsigned long long)generation);
 }
 
@@ -114,7 +114,7 @@ int tc__comm_arrive(tc_comm_t *c, const char *fn) {
   }
   if (ticket > (int64_t)c->size) {
     const char *job, *attempt;
-    tc__scope(&job, &attempt);
+    key_scope(&job, &attempt);
     return tc__comm_error(
         c, TC_ERR_INVALID_USAGE, fn,
         "the store already holds keys of an earlier communicator '%s' under '%s' "
@@ -128,16 +128,16 @@ int tc__comm_arrive(tc_comm_t *c, const char *fn) {
 }
 
 void tc__comm_record_begin(tc_comm_t *c, void **token) {
-  tc__keylog_t *l = calloc(1, sizeof *l);
+  keylog_t *l = calloc(1, sizeof *l);
   *token = l;
   if (!l) return;
   l->store = c->store;
-  tc__recording = l;
+  key_recording = l;
 }
 
 void tc__comm_record_end(tc_comm_t *c, void *token, int delete_keys) {
-  tc__keylog_t *l = token;
-  tc__recording = NULL;
+  keylog_t *l = token;
+  key_recording = NULL;
   if (!l) return;
   for (size_t i = 0; i < l->n; i++) {
     if (delete_keys) {

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #define TC_ERRBUF 1024
-static _Thread_local char tc__errbuf[TC_ERRBUF];
+static _Thread_local char errbuf[TC_ERRBUF];
 
 const char *tc_strerror(int status) {
   switch (status) {
@@ -31,10 +31,10 @@ const char *tc_status_name(int status) {
   return "TC_UNKNOWN";
 }
 
-const char *tc_last_error(void) { return tc__errbuf; }
+const char *tc_last_error(void) { return errbuf; }
 
 int tc__set_error_v(int rc, const char *fmt, va_list ap) {
-  vsnprintf(tc__errbuf, sizeof tc__errbuf, fmt, ap);
+  vsnprintf(errbuf, sizeof errbuf, fmt, ap);
   return rc;
 }
 
@@ -47,6 +47,6 @@ int tc__set_error(int rc, const char *fmt, ...) {
 }
 
 int tc__set_error_text(int rc, const char *text) {
-  snprintf(tc__errbuf, sizeof tc__errbuf, "%s", text ? text : "");
+  snprintf(errbuf, sizeof errbuf, "%s", text ? text : "");
   return rc;
 }

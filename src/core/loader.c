@@ -13,7 +13,7 @@
 
 #include "backends/builtin.h"
 
-static const tc_backend_ops_t *const tc__builtins[] = {&tc__cpu_backend};
+static const tc_backend_ops_t *const builtin_backends[] = {&tc__cpu_backend};
 
 /* Loaded plugins are cached (never unloaded: backends may own threads). */
 #define TC_MAX_PLUGINS 16
@@ -21,14 +21,14 @@ static struct {
   char name[64];
   const tc_backend_ops_t *ops;
 } tc__plugins[TC_MAX_PLUGINS];
-static int tc__nplugins;
-static pthread_mutex_t tc__loader_mu = PTHREAD_MUTEX_INITIALIZER;
+static int nplugins;
+static pthread_mutex_t loader_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* Minimum table size of ABI version 2: everything up to `split`. */
 #define TC_BACKEND_MIN_SIZE                                                    \
   (offsetof(tc_backend_ops_t, split) + sizeof(((tc_backend_ops_t *)0)->split))
 
-static int tc__check_table(const char *name, const char *where,
+static int check_table(const char *name, const char *where,
                            const tc_backend_ops_t *ops) {
   if (ops->abi_version != TC_BACKEND_ABI_VERSION)
     return tc__set_error(TC_ERR_BACKEND,
@@ -52,7 +52,7 @@ static int tc__check_table(const char *name, const char *where,
 
 /* Tries to dlopen path. Returns TC_OK with *out, TC_ERR_BACKEND_NOT_FOUND if
  * there is no file (note says why), or another error for a bad plugin. */
-static int tc__try_path(const char *name, const char *path,
+static int try_path(const char *name, const char *path,
                         const tc_backend_ops_t **out, char *note,
                         size_t notelen) {
   struct stat st;
@@ -82,7 +82,7 @@ static int tc__try_path(const char *name, const char *path,
                          "symbol '%s' (is it a torchcomms backend?)",
                          name, path, TC_BACKEND_SYMBOL);
   }
-  int rc = tc__check_table(name, path, ops);
+  int rc = check_table(name, path, ops);
   if (rc != TC_OK) {
     dlclose(h);
     return rc;
@@ -91,7 +91,7 @@ static int tc__try_path(const char *name, const char *path,
   return TC_OK;
 }
 
-static int tc__valid_name(const char *name) {
+static int valid_name(const char *name) {
   size_t n = strlen(name);
   if (n == 0 || n >= 48) return 0;
   for (size_t i = 0; i < n; i++)
@@ -119,16 +119,16 @@ int tc__backend_find(const char *name, const tc_backend_ops_t **out) {
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: tc_comm_create: argument 'backend' is "
                          "NULL (use \"cpu\", \"nccl\" or a plugin name)");
-  if (!tc__valid_name(name))
+  if (!valid_name(name))
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: tc_comm_create: backend name '%s' is "
                          "invalid (lower-case letters, digits, '_' and '-')",
                          name);
-  pthread_mutex_lock(&tc__loader_mu);
-  for (int i = 0; i < tc__nplugins; i++)
+  pthread_mutex_lock(&loader_mu);
+  for (int i = 0; i < nplugins; i++)
     if (!strcmp(tc__plugins[i].name, name)) {
       *out = tc__plugins[i].ops;
-      pthread_mutex_unlock(&tc__loader_mu);
+      pthread_mutex_unlock(&loader_mu);
       return TC_OK;
     }
   char envname[96], upper[64], tried1[600], tried2[600], path[4096];
@@ -147,7 +147,7 @@ int tc__backend_find(const char *name, const tc_backend_ops_t **out) {
       snprintf(path, sizeof path, "%s/libtorchcomms-%s.so", env, name);
     else
       snprintf(path, sizeof path, "%s", env);
-    rc = tc__try_path(name, path, &ops, tried1, sizeof tried1);
+    rc = try_path(name, path, &ops, tried1, sizeof tried1);
   } else {
     snprintf(tried1, sizeof tried1, "$%s (unset)", envname);
   }
@@ -160,31 +160,31 @@ int tc__backend_find(const char *name, const tc_backend_ops_t **out) {
       if (slash) *slash = 0; else snprintf(path, sizeof path, ".");
       size_t l = strlen(path);
       snprintf(path + l, sizeof path - l, "/libtorchcomms-%s.so", name);
-      rc = tc__try_path(name, path, &ops, tried2, sizeof tried2);
+      rc = try_path(name, path, &ops, tried2, sizeof tried2);
     } else {
       snprintf(tried2, sizeof tried2, "the library's directory (unknown)");
     }
   }
   /* 3. built-ins */
   if (rc == TC_ERR_BACKEND_NOT_FOUND) {
-    for (size_t i = 0; i < sizeof tc__builtins / sizeof tc__builtins[0]; i++)
-      if (!strcmp(tc__builtins[i]->name, name)) {
-        ops = tc__builtins[i];
+    for (size_t i = 0; i < sizeof builtin_backends / sizeof builtin_backends[0]; i++)
+      if (!strcmp(builtin_backends[i]->name, name)) {
+        ops = builtin_backends[i];
         rc = TC_OK;
       }
   }
-  if (rc == TC_OK && tc__nplugins < TC_MAX_PLUGINS) {
-    snprintf(tc__plugins[tc__nplugins].name, sizeof tc__plugins[0].name, "%s",
+  if (rc == TC_OK && nplugins < TC_MAX_PLUGINS) {
+    snprintf(tc__plugins[nplugins].name, sizeof tc__plugins[0].name, "%s",
              name);
-    tc__plugins[tc__nplugins++].ops = ops;
+    tc__plugins[nplugins++].ops = ops;
   }
-  pthread_mutex_unlock(&tc__loader_mu);
+  pthread_mutex_unlock(&loader_mu);
   if (rc == TC_ERR_BACKEND_NOT_FOUND) {
     char builtins[256] = "";
-    for (size_t i = 0; i < sizeof tc__builtins / sizeof tc__builtins[0]; i++) {
+    for (size_t i = 0; i < sizeof builtin_backends / sizeof builtin_backends[0]; i++) {
       size_t l = strlen(builtins);
       snprintf(builtins + l, sizeof builtins - l, "%s%s", i ? ", " : "",
-               tc__builtins[i]->name);
+               builtin_backends[i]->name);
     }
     return tc__set_error(TC_ERR_BACKEND_NOT_FOUND,
                          "torchcomms: backend '%s' not found: tried %s, %s, and "

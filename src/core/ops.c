@@ -47,7 +47,7 @@ int tc__v_dtype(tc_comm_t *c, const char *fn, tc_dtype_t dt) {
   return TC_OK;
 }
 
-static int tc__v_redop(tc_comm_t *c, const char *fn, tc_dtype_t dt,
+static int v_redop(tc_comm_t *c, const char *fn, tc_dtype_t dt,
                        tc_redop_t op) {
   if ((unsigned)op.type >= TC_REDOP_COUNT)
     TC_FAIL(c, fn, TC_ERR_INVALID_ARGUMENT,
@@ -93,7 +93,7 @@ int tc__v_rank(tc_comm_t *c, const char *fn, const char *arg, int r) {
 }
 
 /* A list of size buffers (each `counts ? counts[i] : count` elements). */
-static int tc__v_list(tc_comm_t *c, const char *fn, const char *arg,
+static int v_list(tc_comm_t *c, const char *fn, const char *arg,
                       const void *const *list, const size_t *counts,
                       const char *countsarg, size_t count, tc_dtype_t dt) {
   if (!list)
@@ -118,7 +118,7 @@ static int tc__v_list(tc_comm_t *c, const char *fn, const char *arg,
   return TC_OK;
 }
 
-static int tc__v_counts(tc_comm_t *c, const char *fn, const char *arg,
+static int v_counts(tc_comm_t *c, const char *fn, const char *arg,
                         const size_t *counts, tc_dtype_t dt) {
   if (!counts)
     TC_FAIL(c, fn, TC_ERR_INVALID_ARGUMENT,
@@ -134,7 +134,7 @@ static int tc__v_counts(tc_comm_t *c, const char *fn, const char *arg,
   return tc__v_count(c, fn, arg, total, dt, 1);
 }
 
-static size_t tc__sum(const size_t *v, int n) {
+static size_t sum(const size_t *v, int n) {
   size_t s = 0;
   for (int i = 0; i < n; i++) s += v[i];
   return s;
@@ -166,7 +166,7 @@ int tc__v_supports(tc_comm_t *c, const char *fn, tc_op_type_t type,
 /* One side's blocks from the call's form: a list of buffers (bufs), or one
  * buffer with the blocks back to back (base); each block counts[i]
  * elements, or `count` when counts is NULL. */
-static void tc__blocks(tc_block_t *out, int n, size_t es, void *const *bufs,
+static void fill_blocks(tc_block_t *out, int n, size_t es, void *const *bufs,
                        const void *base, const size_t *counts, size_t count) {
   size_t off = 0;
   for (int i = 0; i < n; i++) {
@@ -178,7 +178,7 @@ static void tc__blocks(tc_block_t *out, int n, size_t es, void *const *bufs,
 }
 
 /* Which sides of a call have per-rank blocks on this rank. */
-static void tc__op_sides(const tc__op_args_t *a, int rank, int *send, int *recv) {
+static void op_sides(const tc__op_args_t *a, int rank, int *send, int *recv) {
   *send = *recv = 0;
   switch (tc_backend_op_kind(a->type)) {
   case TC_KIND_ALL_GATHER: *recv = 1; break;
@@ -192,7 +192,7 @@ static void tc__op_sides(const tc__op_args_t *a, int rank, int *send, int *recv)
 
 size_t tc__op_arrays_size(const tc__op_args_t *a, int rank, int size) {
   int s, r;
-  tc__op_sides(a, rank, &s, &r);
+  op_sides(a, rank, &s, &r);
   return (size_t)(s + r) * (size_t)size * sizeof(tc_block_t) +
          a->num_p2p * sizeof(tc_p2p_t);
 }
@@ -202,7 +202,7 @@ void tc__op_describe(const tc__op_args_t *a, int rank, int size, void *arrays,
   const uint32_t f = tc_op_flags(a->type);
   char *arr = arrays;
   int send_side, recv_side;
-  tc__op_sides(a, rank, &send_side, &recv_side);
+  op_sides(a, rank, &send_side, &recv_side);
   *op = (tc_backend_op_t){.size = sizeof *op, .type = a->type,
                           .kind = tc_backend_op_kind(a->type), .flags = f,
                           .dtype = a->dtype, .redop = a->redop,
@@ -212,13 +212,13 @@ void tc__op_describe(const tc__op_args_t *a, int rank, int size, void *arrays,
   const size_t es = tc_dtype_size(a->dtype);
   if (send_side) {
     tc_block_t *b = (tc_block_t *)arr;
-    tc__blocks(b, size, es, (void *const *)a->sendbufs, a->sendbuf, a->sendcounts, a->count);
+    fill_blocks(b, size, es, (void *const *)a->sendbufs, a->sendbuf, a->sendcounts, a->count);
     op->send = b;
     arr += (size_t)size * sizeof *b;
   }
   if (recv_side) {
     tc_block_t *b = (tc_block_t *)arr;
-    tc__blocks(b, size, es, a->recvbufs, a->recvbuf, a->recvcounts, a->count);
+    fill_blocks(b, size, es, a->recvbufs, a->recvbuf, a->recvcounts, a->count);
     op->recv = b;
     arr += (size_t)size * sizeof *b;
   }
@@ -351,7 +351,7 @@ int tc_all_reduce(tc_comm_t *c, void *buf, size_t count, tc_dtype_t dt,
   static const char *fn = "all_reduce";
   TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
-  TC_CHECK(tc__v_redop(c, fn, dt, rop));
+  TC_CHECK(v_redop(c, fn, dt, rop));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, 1));
   TC_CHECK(tc__v_buf(c, fn, "buf", buf, count));
   tc__op_args_t op = TC_OP_INIT(TC_OP_ALL_REDUCE);
@@ -368,7 +368,7 @@ int tc_reduce(tc_comm_t *c, void *buf, size_t count, tc_dtype_t dt,
   static const char *fn = "reduce";
   TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
-  TC_CHECK(tc__v_redop(c, fn, dt, rop));
+  TC_CHECK(v_redop(c, fn, dt, rop));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, 1));
   TC_CHECK(tc__v_buf(c, fn, "buf", buf, count));
   TC_CHECK(tc__v_rank(c, fn, "root", root));
@@ -389,7 +389,7 @@ int tc_all_gather(tc_comm_t *c, void *const *recvbufs, const void *sendbuf,
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, (size_t)c->size));
   TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, count));
-  TC_CHECK(tc__v_list(c, fn, "recvbufs", (const void *const *)recvbufs, NULL,
+  TC_CHECK(v_list(c, fn, "recvbufs", (const void *const *)recvbufs, NULL,
                       NULL, count, dt));
   tc__op_args_t op = TC_OP_INIT(TC_OP_ALL_GATHER);
   op.sendbuf = sendbuf;
@@ -408,7 +408,7 @@ int tc_all_gather_v(tc_comm_t *c, void *const *recvbufs,
   TC_CHECK(tc__v_dtype(c, fn, dt));
   TC_CHECK(tc__v_count(c, fn, "sendcount", sendcount, dt, 1));
   TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, sendcount));
-  TC_CHECK(tc__v_list(c, fn, "recvbufs", (const void *const *)recvbufs,
+  TC_CHECK(v_list(c, fn, "recvbufs", (const void *const *)recvbufs,
                       recvcounts, "recvcounts", 0, dt));
   if (recvcounts[c->rank] != sendcount)
     TC_FAIL(c, fn, TC_ERR_INVALID_ARGUMENT,
@@ -446,10 +446,10 @@ int tc_reduce_scatter(tc_comm_t *c, void *recvbuf, const void *const *sendbufs,
   static const char *fn = "reduce_scatter";
   TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
-  TC_CHECK(tc__v_redop(c, fn, dt, rop));
+  TC_CHECK(v_redop(c, fn, dt, rop));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, (size_t)c->size));
   TC_CHECK(tc__v_buf(c, fn, "recvbuf", recvbuf, count));
-  TC_CHECK(tc__v_list(c, fn, "sendbufs", sendbufs, NULL, NULL, count, dt));
+  TC_CHECK(v_list(c, fn, "sendbufs", sendbufs, NULL, NULL, count, dt));
   tc__op_args_t op = TC_OP_INIT(TC_OP_REDUCE_SCATTER);
   op.recvbuf = recvbuf;
   op.sendbufs = sendbufs;
@@ -466,10 +466,10 @@ int tc_reduce_scatter_v(tc_comm_t *c, void *recvbuf, size_t recvcount,
   static const char *fn = "reduce_scatter_v";
   TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
-  TC_CHECK(tc__v_redop(c, fn, dt, rop));
+  TC_CHECK(v_redop(c, fn, dt, rop));
   TC_CHECK(tc__v_count(c, fn, "recvcount", recvcount, dt, 1));
   TC_CHECK(tc__v_buf(c, fn, "recvbuf", recvbuf, recvcount));
-  TC_CHECK(tc__v_list(c, fn, "sendbufs", sendbufs, sendcounts, "sendcounts", 0,
+  TC_CHECK(v_list(c, fn, "sendbufs", sendbufs, sendcounts, "sendcounts", 0,
                       dt));
   if (sendcounts[c->rank] != recvcount)
     TC_FAIL(c, fn, TC_ERR_INVALID_ARGUMENT,
@@ -491,7 +491,7 @@ int tc_reduce_scatter_single(tc_comm_t *c, void *recvbuf, const void *sendbuf,
   static const char *fn = "reduce_scatter_single";
   TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
-  TC_CHECK(tc__v_redop(c, fn, dt, rop));
+  TC_CHECK(v_redop(c, fn, dt, rop));
   TC_CHECK(tc__v_count(c, fn, "count", count, dt, (size_t)c->size));
   TC_CHECK(tc__v_buf(c, fn, "recvbuf", recvbuf, count));
   TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, count));
@@ -528,10 +528,10 @@ int tc_all_to_all_v_single(tc_comm_t *c, void *recvbuf,
   static const char *fn = "all_to_all_v_single";
   TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
-  TC_CHECK(tc__v_counts(c, fn, "recvcounts", recvcounts, dt));
-  TC_CHECK(tc__v_counts(c, fn, "sendcounts", sendcounts, dt));
-  TC_CHECK(tc__v_buf(c, fn, "recvbuf", recvbuf, tc__sum(recvcounts, c->size)));
-  TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, tc__sum(sendcounts, c->size)));
+  TC_CHECK(v_counts(c, fn, "recvcounts", recvcounts, dt));
+  TC_CHECK(v_counts(c, fn, "sendcounts", sendcounts, dt));
+  TC_CHECK(tc__v_buf(c, fn, "recvbuf", recvbuf, sum(recvcounts, c->size)));
+  TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, sum(sendcounts, c->size)));
   tc__op_args_t op = TC_OP_INIT(TC_OP_ALL_TO_ALL_V_SINGLE);
   op.recvbuf = recvbuf;
   op.sendbuf = sendbuf;
@@ -548,9 +548,9 @@ int tc_all_to_all(tc_comm_t *c, void *const *recvbufs, const size_t *recvcounts,
   static const char *fn = "all_to_all";
   TC_CHECK(tc__v_comm(&c, fn, opts));
   TC_CHECK(tc__v_dtype(c, fn, dt));
-  TC_CHECK(tc__v_list(c, fn, "recvbufs", (const void *const *)recvbufs,
+  TC_CHECK(v_list(c, fn, "recvbufs", (const void *const *)recvbufs,
                       recvcounts, "recvcounts", 0, dt));
-  TC_CHECK(tc__v_list(c, fn, "sendbufs", sendbufs, sendcounts, "sendcounts", 0,
+  TC_CHECK(v_list(c, fn, "sendbufs", sendbufs, sendcounts, "sendcounts", 0,
                       dt));
   tc__op_args_t op = TC_OP_INIT(TC_OP_ALL_TO_ALL);
   op.recvbufs = recvbufs;
@@ -578,7 +578,7 @@ int tc_scatter(tc_comm_t *c, void *recvbuf, const void *const *sendbufs,
   TC_CHECK(tc__v_buf(c, fn, "recvbuf", recvbuf, count));
   TC_CHECK(tc__v_rank(c, fn, "root", root));
   if (c->rank == root)
-    TC_CHECK(tc__v_list(c, fn, "sendbufs", sendbufs, NULL, NULL, count, dt));
+    TC_CHECK(v_list(c, fn, "sendbufs", sendbufs, NULL, NULL, count, dt));
   tc__op_args_t op = TC_OP_INIT(TC_OP_SCATTER);
   op.recvbuf = recvbuf;
   op.sendbufs = c->rank == root ? sendbufs : NULL;
@@ -598,7 +598,7 @@ int tc_gather(tc_comm_t *c, void *const *recvbufs, const void *sendbuf,
   TC_CHECK(tc__v_buf(c, fn, "sendbuf", sendbuf, count));
   TC_CHECK(tc__v_rank(c, fn, "root", root));
   if (c->rank == root)
-    TC_CHECK(tc__v_list(c, fn, "recvbufs", (const void *const *)recvbufs, NULL,
+    TC_CHECK(v_list(c, fn, "recvbufs", (const void *const *)recvbufs, NULL,
                         NULL, count, dt));
   tc__op_args_t op = TC_OP_INIT(TC_OP_GATHER);
   op.sendbuf = sendbuf;

@@ -14,20 +14,20 @@
 
 /* The work table: works are pooled in its slots (no allocation per
  * operation once warm) and users hold handles, never pointers. */
-static tc__htable_t tc__works = TC__HTABLE_INIT(TC__HANDLE_WORK);
+static tc__htable_t work_table = TC__HTABLE_INIT(TC__HANDLE_WORK);
 
-static int64_t tc__now_ns(void) { return (int64_t)(tc__now() * 1e9); }
+static int64_t now_ns(void) { return (int64_t)(tc__now() * 1e9); }
 
 tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
                           double timeout_s) {
   uint32_t idx;
   void *obj;
-  if (tc__htable_take(&tc__works, &idx, &obj)) return NULL;
+  if (tc__htable_take(&work_table, &idx, &obj)) return NULL;
   tc_work_t *w = obj;
   if (!w) { /* a new slot: its work is kept for every later use */
     w = calloc(1, sizeof *w);
     if (!w) {
-      tc__htable_put(&tc__works, idx);
+      tc__htable_put(&work_table, idx);
       return NULL;
     }
     pthread_condattr_t ca;
@@ -37,7 +37,7 @@ tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&w->mu, NULL);
     w->slot = idx;
-    tc__htable_set(&tc__works, idx, w);
+    tc__htable_set(&work_table, idx, w);
   }
   w->magic = TC_WORK_MAGIC;
   atomic_store(&w->refs, 1);
@@ -51,7 +51,7 @@ tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
   w->timeout_s = timeout_s;
   memset(&w->op, 0, sizeof w->op);
   w->msg[0] = 0;
-  w->handle = (tc_work_t *)tc__htable_open(&tc__works, idx);
+  w->handle = (tc_work_t *)tc__htable_open(&work_table, idx);
   return w;
 }
 
@@ -72,8 +72,8 @@ void tc__work_unref(tc_work_t *w) {
   w->magic = TC_WORK_FREED;
   tc_comm_t *c = w->comm;
   w->comm = NULL;
-  tc__htable_close_slot(&tc__works, w->slot);
-  tc__htable_put(&tc__works, w->slot);
+  tc__htable_close_slot(&work_table, w->slot);
+  tc__htable_put(&work_table, w->slot);
   if (c) tc__comm_unref(c);
 }
 
@@ -84,7 +84,7 @@ int tc__work_enter(tc_work_t **w, const char *fn) {
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: %s: argument 'work' is NULL", fn);
   int stale;
-  tc_work_t *p = tc__htable_get(&tc__works, *w, &stale);
+  tc_work_t *p = tc__htable_get(&work_table, *w, &stale);
   if (!p && stale)
     return tc__set_error(TC_ERR_INVALID_USAGE,
                          "torchcomms: %s: the work handle was already released",
@@ -96,15 +96,15 @@ int tc__work_enter(tc_work_t **w, const char *fn) {
   return TC_OK;
 }
 
-static int tc__status_terminal(int s) {
+static int status_terminal(int s) {
   return s == TC_WORK_COMPLETED || s == TC_WORK_TIMEDOUT || s == TC_WORK_ERROR;
 }
 
 /* Moves w to a terminal state (first caller wins). Returns 1 if it did. */
-static int tc__work_finish(tc_work_t *w, int rc, const char *msg) {
+static int work_finish(tc_work_t *w, int rc, const char *msg) {
   pthread_mutex_lock(&w->mu);
   int st = atomic_load(&w->status);
-  if (tc__status_terminal(st)) {
+  if (status_terminal(st)) {
     pthread_mutex_unlock(&w->mu);
     return 0;
   }
@@ -124,28 +124,28 @@ static int tc__work_finish(tc_work_t *w, int rc, const char *msg) {
                                                   : TC_WORK_ERROR);
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
-  if (c) atomic_store(&c->last_progress_ns, tc__now_ns());
+  if (c) atomic_store(&c->last_progress_ns, now_ns());
   return 1;
 }
 
 void tc__work_fail_local(tc_work_t *w, int rc, const char *msg) {
-  tc__work_finish(w, rc, msg);
+  work_finish(w, rc, msg);
 }
 
 /* ---- host services given to backends ---- */
 
-static void tc__host_work_started(tc_work_t *w) {
+static void host_work_started(tc_work_t *w) {
   pthread_mutex_lock(&w->mu);
   w->start_time = tc__now();
   if (atomic_load(&w->status) == TC_WORK_NOT_STARTED)
     atomic_store(&w->status, TC_WORK_INPROGRESS);
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
-  if (w->comm) atomic_store(&w->comm->last_progress_ns, tc__now_ns());
+  if (w->comm) atomic_store(&w->comm->last_progress_ns, now_ns());
 }
 
 /* The backend's reason becomes the library's one message format. */
-static void tc__host_work_complete(tc_work_t *w, int status, const char *reason) {
+static void host_work_complete(tc_work_t *w, int status, const char *reason) {
   char msg[1024];
   if (status != TC_OK) {
     tc_comm_t *c = w->comm;
@@ -153,11 +153,11 @@ static void tc__host_work_complete(tc_work_t *w, int status, const char *reason)
              c ? c->name : "?", c ? c->rank : -1, c ? c->size : 0,
              reason && reason[0] ? reason : tc_strerror(status));
   }
-  tc__work_finish(w, status, status != TC_OK ? msg : NULL);
+  work_finish(w, status, status != TC_OK ? msg : NULL);
   tc__work_unref(w); /* the backend's reference */
 }
 
-static void tc__host_log(int level, const char *fmt, ...) {
+static void host_log(int level, const char *fmt, ...) {
   char line[1024];
   va_list ap;
   va_start(ap, fmt);
@@ -166,22 +166,22 @@ static void tc__host_log(int level, const char *fmt, ...) {
   tc__log(level, "%s", line);
 }
 
-static void tc__host_free(void *p) { free(p); }
+static void host_free(void *p) { free(p); }
 
 const tc_backend_host_t tc__host = {
     .size = sizeof(tc_backend_host_t),
-    .work_started = tc__host_work_started,
-    .work_complete = tc__host_work_complete,
+    .work_started = host_work_started,
+    .work_complete = host_work_complete,
     .store_set = tc__host_store_set,
     .store_get = tc_store_get,
     .store_add = tc__host_store_add,
-    .free = tc__host_free,
-    .log = tc__host_log,
+    .free = host_free,
+    .log = host_log,
 };
 
 /* ---- public work API ---- */
 
-static void tc__deadline_ts(double deadline, struct timespec *ts) {
+static void deadline_ts(double deadline, struct timespec *ts) {
   double d = deadline > 0 ? deadline : 0;
   ts->tv_sec = (time_t)d;
   ts->tv_nsec = (long)((d - (double)ts->tv_sec) * 1e9);
@@ -190,7 +190,7 @@ static void tc__deadline_ts(double deadline, struct timespec *ts) {
 
 /* The moment past which waiting on w is given up: start + timeout once
  * started; before that, the comm must keep making progress. */
-static double tc__work_deadline(tc_work_t *w) {
+static double work_deadline(tc_work_t *w) {
   double base;
   if (w->start_time > 0) {
     base = w->start_time;
@@ -202,12 +202,12 @@ static double tc__work_deadline(tc_work_t *w) {
 }
 
 /* Waits for w until `limit` (absolute, 0 = the work's own deadline). */
-static int tc__work_wait_until(tc_work_t *w, double limit, const char *fn) {
+static int work_wait_until(tc_work_t *w, double limit, const char *fn) {
   pthread_mutex_lock(&w->mu);
   for (;;) {
     int st = atomic_load(&w->status);
-    if (tc__status_terminal(st)) break;
-    double dl = tc__work_deadline(w);
+    if (status_terminal(st)) break;
+    double dl = work_deadline(w);
     double now = tc__now();
     if (limit > 0 && now >= limit) {
       pthread_mutex_unlock(&w->mu);
@@ -229,14 +229,14 @@ static int tc__work_wait_until(tc_work_t *w, double limit, const char *fn) {
                st == TC_WORK_NOT_STARTED ? "never started: an earlier "
                                            "operation is stuck"
                                          : "the backend did not report");
-      tc__work_finish(w, TC_ERR_TIMEOUT, msg);
+      work_finish(w, TC_ERR_TIMEOUT, msg);
       pthread_mutex_lock(&w->mu);
       break;
     }
     double until = limit > 0 && limit < dl ? limit : dl;
     if (until > now + 0.25) until = now + 0.25; /* re-read the deadline */
     struct timespec ts;
-    tc__deadline_ts(until, &ts);
+    deadline_ts(until, &ts);
     pthread_cond_timedwait(&w->cv, &w->mu, &ts);
   }
   int rc = w->rc;
@@ -245,11 +245,11 @@ static int tc__work_wait_until(tc_work_t *w, double limit, const char *fn) {
   return rc;
 }
 
-int tc__work_wait(tc_work_t *w) { return tc__work_wait_until(w, 0, "tc_work_wait"); }
+int tc__work_wait(tc_work_t *w) { return work_wait_until(w, 0, "tc_work_wait"); }
 
 int tc_work_wait(tc_work_t *w) {
   TC_CHECK(tc__work_enter(&w, "tc_work_wait"));
-  return tc__work_wait_until(w, 0, "tc_work_wait");
+  return work_wait_until(w, 0, "tc_work_wait");
 }
 
 int tc_work_wait_for(tc_work_t *w, double timeout_s) {
@@ -258,7 +258,7 @@ int tc_work_wait_for(tc_work_t *w, double timeout_s) {
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: tc_work_wait_for: argument 'timeout_s' "
                          "must be >= 0");
-  return tc__work_wait_until(w, tc__now() + (timeout_s > 0 ? timeout_s : 1e-9),
+  return work_wait_until(w, tc__now() + (timeout_s > 0 ? timeout_s : 1e-9),
                              "tc_work_wait_for");
 }
 
@@ -268,7 +268,7 @@ int tc_work_test(tc_work_t *w, int *done) {
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: tc_work_test: argument 'done' is NULL");
   int st = atomic_load(&w->status);
-  *done = tc__status_terminal(st);
+  *done = status_terminal(st);
   if (!*done) return TC_OK;
   pthread_mutex_lock(&w->mu);
   int rc = w->rc;
@@ -292,7 +292,7 @@ const char *tc_work_error(const tc_work_t *h) {
 int tc_work_release(tc_work_t *h) {
   tc_work_t *w = h;
   TC_CHECK(tc__work_enter(&w, "tc_work_release"));
-  if (!tc__htable_close(&tc__works, h)) /* another thread released it */
+  if (!tc__htable_close(&work_table, h)) /* another thread released it */
     return tc__set_error(TC_ERR_INVALID_USAGE,
                          "torchcomms: tc_work_release: the work handle was "
                          "already released");

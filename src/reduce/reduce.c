@@ -364,13 +364,13 @@ TC__REDUCE_KERNELS(TC__GEN)
 
 typedef void (*tc__k2_fn)(void *dst, const void *src, size_t n);
 typedef void (*tc__k3_fn)(void *out, const void *a, const void *b, size_t n);
-typedef struct tc__kernel {
+typedef struct kernel_of {
   tc__k2_fn k2; /* dst op= src, no aliasing */
   tc__k3_fn k3; /* out = a op b, out aliases neither */
 } tc__kernel_t;
 
 /* [dtype][op] for op < TC_AVG; an empty entry is a disallowed pair. */
-static const tc__kernel_t tc__kernels[TC_DTYPE_COUNT][TC_AVG] = {
+static const tc__kernel_t kernel_table[TC_DTYPE_COUNT][TC_AVG] = {
 #define TC__ENTRY(OP, D, T, U, K)                                              \
   [TC_##D][TC_##OP] = {.k2 = tc__k2_##D##_##OP, .k3 = tc__k3_##D##_##OP},
     TC__REDUCE_KERNELS(TC__ENTRY)
@@ -379,16 +379,16 @@ static const tc__kernel_t tc__kernels[TC_DTYPE_COUNT][TC_AVG] = {
 
 /* The kernel of dtype x op (AVG and PREMUL_SUM as SUM), or NULL when the
  * pair is invalid or not allowed. */
-static const tc__kernel_t *tc__kernel(tc_dtype_t dtype, tc_redop_type_t op) {
+static const tc__kernel_t *kernel_of(tc_dtype_t dtype, tc_redop_type_t op) {
   if ((unsigned)dtype >= TC_DTYPE_COUNT || (unsigned)op >= TC_REDOP_COUNT)
     return NULL;
   if (op == TC_AVG || op == TC_PREMUL_SUM) op = TC_SUM;
-  const tc__kernel_t *k = &tc__kernels[dtype][op];
+  const tc__kernel_t *k = &kernel_table[dtype][op];
   return k->k2 ? k : NULL;
 }
 
 /* 1 for the float dtypes. */
-static int tc__is_float(tc_dtype_t dtype) {
+static int is_float(tc_dtype_t dtype) {
   switch (dtype) {
 #define TC__ISF(name, val, ctype, size, isf)                                   \
   case TC_##name:                                                              \
@@ -407,8 +407,8 @@ int tc__redop_allowed(tc_dtype_t dtype, tc_redop_type_t op) {
   if ((unsigned)dtype >= TC_DTYPE_COUNT || (unsigned)op >= TC_REDOP_COUNT)
     return 0;
   if (op == TC_AVG) return dtype != TC_BOOL;
-  if (op == TC_PREMUL_SUM) return tc__is_float(dtype);
-  return tc__kernels[dtype][op].k2 != NULL;
+  if (op == TC_PREMUL_SUM) return is_float(dtype);
+  return kernel_table[dtype][op].k2 != NULL;
 }
 
 int tc_redop_supported(tc_dtype_t dtype, tc_redop_type_t op) {
@@ -418,7 +418,7 @@ int tc_redop_supported(tc_dtype_t dtype, tc_redop_type_t op) {
 /* Aliased operand staged through the stack, TC__STAGE bytes per step:
  * a != NULL: out = a op copy(out) (the call had b == out, a != out);
  * a == NULL: out = out op copy(out) (every operand was out). */
-static void tc__reduce_staged(const tc__kernel_t *k, char *out, const char *a,
+static void reduce_staged(const tc__kernel_t *k, char *out, const char *a,
                               size_t n, size_t esize) {
   uint64_t tmp[TC__STAGE / sizeof(uint64_t)];
   const size_t step = TC__STAGE / esize;
@@ -434,22 +434,22 @@ static void tc__reduce_staged(const tc__kernel_t *k, char *out, const char *a,
  * invalid or disallowed dtype x op leaves dst unchanged. */
 void tc__reduce(void *dst, const void *src, size_t n, tc_dtype_t dtype,
                 tc_redop_type_t op) {
-  const tc__kernel_t *k = tc__kernel(dtype, op);
+  const tc__kernel_t *k = kernel_of(dtype, op);
   if (!k || n == 0) return;
   if (dst != src) k->k2(dst, src, n);
-  else tc__reduce_staged(k, dst, NULL, n, tc_dtype_size(dtype));
+  else reduce_staged(k, dst, NULL, n, tc_dtype_size(dtype));
 }
 
 /* out[i] = a[i] op b[i] (see internal.h). out == a becomes out op= b;
  * out == b stages b; out == a == b is tc__reduce(out, out). */
 void tc__reduce3(void *out, const void *a, const void *b, size_t n,
                  tc_dtype_t dtype, tc_redop_type_t op) {
-  const tc__kernel_t *k = tc__kernel(dtype, op);
+  const tc__kernel_t *k = kernel_of(dtype, op);
   if (!k || n == 0) return;
   if (out != a && out != b) k->k3(out, a, b, n);
   else if (out != b) k->k2(out, b, n); /* out == a: out op= b */
-  else if (out != a) tc__reduce_staged(k, out, a, n, tc_dtype_size(dtype));
-  else tc__reduce_staged(k, out, NULL, n, tc_dtype_size(dtype));
+  else if (out != a) reduce_staged(k, out, a, n, tc_dtype_size(dtype));
+  else reduce_staged(k, out, NULL, n, tc_dtype_size(dtype));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -458,7 +458,7 @@ void tc__reduce3(void *out, const void *a, const void *b, size_t n,
 
 /* double -> int64, truncated toward zero; NaN gives 0 and out-of-range
  * values saturate (a plain cast would be undefined). */
-static inline int64_t tc__d2i64(double r) {
+static inline int64_t d2i64(double r) {
   if (!(r == r)) return 0;
   if (r >= 9223372036854775808.0) return INT64_MAX;
   if (r < -9223372036854775808.0) return INT64_MIN;
@@ -467,7 +467,7 @@ static inline int64_t tc__d2i64(double r) {
 
 /* Signed integer x / d truncated toward zero, for any unsigned 64-bit d > 0
  * (|x| < d gives 0, except INT64_MIN / 2^63 = -1). */
-static inline int64_t tc__sdiv(int64_t x, uint64_t d) {
+static inline int64_t sdiv(int64_t x, uint64_t d) {
   if (d <= (uint64_t)INT64_MAX) return x / (int64_t)d;
   return (x == INT64_MIN && d == (uint64_t)INT64_MAX + 1) ? -1 : 0;
 }
@@ -478,11 +478,11 @@ static inline int64_t tc__sdiv(int64_t x, uint64_t d) {
 #define TC__SCALE_FLOAT64(x) ((x) * fd)
 #define TC__SCALE_FLOAT16(x) tc__f2h(tc__h2f(x) * ff)
 #define TC__SCALE_BFLOAT16(x) tc__f2bf(tc__bf2f(x) * ff)
-#define TC__SCALE_INT8(x) ((int8_t)tc__d2i64((double)(x) * fd))
-#define TC__SCALE_UINT8(x) ((uint8_t)tc__d2i64((double)(x) * fd))
-#define TC__SCALE_INT16(x) ((int16_t)tc__d2i64((double)(x) * fd))
-#define TC__SCALE_INT32(x) ((int32_t)tc__d2i64((double)(x) * fd))
-#define TC__SCALE_INT64(x) ((int64_t)tc__d2i64((double)(x) * fd))
+#define TC__SCALE_INT8(x) ((int8_t)d2i64((double)(x) * fd))
+#define TC__SCALE_UINT8(x) ((uint8_t)d2i64((double)(x) * fd))
+#define TC__SCALE_INT16(x) ((int16_t)d2i64((double)(x) * fd))
+#define TC__SCALE_INT32(x) ((int32_t)d2i64((double)(x) * fd))
+#define TC__SCALE_INT64(x) ((int64_t)d2i64((double)(x) * fd))
 #define TC__SCALE_BOOL(x) ((uint8_t)(((x) != 0) & nz))
 #define TC__SCALE_FLOAT8_E4M3FN(x) tc__f2e4m3(tc__e4m3f(x) * ff)
 #define TC__SCALE_FLOAT8_E5M2(x) tc__f2e5m2(tc__e5m2f(x) * ff)
@@ -493,11 +493,11 @@ static inline int64_t tc__sdiv(int64_t x, uint64_t d) {
 #define TC__DIV_FLOAT64(x) ((x) / ddiv)
 #define TC__DIV_FLOAT16(x) tc__f2h(tc__h2f(x) / fdiv)
 #define TC__DIV_BFLOAT16(x) tc__f2bf(tc__bf2f(x) / fdiv)
-#define TC__DIV_INT8(x) ((int8_t)tc__sdiv(x, udiv))
+#define TC__DIV_INT8(x) ((int8_t)sdiv(x, udiv))
 #define TC__DIV_UINT8(x) ((uint8_t)((x) / udiv))
-#define TC__DIV_INT16(x) ((int16_t)tc__sdiv(x, udiv))
-#define TC__DIV_INT32(x) ((int32_t)tc__sdiv(x, udiv))
-#define TC__DIV_INT64(x) ((int64_t)tc__sdiv(x, udiv))
+#define TC__DIV_INT16(x) ((int16_t)sdiv(x, udiv))
+#define TC__DIV_INT32(x) ((int32_t)sdiv(x, udiv))
+#define TC__DIV_INT64(x) ((int64_t)sdiv(x, udiv))
 #define TC__DIV_BOOL(x) ((uint8_t)(((x) != 0) / udiv))
 #define TC__DIV_FLOAT8_E4M3FN(x) tc__f2e4m3(tc__e4m3f(x) / fdiv)
 #define TC__DIV_FLOAT8_E5M2(x) tc__f2e5m2(tc__e5m2f(x) / fdiv)
