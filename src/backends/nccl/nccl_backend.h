@@ -76,7 +76,7 @@ size_t tcn_dtype_size(tc_dtype_t dt);
 void tcn_msg(const tcn_comm_t *c, const char *op, char *out, size_t outlen,
              const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* Copies the reason into a refusing entry's err buffer; returns rc. */
-int tcn_set_error(char *err, size_t errlen, int rc, const char *text);
+int tcn_put_reason(char *err, size_t errlen, int rc, const char *text);
 /* NCCL's own text for the last error of comm (may be ""). */
 const char *tcn_last_error(const tcn_comm_t *c);
 

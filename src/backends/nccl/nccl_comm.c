@@ -48,7 +48,7 @@ void tcn_msg(const tcn_comm_t *c, const char *op, char *out, size_t outlen,
   va_end(ap);
 }
 
-int tcn_set_error(char *err, size_t errlen, int rc, const char *text) {
+int tcn_put_reason(char *err, size_t errlen, int rc, const char *text) {
   if (err && errlen) snprintf(err, errlen, "%s", text);
   return rc;
 }
@@ -616,7 +616,7 @@ int tcn_finalize(void *bcomm, char *err, size_t errlen) {
   if (state == TCN_BROKEN) {
     tcn_msg(c, "finalize", msg, sizeof msg, "an earlier operation failed and "
             "the NCCL communicator was aborted (%s)", c->broken_msg);
-    return tcn_set_error(err, errlen, c->broken_rc, msg);
+    return tcn_put_reason(err, errlen, c->broken_rc, msg);
   }
   if (state != TCN_ACTIVE) return TC_OK;
   int rc = TC_OK;
@@ -633,7 +633,7 @@ int tcn_finalize(void *bcomm, char *err, size_t errlen) {
               tcn_result_name(r));
       api->nccl.CommAbort(c->nccl);
       c->nccl = NULL;
-      rc = tcn_set_error(err, errlen, r == ncclTimeout ? TC_ERR_TIMEOUT : TC_ERR_BACKEND,
+      rc = tcn_put_reason(err, errlen, r == ncclTimeout ? TC_ERR_TIMEOUT : TC_ERR_BACKEND,
                          msg);
     }
   }

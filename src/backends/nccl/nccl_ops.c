@@ -341,7 +341,7 @@ static ncclResult_t tcn_enqueue(tcn_comm_t *c, const tc_backend_op_t *op,
 
 /* Refuses an operation before anything was enqueued: the caller gets rc
  * and the message. */
-#define tcn_refuse(c, rc, msg) tcn_set_error(err, errlen, (rc), (msg))
+#define tcn_refuse(c, rc, msg) tcn_put_reason(err, errlen, (rc), (msg))
 
 int tcn_post(void *bcomm, const tc_backend_op_t *op, tc_work_t *work, char *err,
              size_t errlen) {
