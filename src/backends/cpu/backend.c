@@ -5,7 +5,7 @@
  * (TORCHCOMMS_CPU_TRANSPORT=auto|shm|tcp; transport/shm_setup.c).
  *
  * Threads: one progress thread per communicator pops operations in post
- * order, runs the algorithm (algos.c, algos2.c over the transport's
+ * order, runs the algorithm (algo_reduce.c, algo_move.c over the transport's
  * exchange, or shm_algos.c on the shared segments) and reports through the
  * host. A thread hand-off costs microseconds, so an operation with a
  * shared-memory path of at most TORCHCOMMS_CPU_INLINE_BYTES (1 MiB) posted
