@@ -222,7 +222,14 @@ static void split_cycles_rank(tc_ctx_t *ctx) {
     printf("  rank 0: RSS after %d warm-up cycles %ld KiB, after %d more %ld KiB "
            "(%+ld KiB); %.1f s for the %d cycles\n", SPLIT_WARMUP, before, SPLIT_CYCLES,
            after, after - before, tc__now() - tw, SPLIT_CYCLES);
+#if defined(__SANITIZE_ADDRESS__)
+  /* ASan's quarantine keeps freed memory (up to 256 MiB) away from reuse, so
+   * RSS grows by design; here the run checks instead that the cycles touch
+   * no freed memory and leak nothing (LeakSanitizer). */
+  (void)after;
+#else
   TC_ASSERT(after - before < 1024);
+#endif
   /* the first child's handle is stale though its slot serves others since */
   TC_ASSERT_ERR(tc_barrier(first, NULL, NULL), TC_ERR_INVALID_USAGE,
                 "torchcomms: barrier: the communicator handle was destroyed");
