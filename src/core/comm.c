@@ -106,14 +106,19 @@ void tc__comm_record_error(tc_comm_t *c, const char *text) {
   pthread_mutex_unlock(&c->err_mu);
 }
 
+void tc__comm_message(const tc_comm_t *c, const char *fn, const char *detail, char *out,
+                      size_t len) {
+  snprintf(out, len, "torchcomms: %s on '%s' (rank %d of %d): %s", fn, c ? c->name : "?",
+           c ? c->rank : -1, c ? c->size : 0, detail);
+}
+
 int tc__comm_error(tc_comm_t *c, int rc, const char *fn, const char *fmt, ...) {
   char detail[768], full[1024];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(detail, sizeof detail, fmt, ap);
   va_end(ap);
-  snprintf(full, sizeof full, "torchcomms: %s on '%s' (rank %d of %d): %s", fn,
-           c->name, c->rank, c->size, detail);
+  tc__comm_message(c, fn, detail, full, sizeof full);
   tc__comm_record_error(c, full);
   return tc__set_error_text(rc, full);
 }

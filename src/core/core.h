@@ -116,6 +116,10 @@ TC_INTERNAL void tc__comm_ref(tc_comm_t *c);
 TC_INTERNAL void tc__comm_unref(tc_comm_t *c);
 /* Formats "torchcomms: <fn> on '<name>' (rank r of n): " + message into the
  * thread's error and the communicator's last error; returns rc. */
+/* The library's one message format, "torchcomms: <fn> on '<name>' (rank r
+ * of n): <detail>", into out (c may be NULL). */
+TC_INTERNAL void tc__comm_message(const tc_comm_t *c, const char *fn, const char *detail,
+                                  char *out, size_t len);
 TC_INTERNAL int tc__comm_error(tc_comm_t *c, int rc, const char *fn,
                                const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

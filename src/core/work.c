@@ -147,12 +147,9 @@ static void host_work_started(tc_work_t *w) {
 /* The backend's reason becomes the library's one message format. */
 static void host_work_complete(tc_work_t *w, int status, const char *reason) {
   char msg[1024];
-  if (status != TC_OK) {
-    tc_comm_t *c = w->comm;
-    snprintf(msg, sizeof msg, "torchcomms: %s on '%s' (rank %d of %d): %s", w->opname,
-             c ? c->name : "?", c ? c->rank : -1, c ? c->size : 0,
-             reason && reason[0] ? reason : tc_strerror(status));
-  }
+  if (status != TC_OK)
+    tc__comm_message(w->comm, w->opname, reason && reason[0] ? reason : tc_strerror(status),
+                     msg, sizeof msg);
   work_finish(w, status, status != TC_OK ? msg : NULL);
   tc__work_unref(w); /* the backend's reference */
 }
@@ -219,16 +216,12 @@ static int work_wait_until(tc_work_t *w, double limit, const char *fn) {
     if (limit <= 0 && now >= dl) {
       /* The backend missed its own deadline: fail the work ourselves. */
       pthread_mutex_unlock(&w->mu);
-      char msg[512];
-      tc_comm_t *c = w->comm;
-      snprintf(msg, sizeof msg,
-               "torchcomms: %s on '%s' (rank %d of %d): timed out after "
-               "%.1f s (%s); the communicator must be aborted",
-               w->opname, c ? c->name : "?", c ? c->rank : -1,
-               c ? c->size : -1, w->timeout_s,
-               st == TC_WORK_NOT_STARTED ? "never started: an earlier "
-                                           "operation is stuck"
+      char why[256], msg[512];
+      snprintf(why, sizeof why, "timed out after %.1f s (%s); the communicator must be aborted",
+               w->timeout_s,
+               st == TC_WORK_NOT_STARTED ? "never started: an earlier operation is stuck"
                                          : "the backend did not report");
+      tc__comm_message(w->comm, w->opname, why, msg, sizeof msg);
       work_finish(w, TC_ERR_TIMEOUT, msg);
       pthread_mutex_lock(&w->mu);
       break;

@@ -305,3 +305,11 @@ void tc_fill(void *buf, size_t count, tc_dtype_t dt, int rank, int seed) {
     tc_set(buf, i, dt, v);
   }
 }
+
+long tc_rss_kib(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  long pages = 0, res = 0;
+  TC_ASSERT(f && fscanf(f, "%ld %ld", &pages, &res) == 2);
+  fclose(f);
+  return res * (sysconf(_SC_PAGESIZE) / 1024);
+}

@@ -130,4 +130,7 @@ double tc_get(const void *buf, size_t i, tc_dtype_t dtype);
 /* Writes v into element i of buf. */
 void tc_set(void *buf, size_t i, tc_dtype_t dtype, double v);
 
+/* This process's resident set size, KiB (/proc/self/statm). */
+long tc_rss_kib(void);
+
 #endif

@@ -6,14 +6,6 @@
 
 #include "runner.h"
 
-static long rss_kib(void) {
-  FILE *f = fopen("/proc/self/statm", "r");
-  long pages = 0, res = 0;
-  TC_ASSERT(f && fscanf(f, "%ld %ld", &pages, &res) == 2);
-  fclose(f);
-  return res * (sysconf(_SC_PAGESIZE) / 1024);
-}
-
 static tc_comm_t *world1(void) {
   tc_comm_t *c = NULL;
   TC_ASSERT_OK(tc_world1_create("batches", "cpu", &c));
@@ -25,7 +17,7 @@ TC_TEST(batch_handles_memory_flat_over_100k_cycles) {
   float a[4] = {1, 2, 3, 4}, b[4];
   long before = 0;
   for (int i = 0; i < 110000; i++) {
-    if (i == 10000) before = rss_kib(); /* after warm-up */
+    if (i == 10000) before = tc_rss_kib(); /* after warm-up */
     tc_batch_t *bt = NULL;
     TC_ASSERT_OK(tc_batch_create(c, &bt));
     TC_ASSERT_OK(tc_batch_send(bt, a, 4, TC_FLOAT32, 0));
@@ -33,7 +25,7 @@ TC_TEST(batch_handles_memory_flat_over_100k_cycles) {
     if (i % 100 == 0) TC_ASSERT_OK(tc_batch_issue(bt, NULL, NULL));
     TC_ASSERT_OK(tc_batch_free(bt));
   }
-  long after = rss_kib();
+  long after = tc_rss_kib();
   printf("  RSS after warm-up %ld KiB, after 100000 more batches %ld KiB\n", before, after);
   TC_ASSERT(after - before < 1024);
   TC_ASSERT_EQ((long long)b[3], 4);

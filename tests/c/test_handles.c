@@ -9,14 +9,6 @@
 #include "core/core.h" /* the structs behind handles, to check slot reuse */
 #include "runner.h"
 
-static long rss_kib(void) {
-  FILE *f = fopen("/proc/self/statm", "r");
-  long pages = 0, res = 0;
-  TC_ASSERT(f && fscanf(f, "%ld %ld", &pages, &res) == 2);
-  fclose(f);
-  return res * (sysconf(_SC_PAGESIZE) / 1024);
-}
-
 /* The struct behind a live communicator handle. */
 static tc_comm_t *comm_struct(tc_comm_t *h) {
   TC_ASSERT_OK(tc__comm_enter(&h, "test"));
@@ -200,7 +192,7 @@ static void split_cycles_rank(tc_ctx_t *ctx) {
   tc_comm_t *first = NULL, *first_struct = NULL;
   for (int i = 0; i < SPLIT_WARMUP + SPLIT_CYCLES; i++) {
     if (i == SPLIT_WARMUP) {
-      before = rss_kib();
+      before = tc_rss_kib();
       tw = tc__now();
     }
     tc_comm_t *s = NULL;
@@ -217,7 +209,7 @@ static void split_cycles_rank(tc_ctx_t *ctx) {
     TC_ASSERT_OK(tc_comm_finalize(s));
     TC_ASSERT_OK(tc_comm_destroy(s));
   }
-  long after = rss_kib();
+  long after = tc_rss_kib();
   if (ctx->rank == 0)
     printf("  rank 0: RSS after %d warm-up cycles %ld KiB, after %d more %ld KiB "
            "(%+ld KiB); %.1f s for the %d cycles\n", SPLIT_WARMUP, before, SPLIT_CYCLES,
