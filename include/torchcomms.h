@@ -559,6 +559,95 @@ TC_API int tc_batch_issue(tc_batch_t *batch, const tc_op_options_t *opts,
 TC_API int tc_batch_free(tc_batch_t *batch);
 
 /* ------------------------------------------------------------------------ */
+/* Hooks: callbacks around every operation of a communicator                 */
+/* ------------------------------------------------------------------------ */
+
+typedef enum tc_hook_kind {
+  TC_HOOK_PRE = 0,  /* before the operation is posted (issuing thread) */
+  TC_HOOK_POST = 1, /* when it completed, failed or timed out */
+  TC_HOOK_ABORT = 2 /* tc_comm_abort, or before the process aborts on error */
+} tc_hook_kind_t;
+
+/* What a hook is told about an operation. Valid during the call only. */
+typedef struct tc_op_info {
+  uint32_t size;         /* sizeof(tc_op_info_t): fields may be appended */
+  tc_comm_t *comm;       /* the communicator's handle */
+  const char *comm_name;
+  int rank, comm_size;
+  tc_op_type_t type;     /* TC_OP_TYPE_COUNT for an abort hook */
+  const char *name;      /* "all_reduce" ("abort" for an abort hook) */
+  uint64_t op_id;        /* the operation's number on this communicator, from 1 */
+  uint64_t coll_seq;     /* collectives only: the same on every rank, from 1 (else 0) */
+  uint64_t p2p_seq;      /* send, recv, batch: this rank's p2p number (else 0) */
+  tc_dtype_t dtype;
+  int redop;             /* tc_redop_type_t, -1 when the op takes none */
+  int root;              /* root or peer, -1 when none */
+  size_t count;          /* the call's count argument (per rank) */
+  size_t in_bytes;       /* bytes this rank contributes */
+  size_t out_bytes;      /* bytes this rank receives */
+  int async_op;          /* 1: issued with a work handle */
+  double timeout_s;
+  /* POST only */
+  int status;            /* TC_OK or the error */
+  int work_status;       /* TC_WORK_COMPLETED / TIMEDOUT / ERROR */
+  double duration_s;     /* from start (issue when never started) to the end */
+  const char *error;     /* the error text, "" when status is TC_OK */
+} tc_op_info_t;
+
+/* A hook. PRE hooks run on the issuing thread, in issue order, right before
+ * the operation is posted (the communicator's lock is held: a hook must not
+ * call operations of the same communicator); returning non-zero refuses the
+ * operation: it fails with TC_ERR_INVALID_USAGE and the text the hook put
+ * with tc_hook_refuse (or "refused by a pre-hook"), and is not posted
+ * (every rank keeps its numbering). POST hooks run once per operation, on
+ * whichever thread saw it end (the backend's progress thread or a waiter):
+ * they must not block. ABORT hooks run before tc_comm_abort aborts, and
+ * before the process ends on an error (abort_process_on_timeout_or_error).
+ * The return value of POST and ABORT hooks is ignored. */
+typedef int (*tc_hook_fn)(tc_hook_kind_t kind, const tc_op_info_t *info, void *user);
+
+/* Registers fn on comm; *id (may be NULL) identifies it for unregistering.
+ * Hooks of one kind run in registration order. With no hook registered an
+ * operation pays one load. */
+TC_API int tc_comm_register_hook(tc_comm_t *comm, tc_hook_kind_t kind, tc_hook_fn fn,
+                                 void *user, uint64_t *id);
+/* Removes the hook `id`; TC_ERR_INVALID_ARGUMENT if comm has no such hook.
+ * Once it returns, the hook is not running and never runs again. */
+TC_API int tc_comm_unregister_hook(tc_comm_t *comm, uint64_t id);
+/* From a PRE hook: the reason its refusal gives (copied). */
+TC_API void tc_hook_refuse(const char *reason);
+/* The number the next operation on comm will get (tc_op_info_t.op_id);
+ * 0 on a bad handle. */
+TC_API uint64_t tc_comm_next_op_id(const tc_comm_t *comm);
+
+/* ------------------------------------------------------------------------ */
+/* Flight recorder: the last operations of every communicator                */
+/* ------------------------------------------------------------------------ */
+
+/* Each communicator keeps its last N operations (TORCH_FR_BUFFER_SIZE,
+ * default 2000; 0 turns it off) with their state (scheduled, started,
+ * completed, failed, timed out), sizes, dtypes and times. On a timeout, a
+ * lost peer and an abort, every rank writes its trace to
+ * <TORCH_FR_DUMP_TEMP_FILE><rank> when that prefix is set (torch's Flight
+ * Recorder format: python -m torch.distributed.flight_recorder.fr_trace -j
+ * reads the folder). */
+
+/* The trace of comm (or of every live communicator of the process when
+ * comm is NULL) as JSON in torch's Flight Recorder format; *out is released
+ * with tc_free. include_completed = 0 leaves completed entries out. */
+TC_API int tc_fr_dump_json(const tc_comm_t *comm, int include_completed, char **out);
+/* Writes tc_fr_dump_json(NULL, 1) to `path` (NULL: <TORCH_FR_DUMP_TEMP_FILE>
+ * <global rank>); the path written goes to *written when not NULL (tc_free). */
+TC_API int tc_fr_dump_file(const char *path, char **written);
+/* Entries recorded on comm (at most its capacity). */
+TC_API size_t tc_fr_size(const tc_comm_t *comm);
+/* Forgets comm's entries (NULL: every communicator's). */
+TC_API int tc_fr_reset(const tc_comm_t *comm);
+/* Makes comm keep at least `entries` operations from now on (a larger ring;
+ * never shrinks). */
+TC_API int tc_fr_reserve(tc_comm_t *comm, size_t entries);
+
+/* ------------------------------------------------------------------------ */
 /* Environment (for launchers and tests)                                     */
 /* ------------------------------------------------------------------------ */
 
