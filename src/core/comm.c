@@ -95,9 +95,42 @@ static tc_comm_t *comm_live(const tc_comm_t *h, const char *fn) {
 
 void tc__comm_ref(tc_comm_t *c) { atomic_fetch_add(&c->refs, 1); }
 
+/* Held while a handle is made live or closed, and while tc__comm_all takes
+ * its references: a communicator it finds live cannot be released under it. */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+
+size_t tc__comm_all(tc_comm_t ***out) {
+  *out = NULL;
+  size_t n = 0, cap = 0;
+  pthread_mutex_lock(&live_mu);
+  uint32_t used = tc__htable_used(&comms);
+  for (uint32_t i = 0; i < used; i++) {
+    tc_comm_t *c = tc__htable_live(&comms, i);
+    if (!c || c->magic != TC_COMM_MAGIC) continue;
+    if (n == cap) {
+      size_t ncap = cap ? 2 * cap : 8;
+      tc_comm_t **p = realloc(*out, ncap * sizeof *p);
+      if (!p) break;
+      *out = p;
+      cap = ncap;
+    }
+    tc__comm_ref(c);
+    (*out)[n++] = c;
+  }
+  pthread_mutex_unlock(&live_mu);
+  return n;
+}
+
 /* The last reference gone (destroyed, no work left): the slot is reused. */
 void tc__comm_unref(tc_comm_t *c) {
-  if (atomic_fetch_sub(&c->refs, 1) == 1) tc__htable_put(&comms, c->slot);
+  if (atomic_fetch_sub(&c->refs, 1) != 1) return;
+  /* no work refers to it any more: what only works could still touch goes */
+  tc__hooks_free(c);
+  tc__fr_free(c);
+  tc__board_free(c);
+  free(c->granks);
+  c->granks = NULL;
+  tc__htable_put(&comms, c->slot);
 }
 
 void tc__comm_record_error(tc_comm_t *c, const char *text) {
@@ -184,6 +217,7 @@ static int comm_start(tc_comm_t *c, const tc_comm_t *parent,
   char err[512] = "";
   void *keys;
   tc__comm_record_begin(c, &keys);
+  tc__board_setup(c); /* its name's key is recorded, so deleted below */
   if (parent && has_split(c->ops))
     rc = c->ops->split(parent->bcomm, ranks, nranks, &args, &c->bcomm, err,
                        sizeof err);
@@ -192,6 +226,7 @@ static int comm_start(tc_comm_t *c, const tc_comm_t *parent,
   /* init returned on this rank only once every rank finished its setup:
    * the keys written for it are no longer needed by anyone */
   tc__comm_record_end(c, keys, rc == TC_OK);
+  tc__board_ready(c); /* every rank mapped it (or never will) */
   if (rc != TC_OK)
     return tc__comm_error(c, rc, fn, "backend '%s' failed to start: %s",
                           c->backend_name, err[0] ? err : tc_strerror(rc));
@@ -217,6 +252,8 @@ static tc_comm_t *comm_new(void) {
   }
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->err_mu, NULL);
+  tc__hooks_init(c);
+  tc__fr_init(c);
   atomic_store(&c->last_progress_ns, (int64_t)(tc__now() * 1e9));
   atomic_store(&c->refs, 1); /* the creator's, then the user's handle */
   c->slot = idx;
@@ -226,7 +263,9 @@ static tc_comm_t *comm_new(void) {
 
 /* Makes c's handle live and returns it. */
 static tc_comm_t *comm_publish(tc_comm_t *c) {
+  pthread_mutex_lock(&live_mu);
   c->handle = (tc_comm_t *)tc__htable_open(&comms, c->slot);
+  pthread_mutex_unlock(&live_mu);
   return c->handle;
 }
 
@@ -324,6 +363,7 @@ int tc_comm_create(const char *backend, const char *device,
   tc__comm_scope_prefix(c->prefix, sizeof c->prefix, c->name, gen);
   rc = comm_start(c, NULL, NULL, 0);
   if (rc != TC_OK) goto fail;
+  tc__fr_set_global_rank(c->rank); /* the first communicator's: the job's ranks */
   *out = comm_publish(c);
   return TC_OK;
 fail:;
@@ -340,6 +380,7 @@ int tc_comm_finalize(tc_comm_t *c) {
   if (state == TC_STATE_ACTIVE) c->state = TC_STATE_FINALIZED;
   pthread_mutex_unlock(&c->mu);
   if (state != TC_STATE_ACTIVE) return TC_OK; /* twice is harmless */
+  tc__board_state(c, TC_STATE_FINALIZED);
   char why[768] = "";
   int rc = c->ops->finalize(c->bcomm, why, sizeof why);
   c->ops->destroy(c->bcomm);
@@ -362,6 +403,11 @@ static void comm_abort(tc_comm_t *c) {
 
 int tc_comm_abort(tc_comm_t *c) {
   TC_CHECK(tc__comm_enter(&c, "tc_comm_abort"));
+  if (c->state == TC_STATE_ACTIVE) {
+    tc__hooks_abort(c);
+    tc__board_state(c, TC_STATE_ABORTED);
+    tc__fr_auto_dump(c, "the communicator was aborted");
+  }
   comm_abort(c);
   return TC_OK;
 }
@@ -377,7 +423,10 @@ int tc_comm_is_aborted(const tc_comm_t *h) {
 int tc_comm_destroy(tc_comm_t *h) {
   tc_comm_t *c = h;
   TC_CHECK(tc__comm_enter(&c, "tc_comm_destroy"));
-  if (!tc__htable_close(&comms, h))
+  pthread_mutex_lock(&live_mu);
+  int closed = tc__htable_close(&comms, h);
+  pthread_mutex_unlock(&live_mu);
+  if (!closed)
     return tc__set_error(TC_ERR_INVALID_USAGE,
                          "torchcomms: tc_comm_destroy: the communicator handle "
                          "was destroyed");
@@ -544,6 +593,13 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
   child->rank = me;
   child->size = (int)nranks;
   child->ops = c->ops;
+  child->granks = malloc(nranks * sizeof *child->granks);
+  if (!child->granks) {
+    comm_release(child);
+    return tc__comm_error(c, TC_ERR_NOMEM, fn, "out of memory");
+  }
+  for (size_t i = 0; i < nranks; i++)
+    child->granks[i] = c->granks ? c->granks[ranks[i]] : ranks[i];
   child->timeout_s = c->timeout_s;
   child->abort_process = c->abort_process;
   rc = copy_hints(c->hints, c->num_hints, &child->hints, fn);

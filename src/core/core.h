@@ -50,6 +50,25 @@ struct tc_comm {
   _Atomic int64_t last_progress_ns; /* last start/completion, monotonic */
   pthread_mutex_t err_mu; /* last_error only: taken inside backend callbacks */
   char last_error[1024];
+  uint64_t coll_seq, p2p_seq; /* collectives / p2p issued (under mu) */
+  int *granks; /* [size]: the job-wide rank of each rank (NULL: the identity) */
+  /* hooks (hooks.c): counts per kind, read without a lock (0: none) */
+  _Atomic int nhooks[3];
+  pthread_rwlock_t hooks_lock; /* the list: read while calling, written by (un)register */
+  struct tc__hook *hooks;
+  size_t hooks_n, hooks_cap;
+  /* flight recorder (flight.c) */
+  pthread_mutex_t fr_mu;
+  struct tc__fr_entry *fr; /* ring of fr_cap entries */
+  size_t fr_cap;
+  uint64_t fr_count; /* entries ever recorded (record ids 0 .. fr_count-1) */
+  uint64_t fr_base;  /* ids below were reset: not dumped */
+  _Atomic int fr_dumped; /* an automatic dump was written for this communicator */
+  /* status board (hang.c): every rank's progress, in shared memory */
+  struct tc__board_slot *board; /* [size], or NULL */
+  size_t board_bytes;
+  char board_name[128]; /* while rank 0 still has to unlink it */
+  _Atomic int hang_reported;
 };
 
 /* A work lives in a slot of the work table (work.c), reused after its last
@@ -68,8 +87,11 @@ struct tc_work {
   int rc;
   double issue_time;
   double start_time;
+  double end_time;
   double timeout_s;
   tc_backend_op_t op;
+  uint64_t coll_seq, p2p_seq; /* see tc_op_info_t */
+  uint64_t fr_id;  /* flight-recorder record id + 1 (0: not recorded) */
   void *arrays; /* owned copies of the op's lists, reused across uses */
   size_t arrays_cap;
   char msg[1024];
@@ -113,6 +135,9 @@ TC_INTERNAL extern const tc_backend_host_t tc__host;
 TC_INTERNAL int tc__comm_enter(tc_comm_t **c, const char *fn);
 /* References held by works on a communicator's struct (not its handle). */
 TC_INTERNAL void tc__comm_ref(tc_comm_t *c);
+/* Every live communicator, each with a reference (tc__comm_unref each, free
+ * the array); returns the count. */
+TC_INTERNAL size_t tc__comm_all(tc_comm_t ***out);
 TC_INTERNAL void tc__comm_unref(tc_comm_t *c);
 /* Formats "torchcomms: <fn> on '<name>' (rank r of n): " + message into the
  * thread's error and the communicator's last error; returns rc. */
@@ -190,6 +215,49 @@ TC_INTERNAL int tc__host_store_set(tc_store_t *s, const char *key, const void *v
                                    size_t len);
 TC_INTERNAL int tc__host_store_add(tc_store_t *s, const char *key, int64_t delta,
                                    int64_t *result);
+
+/* Hooks (hooks.c). */
+/* The description of w's operation for hooks and the logger (post fields
+ * when the work finished). */
+TC_INTERNAL void tc__op_info(const tc_work_t *w, tc_op_info_t *info);
+/* Runs c's PRE hooks for w (under c->mu, before post): TC_OK, or the
+ * refusal (message in why). */
+TC_INTERNAL int tc__hooks_pre(tc_comm_t *c, const tc_work_t *w, char *why, size_t len);
+TC_INTERNAL void tc__hooks_post(tc_comm_t *c, const tc_work_t *w);
+TC_INTERNAL void tc__hooks_abort(tc_comm_t *c);
+TC_INTERNAL void tc__hooks_init(tc_comm_t *c);
+TC_INTERNAL void tc__hooks_free(tc_comm_t *c);
+
+/* Flight recorder (flight.c). */
+enum { TC_FR_SCHEDULED = 0, TC_FR_STARTED, TC_FR_COMPLETED, TC_FR_FAILED, TC_FR_TIMED_OUT };
+TC_INTERNAL void tc__fr_init(tc_comm_t *c);
+TC_INTERNAL void tc__fr_free(tc_comm_t *c);
+/* Records w's operation (issue: under c->mu, right before post). */
+TC_INTERNAL void tc__fr_issue(tc_comm_t *c, tc_work_t *w);
+/* w's entry moves to state (TC_FR_*). */
+TC_INTERNAL void tc__fr_update(tc_work_t *w, int state);
+/* The automatic dump on a failure or abort: once per communicator, to
+ * <TORCH_FR_DUMP_TEMP_FILE><rank> when that prefix is set. */
+TC_INTERNAL void tc__fr_auto_dump(tc_comm_t *c, const char *why);
+/* The job-wide rank files are named after (the first communicator's). */
+TC_INTERNAL int tc__fr_global_rank(void);
+TC_INTERNAL void tc__fr_set_global_rank(int rank);
+
+/* Status board and hang report (hang.c). */
+/* During creation (between the key recording's begin and end): rank 0
+ * makes the board, the others map it. Never fails the creation. */
+TC_INTERNAL void tc__board_setup(tc_comm_t *c);
+/* After the backend's init returned on every rank: rank 0 unlinks the name. */
+TC_INTERNAL void tc__board_ready(tc_comm_t *c);
+TC_INTERNAL void tc__board_free(tc_comm_t *c);
+TC_INTERNAL void tc__board_issue(tc_comm_t *c, const tc_work_t *w);
+TC_INTERNAL void tc__board_done(tc_comm_t *c, const tc_work_t *w, int rc);
+TC_INTERNAL void tc__board_state(tc_comm_t *c, int state);
+/* For a failed (timed out, peer lost) collective w: who is behind, in
+ * words ("ranks 3 and 5 never entered it (...)"); "" when nothing useful is
+ * known. Bounded: reads shared memory, then the store for ranks elsewhere
+ * for at most TORCHCOMMS_HANG_REPORT_S. */
+TC_INTERNAL void tc__hang_report(tc_comm_t *c, const tc_work_t *w, char *out, size_t len);
 
 /* Backend loader (loader.c). */
 TC_INTERNAL int tc__backend_find(const char *name, const tc_backend_ops_t **out);

@@ -99,3 +99,8 @@ uint32_t tc__htable_used(tc__htable_t *t) {
   pthread_mutex_unlock(&t->mu);
   return n;
 }
+
+void *tc__htable_live(tc__htable_t *t, uint32_t idx) {
+  tc__hslot_t *s = slot_at(t, idx);
+  return s && (atomic_load(&s->gen) & 1) ? s->obj : NULL;
+}

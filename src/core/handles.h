@@ -64,6 +64,8 @@ TC_INTERNAL int tc__htable_close(tc__htable_t *t, const void *h);
 TC_INTERNAL void tc__htable_close_slot(tc__htable_t *t, uint32_t idx);
 /* Returns a closed slot to the free list (its object is kept for reuse). */
 TC_INTERNAL void tc__htable_put(tc__htable_t *t, uint32_t idx);
+/* The object of slot idx while it is live (its generation odd), else NULL. */
+TC_INTERNAL void *tc__htable_live(tc__htable_t *t, uint32_t idx);
 /* Slots ever handed out (for tests of boundedness). */
 TC_INTERNAL uint32_t tc__htable_used(tc__htable_t *t);
 

@@ -265,8 +265,22 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
     snprintf(why, sizeof why, "the communicator was %s",
              c->state == TC_STATE_ABORTED ? "aborted" : "finalized");
   } else {
-    op->seq = ++c->seq;
-    rc = c->ops->post(c->bcomm, op, w, why, sizeof why);
+    /* numbers are taken only by operations that are posted: a refused one
+     * leaves every rank's numbering as it was */
+    const int coll = tc_backend_op_is_collective(op);
+    op->seq = c->seq + 1;
+    w->coll_seq = coll ? c->coll_seq + 1 : 0;
+    w->p2p_seq = coll ? 0 : c->p2p_seq + 1;
+    rc = tc__hooks_pre(c, w, why, sizeof why);
+    if (rc == TC_OK) {
+      c->seq++;
+      if (coll) c->coll_seq++;
+      else c->p2p_seq++;
+      tc__fr_issue(c, w);
+      tc__board_issue(c, w);
+      rc = c->ops->post(c->bcomm, op, w, why, sizeof why);
+      if (rc != TC_OK) tc__fr_update(w, TC_FR_FAILED);
+    }
   }
   pthread_mutex_unlock(&c->mu);
   /* w->op now belongs to the backend (its thread may be reading it): the

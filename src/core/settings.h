@@ -88,7 +88,17 @@
   X(NCCL_FAKE_HOST, "TORCHCOMMS_NCCL_FAKE_HOST", CHOICE, 0, 0, 0, "0|1",                   \
     "tests only: 1 lets the nccl backend run on device cpu")                             \
   X(SERIALIZATION, "TORCHCOMMS_SERIALIZATION", TEXT, 0, 0, 0, NULL,                        \
-    "Python object collectives: pickle, else torch.save")
+    "Python object collectives: pickle, else torch.save")                                \
+  X(FR_BUFFER_SIZE, "TORCH_FR_BUFFER_SIZE", INT, 2000, 0, 16777216, NULL,                  \
+    "flight recorder: operations kept per communicator (0: off)")                        \
+  X(FR_DUMP_TEMP_FILE, "TORCH_FR_DUMP_TEMP_FILE", TEXT, 0, 0, 0, NULL,                     \
+    "flight recorder: dump to <prefix><rank> on a timeout, a lost peer or an abort")     \
+  X(FR_DUMP_TEMP_FILE_TC, "TORCHCOMM_FR_DUMP_TEMP_FILE", TEXT, 0, 0, 0, NULL,              \
+    "as TORCH_FR_DUMP_TEMP_FILE (torchcomms' name; TORCH_FR_DUMP_TEMP_FILE wins)")        \
+  X(HANG_REPORT, "TORCHCOMMS_HANG_REPORT", BOOL, 1, 0, 0, NULL,                           \
+    "explain a timeout or a lost peer: which ranks are behind, and where")               \
+  X(HANG_REPORT_S, "TORCHCOMMS_HANG_REPORT_S", NUM, 2, 0, 60, NULL,                        \
+    "hang report: longest wait for ranks on other hosts, seconds")
 
 /* For BYTES, MIN is the least useful value: a smaller one is raised to it
  * (logged), MAX is unused. */

@@ -48,6 +48,9 @@ tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
   w->rc = TC_OK;
   w->issue_time = tc__now();
   w->start_time = 0;
+  w->end_time = 0;
+  w->fr_id = 0;
+  w->coll_seq = w->p2p_seq = 0;
   w->timeout_s = timeout_s;
   memset(&w->op, 0, sizeof w->op);
   w->msg[0] = 0;
@@ -100,25 +103,54 @@ static int status_terminal(int s) {
   return s == TC_WORK_COMPLETED || s == TC_WORK_TIMEDOUT || s == TC_WORK_ERROR;
 }
 
-/* Moves w to a terminal state (first caller wins). Returns 1 if it did. */
+/* 1 for the failures a hang report explains: a deadline, a lost peer. */
+static int explainable(int rc) { return rc == TC_ERR_TIMEOUT || rc == TC_ERR_REMOTE; }
+
+/* Moves w to a terminal state (first caller wins). Returns 1 if it did.
+ * A timeout or a lost peer of a collective is explained first (who is
+ * behind: hang.c), before any waiter can see the failure; then the flight
+ * recorder is dumped (when a dump file is set) and the post hooks run. */
 static int work_finish(tc_work_t *w, int rc, const char *msg) {
+  tc_comm_t *c = w->comm;
+  char report[1024] = "";
+  if (rc != TC_OK && c && explainable(rc) && !status_terminal(atomic_load(&w->status)))
+    tc__hang_report(c, w, report, sizeof report);
   pthread_mutex_lock(&w->mu);
   int st = atomic_load(&w->status);
-  if (status_terminal(st)) {
+  if (status_terminal(st) || w->end_time > 0) { /* another caller finishes it */
     pthread_mutex_unlock(&w->mu);
     return 0;
   }
   w->rc = rc;
-  snprintf(w->msg, sizeof w->msg, "%s", rc == TC_OK ? "" : (msg ? msg : tc_strerror(rc)));
-  tc_comm_t *c = w->comm;
-  if (rc != TC_OK && c && c->abort_process) {
-    /* before anyone can see the failure and carry on */
-    fprintf(stderr, "%s\ntorchcomms: aborting the process "
-                    "(abort_process_on_timeout_or_error is set)\n", w->msg);
-    fflush(stderr);
-    abort();
+  w->end_time = tc__now();
+  if (rc == TC_OK)
+    w->msg[0] = 0;
+  else if (report[0])
+    snprintf(w->msg, sizeof w->msg, "%s [hang report: %s]", msg ? msg : tc_strerror(rc), report);
+  else
+    snprintf(w->msg, sizeof w->msg, "%s", msg ? msg : tc_strerror(rc));
+  pthread_mutex_unlock(&w->mu);
+  if (c) {
+    if (rc != TC_OK) tc__comm_record_error(c, w->msg);
+    tc__fr_update(w, rc == TC_OK ? TC_FR_COMPLETED
+                     : rc == TC_ERR_TIMEOUT ? TC_FR_TIMED_OUT : TC_FR_FAILED);
+    tc__board_done(c, w, rc);
+    if (rc != TC_OK && c->abort_process) {
+      /* before anyone can see the failure and carry on */
+      tc__fr_auto_dump(c, "the process aborts on this error");
+      tc__hooks_abort(c);
+      fprintf(stderr, "%s\ntorchcomms: aborting the process "
+                      "(abort_process_on_timeout_or_error is set)\n", w->msg);
+      fflush(stderr);
+      abort();
+    }
+    if (rc != TC_OK && explainable(rc))
+      tc__fr_auto_dump(c, rc == TC_ERR_TIMEOUT ? "an operation timed out" : "a peer was lost");
+    tc__hooks_post(c, w);
   }
-  if (rc != TC_OK && c) tc__comm_record_error(c, w->msg);
+  /* waiters see the end only now: the trace and the hooks' effects are
+   * complete when they do */
+  pthread_mutex_lock(&w->mu);
   atomic_store(&w->status, rc == TC_OK            ? TC_WORK_COMPLETED
                            : rc == TC_ERR_TIMEOUT ? TC_WORK_TIMEDOUT
                                                   : TC_WORK_ERROR);
@@ -141,6 +173,7 @@ static void host_work_started(tc_work_t *w) {
     atomic_store(&w->status, TC_WORK_INPROGRESS);
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
+  tc__fr_update(w, TC_FR_STARTED);
   if (w->comm) atomic_store(&w->comm->last_progress_ns, now_ns());
 }
 

@@ -30,6 +30,19 @@
 
 TC_INTERNAL extern const tc_transport_ops_t tc__shm_transport;
 
+/* ---- shared areas for the core (shm_board.c) ---- */
+
+/* Creates and maps a new area of `bytes` (zeroed) whose name (written to
+ * name) says who made it, like the transport's segments, so a leftover is
+ * swept. TC_OK or TC_ERR_SYSTEM (errno set). */
+TC_INTERNAL int tc__shm_area_create(const char *tag, size_t bytes, char *name, size_t len,
+                                    void **mem);
+/* Maps the area `name` made on this host; TC_ERR_SYSTEM when there is none
+ * (another host or pid namespace) or it is smaller than bytes. */
+TC_INTERNAL int tc__shm_area_open(const char *name, size_t bytes, void **mem);
+TC_INTERNAL void tc__shm_area_unlink(const char *name);
+TC_INTERNAL void tc__shm_area_unmap(void *mem, size_t bytes);
+
 /* ---- the collective area, for the backend's fast paths ---- */
 
 typedef struct tc_shm tc_shm_t;

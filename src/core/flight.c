@@ -1,0 +1,445 @@
+/* flight.c -- the flight recorder: a ring of the last operations of every
+ * communicator, dumped as torch's Flight Recorder trace (JSON).
+ *
+ * An entry is written at issue (under the communicator's lock, right before
+ * the backend gets the operation) and updated when it starts and ends; all
+ * under fr_mu, a lock no one holds for long. The ring's size is
+ * TORCH_FR_BUFFER_SIZE (default 2000; 0 records nothing) and grows with
+ * tc_fr_reserve (FlightRecorderHook(max_entries)).
+ *
+ * The dump follows torch.distributed's Flight Recorder (version "2.10"):
+ * {"version", "comm_lib_version", "pg_config", "pg_status", "entries"}, one
+ * entry per operation with torch's field names, process groups named by
+ * communicator, so `python -m torch.distributed.flight_recorder.fr_trace -j`
+ * reads a folder of per-rank dumps. */
+#include "core.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct tc__fr_entry {
+  uint64_t record_id;
+  uint64_t op_id, coll_seq, p2p_seq;
+  tc_op_type_t type;
+  tc_dtype_t dtype;
+  int state;
+  int async_op;
+  size_t in_elems, out_elems;
+  int64_t created_ns, started_ns, done_ns; /* wall clock; 0: not yet */
+  double timeout_s;
+  double duration_s;
+} tc__fr_entry_t;
+
+static int64_t wall_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static _Atomic int global_rank = -1;
+
+int tc__fr_global_rank(void) {
+  int r = atomic_load(&global_rank);
+  if (r >= 0) return r;
+  int size;
+  const char *src;
+  if (tc_env_rank_size(&r, &size, &src) != TC_OK) r = 0;
+  return r;
+}
+
+void tc__fr_set_global_rank(int rank) {
+  int expect = -1;
+  atomic_compare_exchange_strong(&global_rank, &expect, rank);
+}
+
+/* The oldest record id still in c's ring (under fr_mu). */
+static uint64_t fr_lo(const tc_comm_t *c) {
+  uint64_t lo = c->fr_count > c->fr_cap ? c->fr_count - c->fr_cap : 0;
+  return lo > c->fr_base ? lo : c->fr_base;
+}
+
+void tc__fr_init(tc_comm_t *c) {
+  pthread_mutex_init(&c->fr_mu, NULL);
+  size_t n = (size_t)tc__setting_double(TC_SET_FR_BUFFER_SIZE);
+  c->fr = n ? calloc(n, sizeof *c->fr) : NULL;
+  c->fr_cap = c->fr ? n : 0;
+  c->fr_count = c->fr_base = 0;
+  atomic_store(&c->fr_dumped, 0);
+}
+
+void tc__fr_free(tc_comm_t *c) {
+  free(c->fr);
+  c->fr = NULL;
+  c->fr_cap = 0;
+  pthread_mutex_destroy(&c->fr_mu);
+}
+
+void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
+  w->fr_id = 0;
+  if (!c->fr_cap) return;
+  tc_op_info_t info;
+  tc__op_info(w, &info);
+  size_t es = tc_dtype_size(w->op.dtype);
+  pthread_mutex_lock(&c->fr_mu);
+  if (c->fr_cap) {
+    uint64_t id = c->fr_count++;
+    tc__fr_entry_t *e = &c->fr[id % c->fr_cap];
+    *e = (tc__fr_entry_t){.record_id = id, .op_id = info.op_id, .coll_seq = info.coll_seq,
+                          .p2p_seq = info.p2p_seq, .type = info.type, .dtype = info.dtype,
+                          .state = TC_FR_SCHEDULED, .async_op = info.async_op,
+                          .in_elems = es ? info.in_bytes / es : 0,
+                          .out_elems = es ? info.out_bytes / es : 0,
+                          .created_ns = wall_ns(), .timeout_s = w->timeout_s};
+    w->fr_id = id + 1;
+  }
+  pthread_mutex_unlock(&c->fr_mu);
+}
+
+void tc__fr_update(tc_work_t *w, int state) {
+  tc_comm_t *c = w->comm;
+  if (!c || !w->fr_id) return;
+  int64_t now = wall_ns();
+  pthread_mutex_lock(&c->fr_mu);
+  uint64_t id = w->fr_id - 1;
+  if (c->fr_cap && id >= fr_lo(c)) { /* not overwritten or reset since */
+    tc__fr_entry_t *e = &c->fr[id % c->fr_cap];
+    if (e->record_id == id && e->state < TC_FR_COMPLETED) {
+      e->state = state;
+      if (state == TC_FR_STARTED) {
+        e->started_ns = now;
+      } else {
+        if (!e->started_ns && w->start_time > 0) e->started_ns = now;
+        e->done_ns = now;
+        double t0 = w->start_time > 0 ? w->start_time : w->issue_time;
+        e->duration_s = w->end_time > t0 ? w->end_time - t0 : 0;
+      }
+    }
+  }
+  pthread_mutex_unlock(&c->fr_mu);
+}
+
+/* ---- the dump ---- */
+
+typedef struct {
+  char *buf;
+  size_t n, cap;
+  int oom;
+} sbuf_t;
+
+static void sb_add(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_add(sbuf_t *b, const char *fmt, ...) {
+  if (b->oom) return;
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(b->buf ? b->buf + b->n : NULL, b->buf ? b->cap - b->n : 0, fmt, ap);
+    va_end(ap);
+    if (k < 0) {
+      b->oom = 1;
+      return;
+    }
+    if (b->buf && b->n + (size_t)k < b->cap) {
+      b->n += (size_t)k;
+      return;
+    }
+    size_t cap = b->cap ? 2 * b->cap : 4096;
+    while (cap < b->n + (size_t)k + 1) cap *= 2;
+    char *p = realloc(b->buf, cap);
+    if (!p) {
+      b->oom = 1;
+      return;
+    }
+    b->buf = p;
+    b->cap = cap;
+  }
+}
+
+/* s as a JSON string (names are ours: no control characters expected,
+ * quotes and backslashes escaped all the same). */
+static void sb_str(sbuf_t *b, const char *s) {
+  sb_add(b, "\"");
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\') sb_add(b, "\\%c", ch);
+    else if (ch < 0x20) sb_add(b, "\\u%04x", ch);
+    else sb_add(b, "%c", ch);
+  }
+  sb_add(b, "\"");
+}
+
+static const char *state_name(int s) {
+  switch (s) {
+  case TC_FR_SCHEDULED: return "scheduled";
+  case TC_FR_STARTED: return "started";
+  case TC_FR_COMPLETED: return "completed";
+  case TC_FR_FAILED: return "failed";
+  case TC_FR_TIMED_OUT: return "timed_out";
+  }
+  return "unknown";
+}
+
+/* torch's dtype names ("Float", "BFloat16"), as the analyser prints them. */
+static const char *torch_dtype(tc_dtype_t dt) {
+  static const char *n[] = {"Float", "Double", "Half", "BFloat16", "Char", "Byte",
+                            "Short", "Int", "Long", "Bool", "Float8_e4m3fn", "Float8_e5m2"};
+  return (unsigned)dt < sizeof n / sizeof *n ? n[dt] : "Float";
+}
+
+static int comm_grank(const tc_comm_t *c, int r) { return c->granks ? c->granks[r] : r; }
+
+static void dump_pg_config(sbuf_t *b, const tc_comm_t *c) {
+  sb_str(b, c->name);
+  sb_add(b, ": {\"name\": ");
+  sb_str(b, c->name);
+  sb_add(b, ", \"desc\": ");
+  sb_str(b, c->backend_name);
+  sb_add(b, ", \"ranks\": \"[");
+  for (int r = 0; r < c->size; r++) sb_add(b, "%s%d", r ? ", " : "", comm_grank(c, r));
+  sb_add(b, "]\"}");
+}
+
+static void dump_pg_status(sbuf_t *b, tc_comm_t *c) {
+  uint64_t last_started = 0, last_completed = 0;
+  pthread_mutex_lock(&c->fr_mu);
+  for (uint64_t id = fr_lo(c); id < c->fr_count; id++) {
+    const tc__fr_entry_t *e = &c->fr[id % c->fr_cap];
+    if (e->record_id != id || !e->coll_seq) continue;
+    if (e->state >= TC_FR_STARTED && e->coll_seq > last_started) last_started = e->coll_seq;
+    if (e->state == TC_FR_COMPLETED && e->coll_seq > last_completed)
+      last_completed = e->coll_seq;
+  }
+  pthread_mutex_unlock(&c->fr_mu);
+  sb_str(b, c->name);
+  sb_add(b, ": {\"last_enqueued_collective\": %llu, \"last_started_collective\": %llu, "
+            "\"last_completed_collective\": %llu}",
+         (unsigned long long)c->coll_seq, (unsigned long long)last_started,
+         (unsigned long long)last_completed);
+}
+
+static void dump_entry(sbuf_t *b, const tc_comm_t *c, const tc__fr_entry_t *e, int first,
+                       int pg_index) {
+  int p2p = e->coll_seq == 0;
+  const char *dt = torch_dtype(e->dtype);
+  int has_in = e->in_elems > 0 || e->type == TC_OP_BARRIER;
+  int has_out = e->out_elems > 0;
+  sb_add(b, "%s\n  {\"record_id\": %llu, \"pg_id\": %d, \"process_group\": [", first ? "" : ",",
+         (unsigned long long)e->record_id, pg_index);
+  sb_str(b, c->name);
+  sb_add(b, ", ");
+  sb_str(b, c->backend_name);
+  sb_add(b, "], \"collective_seq_id\": %llu, \"p2p_seq_id\": %llu, \"op_id\": %llu, "
+            "\"profiling_name\": \"torchcomms:%s\", \"time_created_ns\": %lld, ",
+         (unsigned long long)e->coll_seq, (unsigned long long)e->p2p_seq,
+         (unsigned long long)e->op_id, tc_op_name(e->type), (long long)e->created_ns);
+  if (has_in) sb_add(b, "\"input_sizes\": [[%zu]], \"input_dtypes\": [\"%s\"], ", e->in_elems, dt);
+  else sb_add(b, "\"input_sizes\": [], \"input_dtypes\": [], ");
+  if (has_out)
+    sb_add(b, "\"output_sizes\": [[%zu]], \"output_dtypes\": [\"%s\"], ", e->out_elems, dt);
+  else sb_add(b, "\"output_sizes\": [], \"output_dtypes\": [], ");
+  sb_add(b, "\"state\": \"%s\", ", state_name(e->state));
+  if (e->started_ns) sb_add(b, "\"time_discovered_started_ns\": %lld, ", (long long)e->started_ns);
+  else sb_add(b, "\"time_discovered_started_ns\": null, ");
+  if (e->done_ns)
+    sb_add(b, "\"time_discovered_completed_ns\": %lld, \"duration_ms\": %.6f, ",
+           (long long)e->done_ns, e->duration_s * 1e3);
+  else sb_add(b, "\"time_discovered_completed_ns\": null, \"duration_ms\": null, ");
+  sb_add(b, "\"retired\": %s, \"timeout_ms\": %lld, \"is_p2p\": %s, \"async_op\": %s, "
+            "\"frames\": []}",
+         e->state >= TC_FR_COMPLETED ? "true" : "false", (long long)(e->timeout_s * 1e3),
+         p2p ? "true" : "false", e->async_op ? "true" : "false");
+}
+
+/* The communicators to dump: comm alone, or every live one. */
+static size_t dump_comms(tc_comm_t *one, tc_comm_t ***out) {
+  if (one) {
+    *out = malloc(sizeof **out);
+    if (!*out) return 0;
+    (*out)[0] = one;
+    tc__comm_ref(one);
+    return 1;
+  }
+  return tc__comm_all(out);
+}
+
+static int dump_json(tc_comm_t *one, int include_completed, char **out) {
+  tc_comm_t **cs = NULL;
+  size_t n = dump_comms(one, &cs);
+  sbuf_t b = {0};
+  sb_add(&b, "{\"version\": \"2.10\", \"comm_lib_version\": \"torchcomms-c %s\", "
+             "\"rank\": %d, \"pg_config\": {", tc_version(), tc__fr_global_rank());
+  for (size_t i = 0; i < n; i++) {
+    if (i) sb_add(&b, ", ");
+    dump_pg_config(&b, cs[i]);
+  }
+  sb_add(&b, "}, \"pg_status\": {");
+  for (size_t i = 0; i < n; i++) {
+    if (i) sb_add(&b, ", ");
+    dump_pg_status(&b, cs[i]);
+  }
+  sb_add(&b, "}, \"entries\": [");
+  int first = 1;
+  for (size_t i = 0; i < n; i++) {
+    tc_comm_t *c = cs[i];
+    pthread_mutex_lock(&c->fr_mu);
+    for (uint64_t id = fr_lo(c); id < c->fr_count; id++) {
+      const tc__fr_entry_t *e = &c->fr[id % c->fr_cap];
+      if (e->record_id != id) continue;
+      if (!include_completed && e->state == TC_FR_COMPLETED) continue;
+      dump_entry(&b, c, e, first, (int)i);
+      first = 0;
+    }
+    pthread_mutex_unlock(&c->fr_mu);
+  }
+  sb_add(&b, "\n]}\n");
+  for (size_t i = 0; i < n; i++) tc__comm_unref(cs[i]);
+  free(cs);
+  if (b.oom) {
+    free(b.buf);
+    return tc__set_error(TC_ERR_NOMEM, "torchcomms: tc_fr_dump_json: out of memory");
+  }
+  *out = b.buf;
+  return TC_OK;
+}
+
+int tc_fr_dump_json(const tc_comm_t *h, int include_completed, char **out) {
+  if (!out)
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: tc_fr_dump_json: argument 'out' is NULL");
+  *out = NULL;
+  tc_comm_t *c = (tc_comm_t *)h;
+  if (c) TC_CHECK(tc__comm_enter(&c, "tc_fr_dump_json"));
+  return dump_json(c, include_completed, out);
+}
+
+/* Writes text to path through a temporary name, so a reader never sees
+ * half a trace. */
+static int write_file(const char *path, const char *text) {
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) goto fail;
+  size_t len = strlen(text), done = 0;
+  while (done < len) {
+    ssize_t k = write(fd, text + done, len - done);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      close(fd);
+      unlink(tmp);
+      goto fail;
+    }
+    done += (size_t)k;
+  }
+  if (close(fd) != 0 || rename(tmp, path) != 0) {
+    unlink(tmp);
+    goto fail;
+  }
+  return TC_OK;
+fail:
+  return tc__set_error(TC_ERR_SYSTEM, "torchcomms: tc_fr_dump_file: cannot write '%s': %s",
+                       path, strerror(errno));
+}
+
+static int dump_path(char *buf, size_t len, const char *path) {
+  if (path) {
+    snprintf(buf, len, "%s", path);
+    return TC_OK;
+  }
+  const char *prefix = tc__setting_str(TC_SET_FR_DUMP_TEMP_FILE);
+  if (!prefix) prefix = tc__setting_str(TC_SET_FR_DUMP_TEMP_FILE_TC);
+  if (!prefix)
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: tc_fr_dump_file: no path given and "
+                         "TORCH_FR_DUMP_TEMP_FILE is not set");
+  snprintf(buf, len, "%s%d", prefix, tc__fr_global_rank());
+  return TC_OK;
+}
+
+int tc_fr_dump_file(const char *path, char **written) {
+  char p[4096];
+  if (written) *written = NULL;
+  TC_CHECK(dump_path(p, sizeof p, path));
+  char *json;
+  TC_CHECK(dump_json(NULL, 1, &json));
+  int rc = write_file(p, json);
+  free(json);
+  if (rc == TC_OK && written) *written = strdup(p);
+  return rc;
+}
+
+void tc__fr_auto_dump(tc_comm_t *c, const char *why) {
+  if (!c->fr_cap) return;
+  if (!tc__setting_str(TC_SET_FR_DUMP_TEMP_FILE) && !tc__setting_str(TC_SET_FR_DUMP_TEMP_FILE_TC))
+    return;
+  int expect = 0;
+  if (!atomic_compare_exchange_strong(&c->fr_dumped, &expect, 1)) return;
+  char *written = NULL;
+  if (tc_fr_dump_file(NULL, &written) == TC_OK)
+    tc__log(1, "communicator '%s' (rank %d of %d): %s; flight recorder trace written to %s",
+            c->name, c->rank, c->size, why, written);
+  else
+    tc__log(1, "communicator '%s': %s; the flight recorder trace could not be written: %s",
+            c->name, why, tc_last_error());
+  free(written);
+}
+
+size_t tc_fr_size(const tc_comm_t *h) {
+  tc_comm_t *c = (tc_comm_t *)h;
+  if (tc__comm_enter(&c, "tc_fr_size") != TC_OK) return 0;
+  pthread_mutex_lock(&c->fr_mu);
+  size_t n = (size_t)(c->fr_count - fr_lo(c));
+  pthread_mutex_unlock(&c->fr_mu);
+  return n;
+}
+
+static void fr_reset(tc_comm_t *c) {
+  pthread_mutex_lock(&c->fr_mu);
+  c->fr_base = c->fr_count; /* works still in flight find no entry */
+  pthread_mutex_unlock(&c->fr_mu);
+}
+
+int tc_fr_reset(const tc_comm_t *h) {
+  tc_comm_t *c = (tc_comm_t *)h;
+  if (c) {
+    TC_CHECK(tc__comm_enter(&c, "tc_fr_reset"));
+    fr_reset(c);
+    return TC_OK;
+  }
+  tc_comm_t **cs;
+  size_t n = tc__comm_all(&cs);
+  for (size_t i = 0; i < n; i++) {
+    fr_reset(cs[i]);
+    tc__comm_unref(cs[i]);
+  }
+  free(cs);
+  return TC_OK;
+}
+
+int tc_fr_reserve(tc_comm_t *c, size_t entries) {
+  TC_CHECK(tc__comm_enter(&c, "tc_fr_reserve"));
+  if (entries > (1u << 24))
+    return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, "tc_fr_reserve",
+                          "argument 'entries' = %zu is above 16777216", entries);
+  pthread_mutex_lock(&c->fr_mu);
+  if (entries <= c->fr_cap) {
+    pthread_mutex_unlock(&c->fr_mu);
+    return TC_OK;
+  }
+  tc__fr_entry_t *n = calloc(entries, sizeof *n);
+  if (!n) {
+    pthread_mutex_unlock(&c->fr_mu);
+    return tc__comm_error(c, TC_ERR_NOMEM, "tc_fr_reserve", "out of memory");
+  }
+  /* keep the recorded entries at their record ids' places in the new ring */
+  uint64_t lo = fr_lo(c);
+  for (uint64_t id = lo; id < c->fr_count; id++) n[id % entries] = c->fr[id % c->fr_cap];
+  c->fr_base = lo; /* older ids were overwritten: never dumped */
+  free(c->fr);
+  c->fr = n;
+  c->fr_cap = entries;
+  pthread_mutex_unlock(&c->fr_mu);
+  return TC_OK;
+}
