@@ -626,18 +626,22 @@ TC_API uint64_t tc_comm_next_op_id(const tc_comm_t *comm);
 
 /* Each communicator keeps its last N operations (TORCH_FR_BUFFER_SIZE,
  * default 2000; 0 turns it off) with their state (scheduled, started,
- * completed, failed, timed out), sizes, dtypes and times. On a timeout, a
+ * completed, failed, timed_out), sizes, dtypes and times. On a timeout, a
  * lost peer and an abort, every rank writes its trace to
- * <TORCH_FR_DUMP_TEMP_FILE><rank> when that prefix is set (torch's Flight
- * Recorder format: python -m torch.distributed.flight_recorder.fr_trace -j
- * reads the folder). */
+ * <TORCH_FR_DUMP_TEMP_FILE><rank> (or TORCHCOMM_FR_DUMP_TEMP_FILE) when
+ * that prefix is set, before the failure is returned. The file is torch's
+ * Flight Recorder dump (a pickle, version "2.10"), which its analyser reads:
+ *     python -m torch.distributed.flight_recorder.fr_trace <folder>
+ * (the cpu backend's operations are named "gloo:<op>" there, the names the
+ * analyser knows). */
 
 /* The trace of comm (or of every live communicator of the process when
  * comm is NULL) as JSON in torch's Flight Recorder format; *out is released
  * with tc_free. include_completed = 0 leaves completed entries out. */
 TC_API int tc_fr_dump_json(const tc_comm_t *comm, int include_completed, char **out);
-/* Writes tc_fr_dump_json(NULL, 1) to `path` (NULL: <TORCH_FR_DUMP_TEMP_FILE>
- * <global rank>); the path written goes to *written when not NULL (tc_free). */
+/* Writes the trace of every live communicator (tc_fr_dump_json(NULL, 1)) as
+ * torch's pickled dump to `path` (NULL: <TORCH_FR_DUMP_TEMP_FILE><global
+ * rank>); the path written goes to *written when not NULL (tc_free). */
 TC_API int tc_fr_dump_file(const char *path, char **written);
 /* Entries recorded on comm (at most its capacity). */
 TC_API size_t tc_fr_size(const tc_comm_t *comm);

@@ -217,7 +217,6 @@ static int comm_start(tc_comm_t *c, const tc_comm_t *parent,
   char err[512] = "";
   void *keys;
   tc__comm_record_begin(c, &keys);
-  tc__board_setup(c); /* its name's key is recorded, so deleted below */
   if (parent && has_split(c->ops))
     rc = c->ops->split(parent->bcomm, ranks, nranks, &args, &c->bcomm, err,
                        sizeof err);
@@ -226,10 +225,10 @@ static int comm_start(tc_comm_t *c, const tc_comm_t *parent,
   /* init returned on this rank only once every rank finished its setup:
    * the keys written for it are no longer needed by anyone */
   tc__comm_record_end(c, keys, rc == TC_OK);
-  tc__board_ready(c); /* every rank mapped it (or never will) */
   if (rc != TC_OK)
     return tc__comm_error(c, rc, fn, "backend '%s' failed to start: %s",
                           c->backend_name, err[0] ? err : tc_strerror(rc));
+  tc__board_setup(c); /* every rank is alive and connected */
   return TC_OK;
 }
 

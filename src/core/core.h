@@ -244,11 +244,9 @@ TC_INTERNAL int tc__fr_global_rank(void);
 TC_INTERNAL void tc__fr_set_global_rank(int rank);
 
 /* Status board and hang report (hang.c). */
-/* During creation (between the key recording's begin and end): rank 0
- * makes the board, the others map it. Never fails the creation. */
+/* At the end of creation, once the backend's init returned: rank 0 makes
+ * the board, the others map it. Never fails the creation. */
 TC_INTERNAL void tc__board_setup(tc_comm_t *c);
-/* After the backend's init returned on every rank: rank 0 unlinks the name. */
-TC_INTERNAL void tc__board_ready(tc_comm_t *c);
 TC_INTERNAL void tc__board_free(tc_comm_t *c);
 TC_INTERNAL void tc__board_issue(tc_comm_t *c, const tc_work_t *w);
 TC_INTERNAL void tc__board_done(tc_comm_t *c, const tc_work_t *w, int rc);

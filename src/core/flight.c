@@ -26,6 +26,7 @@ typedef struct tc__fr_entry {
   uint64_t op_id, coll_seq, p2p_seq;
   tc_op_type_t type;
   tc_dtype_t dtype;
+  int peer; /* root or peer, -1 */
   int state;
   int async_op;
   size_t in_elems, out_elems;
@@ -89,11 +90,14 @@ void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
     uint64_t id = c->fr_count++;
     tc__fr_entry_t *e = &c->fr[id % c->fr_cap];
     *e = (tc__fr_entry_t){.record_id = id, .op_id = info.op_id, .coll_seq = info.coll_seq,
-                          .p2p_seq = info.p2p_seq, .type = info.type, .dtype = info.dtype,
+                          .p2p_seq = info.p2p_seq, .type = info.type, .dtype = info.dtype, .peer = info.root,
                           .state = TC_FR_SCHEDULED, .async_op = info.async_op,
                           .in_elems = es ? info.in_bytes / es : 0,
                           .out_elems = es ? info.out_bytes / es : 0,
                           .created_ns = wall_ns(), .timeout_s = w->timeout_s};
+    /* torch records a broadcast's tensor as input on every rank: its
+     * analyser compares input sizes across ranks */
+    if (info.type == TC_OP_BROADCAST) e->in_elems = info.count;
     w->fr_id = id + 1;
   }
   pthread_mutex_unlock(&c->fr_mu);
@@ -191,6 +195,25 @@ static const char *torch_dtype(tc_dtype_t dt) {
 
 static int comm_grank(const tc_comm_t *c, int r) { return c->granks ? c->granks[r] : r; }
 
+/* torch's analyser knows a fixed set of backends and operations: our cpu
+ * backend (and plugins) are named "gloo" there, gather_single "gather", a
+ * batch "coalesced"; send and recv carry "src->dst" / "dst<-src". */
+static void profiling_name(char *buf, size_t len, const tc_comm_t *c, const tc__fr_entry_t *e) {
+  static const char *known[] = {"nccl", "ncclx", "xccl", "gloo", "rccl", "rcclx", "mccl", "hccl"};
+  const char *be = "gloo";
+  for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+    if (!strcmp(c->backend_name, known[i])) be = known[i];
+  const char *op = e->type == TC_OP_GATHER_SINGLE ? "gather"
+                   : e->type == TC_OP_BATCH       ? "coalesced"
+                                                  : tc_op_name(e->type);
+  if (e->type == TC_OP_SEND)
+    snprintf(buf, len, "%s:send %d->%d", be, c->rank, e->peer);
+  else if (e->type == TC_OP_RECV)
+    snprintf(buf, len, "%s:recv %d<-%d", be, c->rank, e->peer);
+  else
+    snprintf(buf, len, "%s:%s", be, op);
+}
+
 static void dump_pg_config(sbuf_t *b, const tc_comm_t *c) {
   sb_str(b, c->name);
   sb_add(b, ": {\"name\": ");
@@ -231,10 +254,12 @@ static void dump_entry(sbuf_t *b, const tc_comm_t *c, const tc__fr_entry_t *e, i
   sb_str(b, c->name);
   sb_add(b, ", ");
   sb_str(b, c->backend_name);
+  char pname[96];
+  profiling_name(pname, sizeof pname, c, e);
   sb_add(b, "], \"collective_seq_id\": %llu, \"p2p_seq_id\": %llu, \"op_id\": %llu, "
-            "\"profiling_name\": \"torchcomms:%s\", \"time_created_ns\": %lld, ",
+            "\"profiling_name\": \"%s\", \"time_created_ns\": %lld, ",
          (unsigned long long)e->coll_seq, (unsigned long long)e->p2p_seq,
-         (unsigned long long)e->op_id, tc_op_name(e->type), (long long)e->created_ns);
+         (unsigned long long)e->op_id, pname, (long long)e->created_ns);
   if (has_in) sb_add(b, "\"input_sizes\": [[%zu]], \"input_dtypes\": [\"%s\"], ", e->in_elems, dt);
   else sb_add(b, "\"input_sizes\": [], \"input_dtypes\": [], ");
   if (has_out)
@@ -315,14 +340,14 @@ int tc_fr_dump_json(const tc_comm_t *h, int include_completed, char **out) {
   return dump_json(c, include_completed, out);
 }
 
-/* Writes text to path through a temporary name, so a reader never sees
- * half a trace. */
-static int write_file(const char *path, const char *text) {
+/* Writes len bytes to path through a temporary name, so a reader never
+ * sees half a trace. */
+static int write_file(const char *path, const char *text, size_t len) {
   char tmp[4200];
   snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) goto fail;
-  size_t len = strlen(text), done = 0;
+  size_t done = 0;
   while (done < len) {
     ssize_t k = write(fd, text + done, len - done);
     if (k < 0 && errno == EINTR) continue;
@@ -362,10 +387,16 @@ int tc_fr_dump_file(const char *path, char **written) {
   char p[4096];
   if (written) *written = NULL;
   TC_CHECK(dump_path(p, sizeof p, path));
-  char *json;
+  char *json, *pk;
+  size_t len;
   TC_CHECK(dump_json(NULL, 1, &json));
-  int rc = write_file(p, json);
+  int rc = tc__json_to_pickle(json, &pk, &len);
   free(json);
+  if (rc != TC_OK)
+    return tc__set_error(TC_ERR_INTERNAL, "torchcomms: tc_fr_dump_file: the trace is not "
+                                          "well-formed JSON (a bug: please report it)");
+  rc = write_file(p, pk, len);
+  free(pk);
   if (rc == TC_OK && written) *written = strdup(p);
   return rc;
 }

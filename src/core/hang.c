@@ -44,34 +44,50 @@ _Static_assert(sizeof(board_slot_t) == 64, "one cache line per rank");
 
 /* ---- the board ---- */
 
+/* After the backend's init returned on every rank (all are alive and
+ * connected): rank 0 makes the board and publishes its name; the others
+ * map it; the last to map it unlinks the name and deletes the keys. A
+ * rank that cannot map it (another host) reports through the store. */
 void tc__board_setup(tc_comm_t *c) {
   c->board = NULL;
   c->board_name[0] = 0;
   if (c->size < 2 || !tc__setting_bool(TC_SET_HANG_REPORT)) return;
   size_t bytes = (size_t)c->size * sizeof(board_slot_t);
   void *mem = NULL;
+  char name[128];
   if (c->rank == 0) {
-    char name[128];
     if (tc__shm_area_create("fr-board", bytes, name, sizeof name, &mem) != TC_OK) {
       tc__log(3, "communicator '%s': no status board (%s); hang reports use the store",
               c->name, strerror(errno));
-      return;
+      snprintf(name, sizeof name, "-"); /* tells the others there is none */
     }
-    if (tc__host_store_set(c->store, "frboard", name, strlen(name)) != TC_OK) {
+    if (tc_store_set(c->store, "frboard", name, strlen(name)) != TC_OK && mem) {
       tc__shm_area_unlink(name);
       tc__shm_area_unmap(mem, bytes);
       return;
     }
-    snprintf(c->board_name, sizeof c->board_name, "%s", name);
+    if (mem) snprintf(c->board_name, sizeof c->board_name, "%s", name);
   } else {
+    /* rank 0 sets it right after its init returned: a short wait, bounded
+     * in case it died just then */
+    double wait = c->timeout_s < 10 ? c->timeout_s : 10;
     void *v = NULL;
     size_t len = 0;
-    if (tc_store_get(c->store, "frboard", &v, &len, c->timeout_s) != TC_OK) return;
-    char name[128];
+    if (tc_store_get(c->store, "frboard", &v, &len, wait) != TC_OK) return;
     snprintf(name, sizeof name, "%.*s", (int)(len < sizeof name ? len : sizeof name - 1),
              (const char *)v);
     free(v);
-    if (tc__shm_area_open(name, bytes, &mem) != TC_OK) return; /* another host */
+    if (strcmp(name, "-") && tc__shm_area_open(name, bytes, &mem) != TC_OK)
+      mem = NULL; /* another host */
+    int64_t readers = 0;
+    if (tc_store_add(c->store, "frboard_read", 1, &readers) == TC_OK &&
+        readers == c->size - 1) { /* the last: nobody needs the name any more */
+      int del;
+      if (strcmp(name, "-")) tc__shm_area_unlink(name);
+      tc_store_delete(c->store, "frboard", &del);
+      tc_store_delete(c->store, "frboard_read", &del);
+    }
+    if (!mem) return;
   }
   board_slot_t *s = &((board_slot_t *)mem)[c->rank];
   atomic_store(&s->pid, (int32_t)getpid());
@@ -80,13 +96,9 @@ void tc__board_setup(tc_comm_t *c) {
   c->board_bytes = bytes;
 }
 
-void tc__board_ready(tc_comm_t *c) {
-  if (c->board_name[0]) tc__shm_area_unlink(c->board_name);
-  c->board_name[0] = 0;
-}
-
 void tc__board_free(tc_comm_t *c) {
-  tc__board_ready(c);
+  if (c->board_name[0]) tc__shm_area_unlink(c->board_name); /* if a reader died */
+  c->board_name[0] = 0;
   tc__shm_area_unmap(c->board, c->board_bytes);
   c->board = NULL;
 }
@@ -231,9 +243,9 @@ static void put_where(out_t *o, int r, const peer_t *p) {
         (unsigned long long)p->completed);
   else
     put(o, "rank %d has completed no collective", r);
-  if (p->gone) put(o, ", its process is gone");
-  else if (p->state == SLOT_ABORTED) put(o, ", it aborted the communicator");
-  else if (p->state == SLOT_FINALIZED) put(o, ", it finalized the communicator");
+  if (p->gone) put(o, " and its process is gone");
+  else if (p->state == SLOT_ABORTED) put(o, " and it aborted the communicator");
+  else if (p->state == SLOT_FINALIZED) put(o, " and it finalized the communicator");
 }
 
 void tc__hang_report(tc_comm_t *c, const tc_work_t *w, char *buf, size_t len) {

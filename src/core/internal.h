@@ -55,6 +55,10 @@ TC_INTERNAL int tc__log_enabled(int level);
  * list (TC_OP_MAP, generated inline in torchcomms_backend.h). */
 static inline const char *tc__op_name(tc_op_type_t type) { return tc_backend_op_name(type); }
 
+/* JSON text (well-formed) to a Python pickle, protocol 2 (pickle.c): *out
+ * is malloc()ed. TC_ERR_INVALID_ARGUMENT when json is not well-formed. */
+TC_INTERNAL int tc__json_to_pickle(const char *json, char **out, size_t *len);
+
 /* ---- reduction kernels (src/reduce/) ---- */
 
 /* 1 if `op` is allowed on `dtype` (bitwise ops: integers and bool only). */

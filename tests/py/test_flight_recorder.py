@@ -1,0 +1,85 @@
+"""The flight recorder's automatic dump, read back by torch's own analyser.
+
+A 4-rank (and 8-rank) job under tcrun (tests/c/helpers/fr_sigstop.c): the
+last rank stops itself with SIGSTOP before the fourth collective; the others
+time out, each error carries the hang report naming the stopped rank, and
+each rank's trace is written to TORCH_FR_DUMP_TEMP_FILE<rank> before its
+error is returned. Rank 0 then continues the stopped rank, whose next
+collectives fail on the lost peers, which dumps its trace too.
+`python -m torch.distributed.flight_recorder.fr_trace` must read the four
+files, rebuild the job's group and collectives, and point at the stopped
+rank."""
+import os
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BUILD = Path(os.environ.get("TC_BUILD_DIR", Path(__file__).resolve().parents[2] / "build"))
+
+
+def run(cmd, env_extra, timeout=120):
+    env = dict(os.environ)
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
+              "TORCHCOMM_TIMEOUT_SECONDS"):
+        env.pop(k, None)
+    env.update(env_extra)
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_sigstopped_peer_dump_read_by_torch_analyser(tmp_path, n):
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    p = run([BUILD / "tcrun", "-n", n, BUILD / "tc_fr_sigstop"],
+            {"TORCH_FR_DUMP_TEMP_FILE": str(dumps / "trace_rank_")})
+    assert p.returncode == 0, p.stdout + p.stderr
+    last = n - 1
+    # every punctual rank's error explains the hang
+    for r in range(last):
+        m = re.search(rf"^rank {r} error: (.*)$", p.stdout, re.M)
+        assert m, p.stdout
+        assert (f"torchcomms: all_reduce on 'world' (rank {r} of {n}): timed out after 2 s"
+                in m.group(1))
+        assert (f"[hang report: all_reduce #4: rank {last} never entered it (rank {last}'s "
+                f"last completed op is all_gather_single #3)]") in m.group(1)
+    # the stopped rank, continued, finds its peers gone and says so
+    m = re.search(rf"^rank {last} after SIGCONT: (.*)$", p.stdout, re.M)
+    assert m and "closed its connection" in m.group(1), p.stdout
+    assert "its process is gone" in m.group(1)
+    files = sorted(os.listdir(dumps))
+    assert files == sorted(f"trace_rank_{r}" for r in range(n)), files
+
+    # each file is torch's pickled dump
+    d0 = pickle.loads((dumps / "trace_rank_0").read_bytes())
+    assert d0["version"] == "2.10"
+    assert d0["pg_config"]["world"]["ranks"] == "[" + ", ".join(map(str, range(n))) + "]"
+    names = [e["profiling_name"] for e in d0["entries"]]
+    assert names == ["gloo:all_reduce", "gloo:broadcast", "gloo:all_gather_single",
+                     "gloo:all_reduce"], names
+    states = [e["state"] for e in d0["entries"]]
+    assert states == ["completed", "completed", "completed", "timed_out"], states
+    e = d0["entries"][3]
+    assert e["collective_seq_id"] == 4 and e["input_sizes"] == [[16]]
+    assert e["input_dtypes"] == ["Float"] and e["timeout_ms"] == 2000
+    assert e["time_discovered_completed_ns"] >= e["time_created_ns"] > 0
+
+    # torch's analyser reads the folder and rebuilds the job
+    db_path = tmp_path / "db.pkl"
+    a = run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", dumps,
+             "-o", db_path], {})
+    assert a.returncode == 0, a.stdout + a.stderr
+    _types, db = pickle.loads(db_path.read_bytes())
+    assert len(db.groups) == 1 and db.groups[0].size == n
+    assert sorted(m.global_rank for m in db.memberships) == list(range(n))
+    by_seq = {c.collective_seq_id: c for c in db.collectives}
+    for seq in (1, 2, 3):  # the collectives every rank completed match
+        assert by_seq[seq].pass_check, by_seq[seq]
+    # #4: the stopped rank is the culprit of the mismatch the analyser finds
+    out = a.stdout + a.stderr
+    assert "Collective sequence number: 4 has errors" in out, out
+    assert f"Culprit rank {last}" in out, out
