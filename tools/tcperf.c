@@ -3,7 +3,7 @@
  * usage: tcrun -n N tcperf -c COLL [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS]
  *                          [-w WARMUP] [-d DTYPE] [-o OP] [-r ROOT] [-z]
  *                          [-m avg|median] [-t TIMEOUT_S] [-B BACKEND]
- *                          [--csv FILE]
+ *                          [--csv FILE] [--hooks]
  *
  *   -c  all_reduce | all_gather | reduce_scatter | broadcast | reduce |
  *       all_to_all | send_recv                                  (required)
@@ -29,7 +29,8 @@
  *       maximum over ranks.
  *   -t  operation timeout in seconds;  -B  backend name (default cpu; the
  *       buffers are host memory);  --csv FILE  rank 0 also writes the rows
- *       as CSV.
+ *       as CSV;  --hooks  registers a no-op pre and post hook on the
+ *       communicator (what a hook costs an operation).
  *
  * Output (rank 0 only): '#' header lines naming the collective, the ranks,
  * the dtype and the op, then one row per size with the columns
@@ -81,6 +82,7 @@ typedef struct {
   tc_redop_type_t op;
   double timeout_s;
   const char *backend, *csv;
+  int hooks;
 } args_t;
 
 /* The running benchmark: communicator, buffers and per-size layout. */
@@ -103,7 +105,7 @@ static void usage(FILE *f) {
           "usage: tcrun -n N %s -c COLL [-b MIN] [-e MAX] [-f FACTOR] "
           "[-n ITERS] [-w WARMUP]\n"
           "          [-d DTYPE] [-o OP] [-r ROOT] [-z] [-m avg|median] "
-          "[-t TIMEOUT_S] [-B BACKEND] [--csv FILE]\n"
+          "[-t TIMEOUT_S] [-B BACKEND] [--csv FILE] [--hooks]\n"
           "  COLL: all_reduce all_gather reduce_scatter broadcast reduce "
           "all_to_all send_recv\n"
           "  DTYPE: float32 float64 float16 bfloat16 float8_e4m3fn float8_e5m2 "
@@ -188,11 +190,20 @@ static const char *op_name(tc_redop_type_t op) {
   return "?";
 }
 
+/* --hooks: what an operation pays for a registered hook that does nothing. */
+static int noop_hook(tc_hook_kind_t kind, const tc_op_info_t *info, void *user) {
+  (void)kind;
+  (void)info;
+  (void)user;
+  return 0;
+}
+
 static void parse_args(int argc, char **argv, args_t *a) {
   *a = (args_t){.coll = C_COUNT, .minb = 8, .maxb = 64u << 20, .factor = 4,
                 .iters = 20, .warmup = 5, .dtype = TC_FLOAT32, .op = TC_SUM,
                 .backend = "cpu"};
   static const struct option longopts[] = {{"csv", required_argument, 0, 1},
+                                           {"hooks", no_argument, 0, 2},
                                            {"help", no_argument, 0, 'h'},
                                            {0, 0, 0, 0}};
   int opt, have_b = 0, have_e = 0;
@@ -255,6 +266,7 @@ static void parse_args(int argc, char **argv, args_t *a) {
       break;
     case 'B': a->backend = optarg; break;
     case 1: a->csv = optarg; break;
+    case 2: a->hooks = 1; break;
     case 'h': usage(stdout); exit(0);
     case ':': die_usage("option '%s' needs a value", argv[optind - 1]); break;
     default: die_usage("unknown option '%s'", argv[optind - 1]); break;
@@ -595,6 +607,12 @@ int main(int argc, char **argv) {
   if (rc) {
     fprintf(stderr, "%s: tc_comm_create(\"%s\") failed: %s (%s)\n", prog,
             a.backend, tc_status_name(rc), tc_last_error());
+    return 1;
+  }
+  if (a.hooks &&
+      (tc_comm_register_hook(B.comm, TC_HOOK_PRE, noop_hook, NULL, NULL) != TC_OK ||
+       tc_comm_register_hook(B.comm, TC_HOOK_POST, noop_hook, NULL, NULL) != TC_OK)) {
+    fprintf(stderr, "%s: %s\n", prog, tc_last_error());
     return 1;
   }
   B.rank = tc_comm_rank(B.comm);

@@ -63,6 +63,7 @@ struct tc_comm {
   size_t fr_cap;
   uint64_t fr_count; /* entries ever recorded (record ids 0 .. fr_count-1) */
   uint64_t fr_base;  /* ids below were reset: not dumped */
+  void **fr_stacks;  /* [fr_cap][TC_FR_FRAMES] return addresses (TORCH_FR_CPP_STACK), or NULL */
   _Atomic int fr_dumped; /* an automatic dump was written for this communicator */
   /* status board (hang.c): every rank's progress, in shared memory */
   struct tc__board_slot *board; /* [size], or NULL */
@@ -229,6 +230,7 @@ TC_INTERNAL void tc__hooks_init(tc_comm_t *c);
 TC_INTERNAL void tc__hooks_free(tc_comm_t *c);
 
 /* Flight recorder (flight.c). */
+#define TC_FR_FRAMES 16
 enum { TC_FR_SCHEDULED = 0, TC_FR_STARTED, TC_FR_COMPLETED, TC_FR_FAILED, TC_FR_TIMED_OUT };
 TC_INTERNAL void tc__fr_init(tc_comm_t *c);
 TC_INTERNAL void tc__fr_free(tc_comm_t *c);

@@ -14,7 +14,9 @@
  * reads a folder of per-rank dumps. */
 #include "core.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <execinfo.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +35,7 @@ typedef struct tc__fr_entry {
   int64_t created_ns, started_ns, done_ns; /* wall clock; 0: not yet */
   double timeout_s;
   double duration_s;
+  int nframes;
 } tc__fr_entry_t;
 
 static int64_t wall_ns(void) {
@@ -68,12 +71,17 @@ void tc__fr_init(tc_comm_t *c) {
   size_t n = (size_t)tc__setting_double(TC_SET_FR_BUFFER_SIZE);
   c->fr = n ? calloc(n, sizeof *c->fr) : NULL;
   c->fr_cap = c->fr ? n : 0;
+  c->fr_stacks = c->fr_cap && tc__setting_bool(TC_SET_FR_CPP_STACK)
+                     ? calloc(c->fr_cap * TC_FR_FRAMES, sizeof(void *))
+                     : NULL;
   c->fr_count = c->fr_base = 0;
   atomic_store(&c->fr_dumped, 0);
 }
 
 void tc__fr_free(tc_comm_t *c) {
   free(c->fr);
+  free(c->fr_stacks);
+  c->fr_stacks = NULL;
   c->fr = NULL;
   c->fr_cap = 0;
   pthread_mutex_destroy(&c->fr_mu);
@@ -85,6 +93,9 @@ void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
   tc_op_info_t info;
   tc__op_info(w, &info);
   size_t es = tc_dtype_size(w->op.dtype);
+  void *frames[TC_FR_FRAMES + 2];
+  int nf = c->fr_stacks ? backtrace(frames, TC_FR_FRAMES + 2) - 2 : 0; /* not ours */
+  if (nf < 0) nf = 0;
   pthread_mutex_lock(&c->fr_mu);
   if (c->fr_cap) {
     uint64_t id = c->fr_count++;
@@ -98,6 +109,11 @@ void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
     /* torch records a broadcast's tensor as input on every rank: its
      * analyser compares input sizes across ranks */
     if (info.type == TC_OP_BROADCAST) e->in_elems = info.count;
+    if (c->fr_stacks) {
+      memcpy(&c->fr_stacks[(id % c->fr_cap) * TC_FR_FRAMES], frames + 2,
+             (size_t)nf * sizeof(void *));
+      e->nframes = nf;
+    }
     w->fr_id = id + 1;
   }
   pthread_mutex_unlock(&c->fr_mu);
@@ -273,9 +289,29 @@ static void dump_entry(sbuf_t *b, const tc_comm_t *c, const tc__fr_entry_t *e, i
            (long long)e->done_ns, e->duration_s * 1e3);
   else sb_add(b, "\"time_discovered_completed_ns\": null, \"duration_ms\": null, ");
   sb_add(b, "\"retired\": %s, \"timeout_ms\": %lld, \"is_p2p\": %s, \"async_op\": %s, "
-            "\"frames\": []}",
+            "\"frames\": [",
          e->state >= TC_FR_COMPLETED ? "true" : "false", (long long)(e->timeout_s * 1e3),
          p2p ? "true" : "false", e->async_op ? "true" : "false");
+  for (int i = 0; i < e->nframes; i++) {
+    void *pc = c->fr_stacks[(e->record_id % c->fr_cap) * TC_FR_FRAMES + (size_t)i];
+    Dl_info di;
+    char name[64];
+    const char *fname = "??", *file = "??";
+    if (dladdr(pc, &di)) {
+      if (di.dli_sname) fname = di.dli_sname;
+      if (di.dli_fname) file = di.dli_fname;
+    }
+    if (!strcmp(fname, "??")) {
+      snprintf(name, sizeof name, "%p", pc);
+      fname = name;
+    }
+    sb_add(b, "%s{\"name\": ", i ? ", " : "");
+    sb_str(b, fname);
+    sb_add(b, ", \"filename\": ");
+    sb_str(b, file);
+    sb_add(b, ", \"line\": 0}");
+  }
+  sb_add(b, "]}");
 }
 
 /* The communicators to dump: comm alone, or every live one. */
@@ -465,8 +501,22 @@ int tc_fr_reserve(tc_comm_t *c, size_t entries) {
     return tc__comm_error(c, TC_ERR_NOMEM, "tc_fr_reserve", "out of memory");
   }
   /* keep the recorded entries at their record ids' places in the new ring */
+  void **st = NULL;
+  int stacks = c->fr_stacks || tc__setting_bool(TC_SET_FR_CPP_STACK);
+  if (stacks && !(st = calloc(entries * TC_FR_FRAMES, sizeof(void *)))) {
+    free(n);
+    pthread_mutex_unlock(&c->fr_mu);
+    return tc__comm_error(c, TC_ERR_NOMEM, "tc_fr_reserve", "out of memory");
+  }
   uint64_t lo = fr_lo(c);
-  for (uint64_t id = lo; id < c->fr_count; id++) n[id % entries] = c->fr[id % c->fr_cap];
+  for (uint64_t id = lo; id < c->fr_count; id++) {
+    n[id % entries] = c->fr[id % c->fr_cap];
+    if (st && c->fr_stacks)
+      memcpy(&st[(id % entries) * TC_FR_FRAMES], &c->fr_stacks[(id % c->fr_cap) * TC_FR_FRAMES],
+             TC_FR_FRAMES * sizeof(void *));
+  }
+  free(c->fr_stacks);
+  c->fr_stacks = st;
   c->fr_base = lo; /* older ids were overwritten: never dumped */
   free(c->fr);
   c->fr = n;

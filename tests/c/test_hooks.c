@@ -163,6 +163,30 @@ static void fr_rank(tc_ctx_t *ctx) {
   TC_ASSERT_OK(tc_comm_destroy(c));
 }
 
+/* a function of this program, so that its name is in the stack frames */
+__attribute__((noinline)) int fr_stack_caller_marker(tc_comm_t *c);
+__attribute__((noinline)) int fr_stack_caller_marker(tc_comm_t *c) {
+  int rc = tc_barrier(c, NULL, NULL);
+  return rc == 12345 ? -1 : rc; /* work after the call: not a tail call */
+}
+
+static void fr_stack_rank(tc_ctx_t *ctx) {
+  tc_comm_t *c = tc_ctx_comm(ctx, "frs", NULL);
+  TC_ASSERT_OK(fr_stack_caller_marker(c));
+  char *j;
+  TC_ASSERT_OK(tc_fr_dump_json(c, 1, &j));
+  TC_ASSERT_CONTAINS(j, "\"frames\": [{\"name\": \"tc_barrier\", \"filename\": ");
+  TC_ASSERT_CONTAINS(j, "{\"name\": \"fr_stack_caller_marker\", \"filename\": ");
+  tc_free(j);
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(flight_recorder_stack_frames_on_request) {
+  setenv("TORCH_FR_CPP_STACK", "1", 1);
+  tc_spawn(2, fr_stack_rank, NULL, 60);
+  unsetenv("TORCH_FR_CPP_STACK");
+}
+
 TC_TEST(flight_recorder_ring_dump_reset_reserve) {
   char dir[] = "/tmp/tc_fr_XXXXXX";
   TC_ASSERT(mkdtemp(dir));
