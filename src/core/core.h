@@ -70,6 +70,8 @@ struct tc_comm {
   size_t board_bytes;
   char board_name[128]; /* while rank 0 still has to unlink it */
   _Atomic int hang_reported;
+  _Atomic uint64_t done_coll; /* the last collective completed (with or without a board) */
+  _Atomic int done_type;
 };
 
 /* A work lives in a slot of the work table (work.c), reused after its last

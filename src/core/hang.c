@@ -38,7 +38,8 @@ typedef struct tc__board_slot {
   _Atomic int32_t pid;
   _Atomic int32_t state; /* SLOT_* (NONE: the rank never mapped the board) */
   _Atomic uint64_t failed; /* coll_seq of a collective that failed on it */
-  char pad[64 - 5 * 8 - 4 * 4];
+  _Atomic uint32_t p2p_type; /* the last p2p operation issued, and its peer */
+  _Atomic int32_t p2p_peer;
 } board_slot_t;
 _Static_assert(sizeof(board_slot_t) == 64, "one cache line per rank");
 
@@ -51,7 +52,9 @@ _Static_assert(sizeof(board_slot_t) == 64, "one cache line per rank");
 void tc__board_setup(tc_comm_t *c) {
   c->board = NULL;
   c->board_name[0] = 0;
-  if (c->size < 2 || !tc__setting_bool(TC_SET_HANG_REPORT)) return;
+  if (c->size < 2 || !tc__setting_bool(TC_SET_HANG_REPORT) ||
+      !tc__setting_bool(TC_SET_HANG_REPORT_BOARD))
+    return;
   size_t bytes = (size_t)c->size * sizeof(board_slot_t);
   void *mem = NULL;
   char name[128];
@@ -114,15 +117,21 @@ void tc__board_issue(tc_comm_t *c, const tc_work_t *w) {
     atomic_store_explicit(&s->issued_type, (uint32_t)w->op.type, memory_order_relaxed);
     atomic_store_explicit(&s->issued, w->coll_seq, memory_order_release);
   } else {
+    atomic_store_explicit(&s->p2p_type, (uint32_t)w->op.type, memory_order_relaxed);
+    atomic_store_explicit(&s->p2p_peer, w->op.root, memory_order_relaxed);
     atomic_store_explicit(&s->p2p_issued, w->p2p_seq, memory_order_release);
   }
 }
 
 void tc__board_done(tc_comm_t *c, const tc_work_t *w, int rc) {
+  if (w->coll_seq && rc == TC_OK) {
+    atomic_store(&c->done_type, (int)w->op.type);
+    atomic_store(&c->done_coll, w->coll_seq);
+  }
   board_slot_t *s = my_slot(c);
   if (!s) return;
-  if (!w->coll_seq) {
-    if (rc == TC_OK) atomic_store_explicit(&s->p2p_completed, w->p2p_seq, memory_order_release);
+  if (!w->coll_seq) { /* ended, well or not: the rank is no longer in it */
+    atomic_store_explicit(&s->p2p_completed, w->p2p_seq, memory_order_release);
     return;
   }
   if (rc != TC_OK) {
@@ -146,6 +155,9 @@ typedef struct {
   int known;
   uint64_t issued, completed, failed;
   tc_op_type_t issued_type, completed_type;
+  uint64_t p2p_issued, p2p_completed;
+  tc_op_type_t p2p_type;
+  int p2p_peer;
   int state;
   int gone; /* its process no longer exists */
 } peer_t;
@@ -162,6 +174,10 @@ static void read_slot(const board_slot_t *s, peer_t *p) {
   p->failed = atomic_load(&s->failed);
   p->issued_type = (tc_op_type_t)atomic_load(&s->issued_type);
   p->completed_type = (tc_op_type_t)atomic_load(&s->completed_type);
+  p->p2p_issued = atomic_load_explicit(&s->p2p_issued, memory_order_acquire);
+  p->p2p_completed = atomic_load_explicit(&s->p2p_completed, memory_order_acquire);
+  p->p2p_type = (tc_op_type_t)atomic_load(&s->p2p_type);
+  p->p2p_peer = atomic_load(&s->p2p_peer);
   pid_t pid = atomic_load(&s->pid);
   p->gone = pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
 }
@@ -236,21 +252,53 @@ static void put_ranks(out_t *o, const int *rs, int n) {
 /* Where rank r is: "rank 3 is in broadcast #41", "rank 5's last completed
  * op is all_gather #39", "rank 2 has completed no collective". */
 static void put_where(out_t *o, int r, const peer_t *p) {
-  if (p->issued > p->completed && p->failed != p->issued)
+  int in_coll = p->issued > p->completed && p->failed != p->issued;
+  if (p->p2p_issued > p->p2p_completed) { /* waiting in a send, recv or batch */
+    if (p->p2p_type == TC_OP_SEND || p->p2p_type == TC_OP_RECV)
+      put(o, "rank %d is in %s %s rank %d (p2p #%llu)", r, op_of(p->p2p_type),
+          p->p2p_type == TC_OP_SEND ? "to" : "from", p->p2p_peer,
+          (unsigned long long)p->p2p_issued);
+    else
+      put(o, "rank %d is in %s (p2p #%llu)", r, op_of(p->p2p_type),
+          (unsigned long long)p->p2p_issued);
+    if (in_coll)
+      put(o, " and %s #%llu", op_of(p->issued_type), (unsigned long long)p->issued);
+    else if (p->completed)
+      put(o, ", its last completed collective is %s #%llu", op_of(p->completed_type),
+          (unsigned long long)p->completed);
+  } else if (in_coll) {
     put(o, "rank %d is in %s #%llu", r, op_of(p->issued_type), (unsigned long long)p->issued);
-  else if (p->completed)
+  } else if (p->completed) {
     put(o, "rank %d's last completed op is %s #%llu", r, op_of(p->completed_type),
         (unsigned long long)p->completed);
-  else
+  } else {
     put(o, "rank %d has completed no collective", r);
+  }
   if (p->gone) put(o, " and its process is gone");
   else if (p->state == SLOT_ABORTED) put(o, " and it aborted the communicator");
   else if (p->state == SLOT_FINALIZED) put(o, " and it finalized the communicator");
 }
 
+/* A send or recv that failed: where its peer is (shared memory only). */
+static void p2p_report(tc_comm_t *c, const tc_work_t *w, char *buf, size_t len) {
+  int q = w->op.root;
+  if (!c->board || q < 0 || q >= c->size) return;
+  peer_t p;
+  read_slot(&((board_slot_t *)c->board)[q], &p);
+  if (!p.known) return;
+  out_t o = {buf, len, 0};
+  put(&o, "%s %s rank %d (p2p #%llu): ", w->opname, w->op.type == TC_OP_SEND ? "to" : "from", q,
+      (unsigned long long)w->p2p_seq);
+  put_where(&o, q, &p);
+}
+
 void tc__hang_report(tc_comm_t *c, const tc_work_t *w, char *buf, size_t len) {
   buf[0] = 0;
-  if (!w->coll_seq || c->size < 2 || !tc__setting_bool(TC_SET_HANG_REPORT)) return;
+  if (c->size < 2 || !tc__setting_bool(TC_SET_HANG_REPORT)) return;
+  if (!w->coll_seq) {
+    if (w->op.type == TC_OP_SEND || w->op.type == TC_OP_RECV) p2p_report(c, w, buf, len);
+    return;
+  }
   peer_t *peers = calloc((size_t)c->size, sizeof *peers);
   int *behind = calloc((size_t)c->size, sizeof *behind);
   int *other = calloc((size_t)c->size, sizeof *other);
@@ -262,14 +310,10 @@ void tc__hang_report(tc_comm_t *c, const tc_work_t *w, char *buf, size_t len) {
     if (c->board) read_slot(&((board_slot_t *)c->board)[r], &peers[r]);
     if (!peers[r].known && r != c->rank) nunknown++;
   }
-  peer_t me = {.known = 1, .issued = c->coll_seq, .failed = S, .state = SLOT_FAILED};
-  if (c->board) {
-    peer_t b;
-    read_slot(&((board_slot_t *)c->board)[c->rank], &b);
-    me.completed = b.completed;
-    me.completed_type = b.completed_type;
-    me.issued_type = b.issued_type;
-  }
+  peer_t me = {.known = 1, .issued = S, .issued_type = w->op.type, .failed = S,
+               .completed = atomic_load(&c->done_coll),
+               .completed_type = (tc_op_type_t)atomic_load(&c->done_type),
+               .state = SLOT_FAILED};
   peers[c->rank] = me;
   if (nunknown) {
     int expect = 0; /* the store is asked once per communicator */
@@ -283,7 +327,9 @@ void tc__hang_report(tc_comm_t *c, const tc_work_t *w, char *buf, size_t len) {
     const peer_t *p = &peers[r];
     if (!p->known) unknown[nu++] = r;
     else if (p->issued < S) behind[nb++] = r;
-    else if (p->issued == S && p->issued_type != w->op.type && p->completed < S) other[no++] = r;
+    else if ((p->issued == S && p->issued_type != w->op.type && p->completed < S) ||
+             (p->completed == S && p->completed_type != w->op.type))
+      other[no++] = r;
   }
   out_t o = {buf, len, 0};
   put(&o, "%s #%llu", w->opname, (unsigned long long)S);

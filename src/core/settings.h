@@ -99,6 +99,8 @@
     "as TORCH_FR_DUMP_TEMP_FILE (torchcomms' name; TORCH_FR_DUMP_TEMP_FILE wins)")        \
   X(HANG_REPORT, "TORCHCOMMS_HANG_REPORT", BOOL, 1, 0, 0, NULL,                           \
     "explain a timeout or a lost peer: which ranks are behind, and where")               \
+  X(HANG_REPORT_BOARD, "TORCHCOMMS_HANG_REPORT_BOARD", BOOL, 1, 0, 0, NULL,               \
+    "hang report: read peers on this host from shared memory (0: ask the store, as across hosts)") \
   X(HANG_REPORT_S, "TORCHCOMMS_HANG_REPORT_S", NUM, 2, 0, 60, NULL,                        \
     "hang report: longest wait for ranks on other hosts, seconds")
 

@@ -275,3 +275,78 @@ TC_TEST(hang_report_names_the_late_ranks_w8) {
            "completed op is all_gather_single #2, rank 5's last completed op is "
            "all_gather_single #2)]");
 }
+
+/* Without the board (as across hosts) the failing ranks publish their
+ * state to the store and wait a bounded time for the others': the stopped
+ * rank is named as not reporting, and the error still comes back within
+ * the operation's timeout + TORCHCOMMS_HANG_REPORT_S. */
+TC_TEST(hang_report_through_the_store_is_bounded_w4) {
+  static const int late[4] = {0, 0, 0, 1};
+  setenv("TORCHCOMMS_HANG_REPORT_BOARD", "0", 1);
+  setenv("TORCHCOMMS_HANG_REPORT_S", "1", 1);
+  run_hang(4, late,
+           "[hang report: all_reduce #3: rank 3 did not report (stopped or on another host "
+           "without a reachable store)]");
+  unsetenv("TORCHCOMMS_HANG_REPORT_BOARD");
+  unsetenv("TORCHCOMMS_HANG_REPORT_S");
+}
+
+/* Ranks that called another collective at the same place (the mismatch
+ * check off) are named with what they called. */
+static void other_op_rank(tc_ctx_t *ctx) {
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  o.timeout_s = 1.0;
+  tc_comm_t *c = tc_ctx_comm(ctx, "main", &o);
+  tc_store_t *s = tc_ctx_store(ctx);
+  float x[4] = {1, 1, 1, 1};
+  TC_ASSERT_OK(tc_all_reduce(c, x, 4, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL)); /* #1 */
+  if (ctx->rank == 1) {
+    /* #2 is a reduce here (an all_reduce elsewhere): whatever it returns,
+     * this rank stays until the others have read their errors */
+    tc_reduce(c, x, 4, TC_FLOAT32, TC_OP(TC_SUM), 0, NULL, NULL);
+    const char *keys[2] = {"done/0", "done/2"};
+    TC_ASSERT_OK(tc_store_wait(s, keys, 2, 60));
+  } else {
+    int rc = tc_all_reduce(c, x, 4, TC_FLOAT32, TC_OP(TC_MAX), NULL, NULL);
+    TC_ASSERT_EQ(rc, TC_ERR_TIMEOUT);
+    TC_ASSERT_CONTAINS(tc_last_error(),
+                       "[hang report: all_reduce #2: rank 1 called another operation as #2 "
+                       "(rank 1: reduce)");
+    TC_ASSERT_OK(tc_store_set(s, ctx->rank ? "done/2" : "done/0", "1", 1));
+  }
+  tc_store_release(s);
+  tc_comm_destroy(c);
+}
+
+TC_TEST(hang_report_names_a_rank_in_another_collective_w3) {
+  setenv("TORCHCOMMS_CHECK_MISMATCH", "0", 1);
+  tc_spawn(3, other_op_rank, NULL, 60);
+  unsetenv("TORCHCOMMS_CHECK_MISMATCH");
+}
+
+/* Two ranks each waiting to receive from the other (a pipeline's classic
+ * deadlock): each timeout names where the peer is. */
+static void in_recv_rank(tc_ctx_t *ctx) {
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  o.timeout_s = 1.0;
+  tc_comm_t *c = tc_ctx_comm(ctx, "main", &o);
+  float x[4] = {1, 1, 1, 1};
+  TC_ASSERT_OK(tc_broadcast(c, x, 4, TC_FLOAT32, 0, NULL, NULL)); /* #1 */
+  int peer = 1 - ctx->rank;
+  tc_op_options_t oo = TC_OP_OPTIONS_INIT;
+  oo.timeout_s = ctx->rank == 0 ? 1.0 : 60.0; /* rank 0 gives up first */
+  int rc = tc_recv(c, x, 4, TC_FLOAT32, peer, &oo, NULL);
+  if (ctx->rank == 0) {
+    TC_ASSERT_EQ(rc, TC_ERR_TIMEOUT);
+    TC_ASSERT_CONTAINS(tc_last_error(),
+                       "[hang report: recv from rank 1 (p2p #1): rank 1 is in recv from rank 0 "
+                       "(p2p #1), its last completed collective is broadcast #1]");
+  } else { /* rank 0 left: this recv ends at once, saying where rank 0 was */
+    TC_ASSERT_EQ(rc, TC_ERR_REMOTE);
+    TC_ASSERT_CONTAINS(tc_last_error(), "[hang report: recv from rank 0 (p2p #1): rank 0's "
+                                        "last completed op is broadcast #1");
+  }
+  tc_comm_destroy(c);
+}
+
+TC_TEST(hang_report_names_where_the_peer_of_a_recv_is) { tc_spawn(2, in_recv_rank, NULL, 60); }
