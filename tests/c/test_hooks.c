@@ -350,3 +350,29 @@ static void in_recv_rank(tc_ctx_t *ctx) {
 }
 
 TC_TEST(hang_report_names_where_the_peer_of_a_recv_is) { tc_spawn(2, in_recv_rank, NULL, 60); }
+
+/* An abort writes the trace (once), after the abort hooks ran. */
+TC_TEST(flight_recorder_dumped_on_abort) {
+  char dir[] = "/tmp/tc_fra_XXXXXX";
+  TC_ASSERT(mkdtemp(dir));
+  char prefix[64], path[80];
+  snprintf(prefix, sizeof prefix, "%s/fr_", dir);
+  snprintf(path, sizeof path, "%s/fr_0", dir);
+  setenv("TORCH_FR_DUMP_TEMP_FILE", prefix, 1);
+  tc_comm_t *c;
+  TC_ASSERT_OK(tc_world1_create("frabort", "cpu", &c));
+  float x[3] = {1, 2, 3};
+  TC_ASSERT_OK(tc_all_reduce(c, x, 3, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL));
+  struct stat st;
+  TC_ASSERT(stat(path, &st) != 0); /* nothing failed yet */
+  TC_ASSERT_OK(tc_comm_abort(c));
+  TC_ASSERT(stat(path, &st) == 0 && st.st_size > 100);
+  FILE *f = fopen(path, "rb");
+  char buf[8192];
+  size_t n = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  TC_ASSERT(memmem(buf, n, "gloo:all_reduce", 15) != NULL);
+  TC_ASSERT(memmem(buf, n, "frabort", 7) != NULL);
+  TC_ASSERT_OK(tc_comm_destroy(c));
+  unsetenv("TORCH_FR_DUMP_TEMP_FILE");
+}
