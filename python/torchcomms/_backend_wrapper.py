@@ -55,7 +55,6 @@ from datetime import timedelta
 from torch._C._distributed_c10d import ProcessGroup as _ProcessGroup
 from torch._C._distributed_c10d import Work as _Work
 
-from torchcomms import hooks as _hooks
 from torchcomms._comms import ReduceOp as _TcReduceOp
 from torchcomms._comms import new_comm as _new_comm
 
@@ -148,14 +147,13 @@ def _opts(opts, cls_name, **fields):
 class _WorkWrapper(_Work):
     """A torch.distributed Work over TorchWork(s) of one operation."""
 
-    def __init__(self, pg, works, result, post=(), deps=(), entries=(), p2p=False):
+    def __init__(self, pg, works, result, post=(), deps=(), p2p=False):
         super().__init__()
         self._pg = pg
         self._works = list(works)
         self._result = result
         self._post = list(post)
         self._deps = list(deps)
-        self._entries = list(entries)
         self._p2p_pending = p2p
         self._lock = threading.Lock()
         self._done = False
@@ -179,8 +177,6 @@ class _WorkWrapper(_Work):
                             f()
                     except BaseException as e:  # noqa: BLE001  re-raised below
                         self._exc = e
-                    for e in self._entries:
-                        _hooks.FlightRecorderHook._completed(e, self._exc is None)
                     self._post = []
                     self._done = True
         if self._exc is not None:
@@ -434,16 +430,9 @@ class _BackendWrapper(_ProcessGroup):
         self._futures_deferred += 1  # futures completed by the helper thread
         self._completer.submit(work)
 
-    def _work(self, op, works, result, post, inputs, outputs, opts=None, deps=(), p2p=False):
-        entries = ()
-        recorders = _hooks._recorders_for(self._comm)
-        if recorders:
-            t = _timeout(opts)
-            ms = int(t.total_seconds() * 1000) if t is not None else None
-            name = self._comm.get_name()
-            entries = [e for e in (r._record(name, op, inputs, outputs, p2p, ms)
-                                   for r in recorders) if e is not None]
-        w = _WorkWrapper(self, works, result, post, deps, entries, p2p)
+    def _work(self, works, result, post, opts=None, deps=(), p2p=False):
+        # (the flight recorder is the C library's: it sees every operation)
+        w = _WorkWrapper(self, works, result, post, deps, p2p)
         if not p2p and (not _async(opts) if opts is not None else False):
             w._complete()  # synchronous: done; run the copy-backs now
         if self._coalescing is not None:
@@ -478,7 +467,7 @@ class _BackendWrapper(_ProcessGroup):
         t = _one(tensors, "broadcast")
         tw = self._comm.broadcast(_dst(t, post), int(opts.rootRank), _async(opts),
                                   timeout=_timeout(opts))
-        return self._work("broadcast", [tw], [t], post, [t], [t], opts)
+        return self._work([tw], [t], post, opts)
 
     def allreduce(self, tensors, opts=None):
         if not isinstance(tensors, (list, tuple)):
@@ -489,7 +478,7 @@ class _BackendWrapper(_ProcessGroup):
         op, post = _tc_op(opts.reduceOp), []
         tws = [self._comm.all_reduce(_dst(t, post), op, _async(opts), timeout=_timeout(opts))
                for t in tensors]
-        return self._work("all_reduce", tws, list(tensors), post, tensors, tensors, opts)
+        return self._work(tws, list(tensors), post, opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = _opts(opts, "AllreduceCoalescedOptions")
@@ -497,8 +486,7 @@ class _BackendWrapper(_ProcessGroup):
         op, post = _tc_op(opts.reduceOp), []
         tws = [self._comm.all_reduce(_dst(t, post), op, True, timeout=_timeout(opts))
                for t in tensors]
-        return self._work("all_reduce_coalesced", tws, list(tensors), post, tensors,
-                          tensors, opts)
+        return self._work(tws, list(tensors), post, opts)
 
     def reduce(self, tensors, opts=None):
         opts = _opts(opts, "ReduceOptions")
@@ -507,7 +495,7 @@ class _BackendWrapper(_ProcessGroup):
         t = _one(tensors, "reduce")
         tw = self._comm.reduce(_dst(t, post), int(opts.rootRank), _tc_op(opts.reduceOp),
                                _async(opts), timeout=_timeout(opts))
-        return self._work("reduce", [tw], [t], post, [t], [t], opts)
+        return self._work([tw], [t], post, opts)
 
     def _gather_into(self, outs, inp, post, async_op, timeout):
         """all_gather into a list (all_gather_v when the sizes differ)."""
@@ -522,7 +510,7 @@ class _BackendWrapper(_ProcessGroup):
         self._flush_p2p()
         outs, inp, post = _one(output_tensors, "allgather"), _one(input_tensors, "allgather"), []
         tw = self._gather_into(outs, inp, post, _async(opts), _timeout(opts))
-        return self._work("all_gather", [tw], list(outs), post, [inp], outs, opts)
+        return self._work([tw], list(outs), post, opts)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         # output_lists[r][j]: input j of rank r
@@ -533,8 +521,7 @@ class _BackendWrapper(_ProcessGroup):
             tws.append(self._gather_into([lst[j] for lst in output_lists], inp, post, True,
                                          _timeout(opts)))
         flat = [t for lst in output_lists for t in lst]
-        return self._work("all_gather_coalesced", tws, flat, post, list(input_list), flat,
-                          opts)
+        return self._work(tws, flat, post, opts)
 
     def all_gather_single(self, output, input, opts=None):
         opts = _opts(opts, "AllgatherOptions")
@@ -542,7 +529,7 @@ class _BackendWrapper(_ProcessGroup):
         post = []
         tw = self._comm.all_gather_single(_dst(output, post), _src(input), _async(opts),
                                           timeout=_timeout(opts))
-        return self._work("all_gather_single", [tw], [output], post, [input], [output], opts)
+        return self._work([tw], [output], post, opts)
 
     _allgather_base = all_gather_single
 
@@ -552,8 +539,7 @@ class _BackendWrapper(_ProcessGroup):
         post = []
         tws = [self._comm.all_gather_single(_dst(o, post), _src(i), True, timeout=_timeout(opts))
                for o, i in zip(outputs, inputs, strict=True)]
-        return self._work("all_gather_single_coalesced", tws, list(outputs), post,
-                          list(inputs), list(outputs), opts)
+        return self._work(tws, list(outputs), post, opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -568,7 +554,7 @@ class _BackendWrapper(_ProcessGroup):
             raise ValueError("torchcomms: gather takes one output list at the root")
         tw = self._comm.gather([_dst(o, post) for o in outs], _src(inp), root, _async(opts),
                                timeout=_timeout(opts))
-        return self._work("gather", [tw], outs, post, [inp], outs, opts)
+        return self._work([tw], outs, post, opts)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = _opts(opts, "ScatterOptions")
@@ -580,7 +566,7 @@ class _BackendWrapper(_ProcessGroup):
                 raise ValueError("torchcomms: scatter takes one input list at the root")
             ins = [_src(i) for i in input_tensors[0]]
         tw = self._comm.scatter(_dst(out, post), ins, root, _async(opts), timeout=_timeout(opts))
-        return self._work("scatter", [tw], [out], post, ins, [out], opts)
+        return self._work([tw], [out], post, opts)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = _opts(opts, "ReduceScatterOptions")
@@ -592,7 +578,7 @@ class _BackendWrapper(_ProcessGroup):
             fn = self._comm.reduce_scatter_v
         tw = fn(_dst(out, post), [_src(i) for i in ins], _tc_op(opts.reduceOp), _async(opts),
                 timeout=_timeout(opts))
-        return self._work("reduce_scatter", [tw], [out], post, list(ins), [out], opts)
+        return self._work([tw], [out], post, opts)
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = _opts(opts, "ReduceScatterOptions")
@@ -601,8 +587,7 @@ class _BackendWrapper(_ProcessGroup):
         tw = self._comm.reduce_scatter_single(_dst(output, post), _src(input),
                                               _tc_op(opts.reduceOp), _async(opts),
                                               timeout=_timeout(opts))
-        return self._work("reduce_scatter_single", [tw], [output], post, [input], [output],
-                          opts)
+        return self._work([tw], [output], post, opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -613,8 +598,7 @@ class _BackendWrapper(_ProcessGroup):
         tws = [self._comm.reduce_scatter_single(_dst(o, post), _src(i), op, True,
                                                 timeout=_timeout(opts))
                for o, i in zip(outputs, inputs, strict=True)]
-        return self._work("reduce_scatter_single_coalesced", tws, list(outputs), post,
-                          list(inputs), list(outputs), opts)
+        return self._work(tws, list(outputs), post, opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -631,7 +615,7 @@ class _BackendWrapper(_ProcessGroup):
         else:
             tw = self._comm.all_to_all_v_single(_dst(output, post), _src(input), outs, ins,
                                                 _async(opts), timeout=_timeout(opts))
-        return self._work("all_to_all_single", [tw], [output], post, [input], [output], opts)
+        return self._work([tw], [output], post, opts)
 
     alltoall_base = all_to_all_single
 
@@ -642,14 +626,13 @@ class _BackendWrapper(_ProcessGroup):
         tw = self._comm.all_to_all([_dst(o, post) for o in output_tensors],
                                    [_src(i) for i in input_tensors], _async(opts),
                                    timeout=_timeout(opts))
-        return self._work("all_to_all", [tw], list(output_tensors), post, list(input_tensors),
-                          list(output_tensors), opts)
+        return self._work([tw], list(output_tensors), post, opts)
 
     def barrier(self, opts=None):
         opts = _opts(opts, "BarrierOptions")
         self._flush_p2p()
         tw = self._comm.barrier(_async(opts), timeout=_timeout(opts))
-        return self._work("barrier", [tw], [], [], [], [], opts)
+        return self._work([tw], [], [], opts)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         self._flush_p2p()
@@ -660,8 +643,7 @@ class _BackendWrapper(_ProcessGroup):
         t = _one(tensors, "send" if is_send else "recv")
         if not t.is_contiguous():
             raise ValueError("torchcomms: send/recv need a contiguous tensor")
-        w = self._work("send" if is_send else "recv", [], [t], [], [t] if is_send else [],
-                       [] if is_send else [t], None, p2p=True)
+        w = self._work([], [t], [], None, p2p=True)
         with self._p2p_lock:
             self._p2p.append((is_send, t, int(peer), w))
         return w

@@ -14,12 +14,17 @@
  *   _comms_types.c   ReduceOp, TorchWork, P2POp, BatchSendRecv
  *   _comms_comm.c    TorchComm: lifecycle, getters, split, the issue path
  *   _comms_ops.c     TorchComm's operations (argument parsing, checks)
+ *   _comms_hooks.c   pre/post/abort hooks (RemovableHandle, the hook
+ *                    argument objects) and the flight recorder's methods
  */
 #ifndef TORCHCOMMS_PY_COMMS_H
 #define TORCHCOMMS_PY_COMMS_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include <stdarg.h>
+#include <stdint.h>
 
 #include "torchcomms.h"
 
@@ -65,9 +70,22 @@ typedef struct tcpy_device {
   int index;     /* -1: none */
 } tcpy_device_t;
 
+/* Kinds of Python hooks a TorchComm holds (TCPY_HOOK_SPLIT is private: the
+ * flight recorder's registration of split children). */
+enum { TCPY_HOOK_PRE, TCPY_HOOK_POST, TCPY_HOOK_ABORT, TCPY_HOOK_SPLIT,
+       TCPY_HOOK_KINDS };
+
 typedef struct TorchCommObject {
   PyObject_HEAD
   tc_comm_t *comm;      /* NULL once destroyed */
+  /* 1 while a pre or post hook is registered: the one test the operation
+   * path makes (no hook: no argument object is built). */
+  int hooked;
+  /* per kind: a tuple of (id, callable) pairs in registration order, NULL
+   * when none (replaced, never mutated: a running hook may remove itself) */
+  PyObject *hooks[TCPY_HOOK_KINDS];
+  uint64_t next_hook_id;
+  uint64_t c_abort_hook; /* the C abort hook calling the Python ones; 0: none */
   PyObject *pending;    /* list of TorchWork still in flight */
   PyObject *store;      /* the Python store given to new_comm, or None */
   PyObject *device_obj; /* torch.device given, or NULL (made lazily) */
@@ -218,10 +236,13 @@ typedef struct tcpy_call {
 TCPY_HIDDEN PyObject *tcpy_issue(TorchCommObject *self, const char *op,
                                  tcpy_call_t *call, int async_op,
                                  PyObject *hints, PyObject *timeout,
-                                 PyObject *refs);
+                                 PyObject *refs, PyObject *pre);
+/* pre: the pre-hook argument object (borrowed; NULL when no pre hook is
+ * registered). */
 TCPY_HIDDEN PyObject *tcpy_issue_opts(TorchCommObject *self, const char *op,
                                       tcpy_call_t *call, int async_op,
-                                      tcpy_opts_t *opts, PyObject *refs);
+                                      tcpy_opts_t *opts, PyObject *refs,
+                                      PyObject *pre);
 
 /* ---- operations (_comms_ops.c) ---- */
 /* TorchComm's operation methods, generated from TC_COMM_OP_MAP, and their
@@ -231,5 +252,44 @@ TCPY_HIDDEN extern PyMethodDef tcpy_comm_op_methods[];
  * released). */
 TCPY_HIDDEN int tcpy_call_run(tc_comm_t *c, const tcpy_call_t *call,
                               const tc_op_options_t *o, tc_work_t **w);
+
+/* ---- hooks (_comms_hooks.c) ---- */
+TCPY_HIDDEN extern PyTypeObject TcPy_RemovableHandle_Type;
+/* TorchComm's hook and flight recorder methods (register_pre_hook, ...,
+ * _fr_dump_json, ...), added to the type by tcpy_types_ready. */
+TCPY_HIDDEN extern PyMethodDef tcpy_comm_hook_methods[];
+/* Module functions: _fr_dump_file. */
+TCPY_HIDDEN PyObject *tcpy_fr_dump_file(PyObject *module, PyObject *args,
+                                        PyObject *kw);
+/* Looks up OpName and the hook argument classes in _comms_classes (g: its
+ * dict); 0 or -1 with an exception. */
+TCPY_HIDDEN int tcpy_hooks_init(PyObject *g);
+/* The finalize's op_id (torchcomms' kFinalizeOpId = SIZE_MAX). */
+#define TCPY_FINALIZE_OP_ID UINT64_MAX
+/* Pre-hook arguments of operation `type` (a TC_OP_* or the two below): an
+ * instance of its *PreHookArgs class built from fmt, one character per
+ * field: 'O' an object as is, 'L' a new list from a sequence (other objects
+ * as is), 'i' an int; then async_op as a bool when async_op >= 0. NULL with
+ * an exception on error. */
+#define TCPY_HOOK_OP_SPLIT ((int)TC_OP_TYPE_COUNT)
+#define TCPY_HOOK_OP_FINALIZE ((int)TC_OP_TYPE_COUNT + 1)
+TCPY_HIDDEN PyObject *tcpy_hook_args(int type, int async_op, const char *fmt,
+                                     ...);
+TCPY_HIDDEN PyObject *tcpy_hook_args_v(int type, int async_op, const char *fmt,
+                                       va_list ap);
+/* Runs the pre hooks: callback(OpName member of type, op_id, args). -1 with
+ * the first hook's exception set (the operation must not be issued). */
+TCPY_HIDDEN int tcpy_hooks_run_pre(TorchCommObject *self, int type,
+                                   uint64_t op_id, PyObject *args);
+/* Runs the post hooks: callback(op_id, post args of type). A hook's
+ * exception is reported (sys.unraisablehook) and ignored. */
+TCPY_HIDDEN void tcpy_hooks_run_post(TorchCommObject *self, int type,
+                                     uint64_t op_id);
+/* After a split that made `child`: the private split hooks, child as the
+ * argument (exceptions reported and ignored). */
+TCPY_HIDDEN void tcpy_hooks_run_split(TorchCommObject *self, PyObject *child);
+/* Dealloc / GC: drops every hook (clear_c: unregisters the C abort hook
+ * too, releasing the GIL meanwhile). */
+TCPY_HIDDEN void tcpy_hooks_clear(TorchCommObject *self, int clear_c);
 
 #endif /* TORCHCOMMS_PY_COMMS_H */

@@ -1,5 +1,5 @@
-"""The Python classes of ``torchcomms._comms``: Timeout, the enums and the
-option classes. The extension imports this module when it initialises and
+"""The Python classes of ``torchcomms._comms``: Timeout, the enums, the
+option classes and the hook argument classes. The extension imports this module when it initialises and
 exports every name of ``__all__`` as its own (``torchcomms._comms.CommOptions``
 is ``torchcomms._comms_classes.CommOptions``); the classes say they belong to
 ``torchcomms._comms``, where the stub (``_comms.pyi``) declares them.
@@ -8,6 +8,7 @@ It imports neither torch nor the extension: ``DEFAULT_TIMEOUT`` is set by the
 extension from the C library's ``TC_DEFAULT_TIMEOUT_S`` before any class is
 used (``torchcomms._comms.DEFAULT_TIMEOUT_SECONDS``).
 """
+import collections as _collections
 import datetime as _datetime
 import enum as _enum
 
@@ -17,7 +18,7 @@ __all__ = ["Timeout", "RedOpType", "WorkStatus", "P2POpType", "CommOptions",
            "AllGatherSingleOptions", "ReduceScatterOptions",
            "ReduceScatterSingleOptions", "AllToAllOptions", "AllToAllSingleOptions",
            "AllToAllvSingleOptions", "BarrierOptions", "ScatterOptions",
-           "GatherOptions", "_OpOptions"]
+           "GatherOptions", "_OpOptions", "OpName"]
 
 # The communicator's default timeout (a timedelta); set by torchcomms._comms.
 DEFAULT_TIMEOUT = None
@@ -107,6 +108,113 @@ class CommOptions:
         return all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
 
     __hash__ = None
+
+
+class OpName(_enum.Enum):
+    """The operation a pre hook is called for (``str(OpName.all_reduce)`` is
+    ``"OpName.all_reduce"``). The values are torchcomms' C++ enum values;
+    ``batch_op_issue`` (BatchSendRecv.issue), which torchcomms' Python binding
+    does not expose, is ours and listed last."""
+    send = 0
+    recv = 1
+    broadcast = 2
+    all_reduce = 3
+    reduce = 4
+    all_gather = 5
+    all_gather_v = 6
+    all_gather_single = 7
+    reduce_scatter = 8
+    reduce_scatter_v = 9
+    reduce_scatter_single = 10
+    all_to_all_single = 11
+    all_to_all_v_single = 12
+    all_to_all = 13
+    barrier = 14
+    scatter = 15
+    gather = 16
+    gather_single = 17
+    split = 18
+    new_window = 19
+    finalize = 21
+    batch_op_issue = 20
+
+
+# ---- hook arguments --------------------------------------------------------
+# Pre hooks get one of these (read-only fields, the caller's own tensor
+# objects; lists are new lists of them). They are named tuples: the extension
+# builds them only while a pre hook is registered.
+_PRE_HOOK_ARGS = {
+    # op name: (class name, fields)
+    "send": ("SendPreHookArgs", "tensor peer async_op"),
+    "recv": ("RecvPreHookArgs", "tensor peer async_op"),
+    "broadcast": ("BroadcastPreHookArgs", "tensor root async_op"),
+    "all_reduce": ("AllReducePreHookArgs", "tensor async_op"),
+    "reduce": ("ReducePreHookArgs", "tensor root async_op"),
+    "all_gather": ("AllGatherPreHookArgs", "input output async_op"),
+    "all_gather_v": ("AllGatherVPreHookArgs", "input output async_op"),
+    "all_gather_single": ("AllGatherSinglePreHookArgs", "input output async_op"),
+    "reduce_scatter": ("ReduceScatterPreHookArgs", "input output async_op"),
+    "reduce_scatter_v": ("ReduceScatterVPreHookArgs", "input output async_op"),
+    "reduce_scatter_single": ("ReduceScatterSinglePreHookArgs", "input output async_op"),
+    "all_to_all_single": ("AllToAllSinglePreHookArgs", "input output async_op"),
+    "all_to_all_v_single": ("AllToAllVSinglePreHookArgs",
+                            "input output input_split_sizes output_split_sizes async_op"),
+    "all_to_all": ("AllToAllPreHookArgs", "input output async_op"),
+    "barrier": ("BarrierPreHookArgs", "async_op"),
+    "scatter": ("ScatterPreHookArgs", "output input root async_op"),
+    "gather": ("GatherPreHookArgs", "input output root async_op"),
+    "gather_single": ("GatherSinglePreHookArgs", "input output root async_op"),
+    "split": ("SplitPreHookArgs", "ranks name"),
+    "new_window": ("NewWindowPreHookArgs", ""),
+    "batch_op_issue": ("BatchOpIssuePreHookArgs", "num_ops async_op"),
+    "finalize": ("FinalizePreHookArgs", ""),
+}
+# op name -> class (the extension reads this)
+PRE_HOOK_ARGS_BY_OP = {}
+for _op, (_n, _f) in _PRE_HOOK_ARGS.items():
+    _cls = _collections.namedtuple(_n, _f.split(), module="torchcomms._comms")
+    _cls.__doc__ = f"The arguments of {_op} given to pre hooks (read-only)."
+    globals()[_n] = _cls
+    PRE_HOOK_ARGS_BY_OP[_op] = _cls
+    __all__.append(_n)
+del _op, _n, _f, _cls
+
+
+class CollectivePostHookArgs:
+    """What post hooks get for a collective or point-to-point operation
+    (no attributes, as in torchcomms' Python binding)."""
+    __slots__ = ()
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
+class SplitPostHookArgs:
+    """What post hooks get after a split that made a communicator."""
+    __slots__ = ()
+    __repr__ = CollectivePostHookArgs.__repr__
+
+
+class NewWindowPostHookArgs:
+    """Post-hook arguments of new_window (no window operation here yet)."""
+    __slots__ = ()
+    __repr__ = CollectivePostHookArgs.__repr__
+
+
+class BatchOpIssuePostHookArgs:
+    """What post hooks get after BatchSendRecv.issue."""
+    __slots__ = ()
+    __repr__ = CollectivePostHookArgs.__repr__
+
+
+class FinalizePostHookArgs:
+    """What post hooks get after finalize."""
+    __slots__ = ()
+    __repr__ = CollectivePostHookArgs.__repr__
+
+
+__all__ += ["CollectivePostHookArgs", "SplitPostHookArgs", "NewWindowPostHookArgs",
+            "BatchOpIssuePostHookArgs", "FinalizePostHookArgs"]
 
 
 # They are torchcomms._comms's classes (pickling, reprs, the stub).

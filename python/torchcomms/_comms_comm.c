@@ -56,7 +56,7 @@ void tcpy_comm_reap(TorchCommObject *self) {
 
 PyObject *tcpy_issue_opts(TorchCommObject *self, const char *op,
                           tcpy_call_t *call, int async_op, tcpy_opts_t *opts,
-                          PyObject *refs) {
+                          PyObject *refs, PyObject *pre) {
   if (tcpy_comm_live(self, op) < 0) return NULL;
   /* CUDA tensors: the operation is ordered after torch's current stream */
   if (!opts->o.stream && !strcmp(self->dev.type, "cuda") &&
@@ -64,6 +64,15 @@ PyObject *tcpy_issue_opts(TorchCommObject *self, const char *op,
     return NULL;
   tcpy_comm_reap(self);
   tc_comm_t *c = self->comm;
+  /* hooks (_comms_hooks.c): the op_id is the number the C core gives this
+   * operation; a pre hook's exception stops it here */
+  uint64_t op_id = 0;
+  int hooked = self->hooked;
+  if (hooked) {
+    op_id = tc_comm_next_op_id(c);
+    if (pre && tcpy_hooks_run_pre(self, (int)call->type, op_id, pre) < 0)
+      return NULL;
+  }
   tc_work_t *work = NULL;
   char text[TCPY_ERRBUF];
   int rc;
@@ -79,15 +88,16 @@ PyObject *tcpy_issue_opts(TorchCommObject *self, const char *op,
     Py_DECREF(w); /* dealloc waits for the operation */
     return NULL;
   }
+  if (hooked) tcpy_hooks_run_post(self, (int)call->type, op_id);
   return w;
 }
 
 PyObject *tcpy_issue(TorchCommObject *self, const char *op, tcpy_call_t *call,
                      int async_op, PyObject *hints, PyObject *timeout,
-                     PyObject *refs) {
+                     PyObject *refs, PyObject *pre) {
   tcpy_opts_t opts;
   if (tcpy_opts_init(&opts, op, hints, timeout) < 0) return NULL;
-  PyObject *r = tcpy_issue_opts(self, op, call, async_op, &opts, refs);
+  PyObject *r = tcpy_issue_opts(self, op, call, async_op, &opts, refs, pre);
   tcpy_opts_free(&opts);
   return r;
 }
@@ -112,6 +122,10 @@ static PyObject *tcpy_comm_wrap(tc_comm_t *comm, const tcpy_device_t *dev,
   self->high_priority_stream = high_priority_stream;
   self->enable_reconfigure = enable_reconfigure;
   self->weakreflist = NULL;
+  self->hooked = 0;
+  for (int k = 0; k < TCPY_HOOK_KINDS; k++) self->hooks[k] = NULL;
+  self->next_hook_id = 0;
+  self->c_abort_hook = 0;
   self->pending = PyList_New(0);
   if (!self->pending) {
     Py_DECREF(self);
@@ -293,6 +307,16 @@ out:
 static PyObject *tcpy_comm_finalize(TorchCommObject *self, PyObject *u) {
   if (tcpy_comm_live(self, "finalize") < 0) return NULL;
   tc_comm_t *c = self->comm;
+  /* hooks: finalize has torchcomms' kFinalizeOpId (it takes no number) */
+  int hooked = self->hooked;
+  if (hooked && self->hooks[TCPY_HOOK_PRE]) {
+    PyObject *pre = tcpy_hook_args(TCPY_HOOK_OP_FINALIZE, -1, "");
+    if (!pre) return NULL;
+    int bad = tcpy_hooks_run_pre(self, TCPY_HOOK_OP_FINALIZE,
+                                 TCPY_FINALIZE_OP_ID, pre);
+    Py_DECREF(pre);
+    if (bad) return NULL;
+  }
   char text[TCPY_ERRBUF];
   int rc;
   Py_BEGIN_ALLOW_THREADS
@@ -304,6 +328,8 @@ static PyObject *tcpy_comm_finalize(TorchCommObject *self, PyObject *u) {
     PyErr_Format(PyExc_RuntimeError, "%s", text[0] ? text : tc_strerror(rc));
     return NULL;
   }
+  if (hooked) tcpy_hooks_run_post(self, TCPY_HOOK_OP_FINALIZE,
+                                  TCPY_FINALIZE_OP_ID);
   Py_RETURN_NONE;
 }
 
@@ -462,6 +488,31 @@ static PyObject *tcpy_comm_split(TorchCommObject *self, PyObject *args,
   }
   if (tcpy_opts_init(&opts, fn, hints, timeout) < 0) goto out;
   opts_ok = 1;
+  /* hooks: the split's op_id is that of the all_gather_single it runs to
+   * agree on the groups (its first operation on this communicator) */
+  uint64_t op_id = 0;
+  int hooked = self->hooked;
+  if (hooked) {
+    op_id = tc_comm_next_op_id(self->comm);
+    if (self->hooks[TCPY_HOOK_PRE]) {
+      PyObject *l = PyList_New(n), *pre;
+      if (!l) goto out;
+      for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLong(r[i]);
+        if (!v) {
+          Py_DECREF(l);
+          goto out;
+        }
+        PyList_SET_ITEM(l, i, v);
+      }
+      pre = tcpy_hook_args(TCPY_HOOK_OP_SPLIT, -1, "OO", l, name);
+      Py_DECREF(l);
+      if (!pre) goto out;
+      int bad = tcpy_hooks_run_pre(self, TCPY_HOOK_OP_SPLIT, op_id, pre);
+      Py_DECREF(pre);
+      if (bad) goto out;
+    }
+  }
   tc_comm_t *c = self->comm, *child = NULL;
   char text[TCPY_ERRBUF];
   int rc;
@@ -479,6 +530,8 @@ static PyObject *tcpy_comm_split(TorchCommObject *self, PyObject *args,
   }
   result = tcpy_comm_wrap(child, &self->dev, self->store, self->device_obj,
                           self->high_priority_stream, self->enable_reconfigure);
+  if (result && hooked) tcpy_hooks_run_post(self, TCPY_HOOK_OP_SPLIT, op_id);
+  if (result) tcpy_hooks_run_split(self, result);
 out:
   if (opts_ok) tcpy_opts_free(&opts);
   PyMem_Free(r);
@@ -511,14 +564,22 @@ static int tcpy_comm_traverse(TorchCommObject *self, visitproc visit,
   Py_VISIT(self->pending);
   Py_VISIT(self->store);
   Py_VISIT(self->device_obj);
+  for (int k = 0; k < TCPY_HOOK_KINDS; k++) Py_VISIT(self->hooks[k]);
   return 0;
 }
 
-/* No tp_clear: pending works guard buffers of running operations; the
+/* tp_clear drops the hooks only (a hook holding its communicator is a
+ * cycle): pending works guard buffers of running operations; the
  * communicator is destroyed (aborted if still active) before they go. */
+static int tcpy_comm_clear(TorchCommObject *self) {
+  tcpy_hooks_clear(self, 0);
+  return 0;
+}
+
 static void tcpy_comm_dealloc(TorchCommObject *self) {
   PyObject_GC_UnTrack(self);
   if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
+  tcpy_hooks_clear(self, 1); /* the C abort hook goes before the handle */
   if (self->comm) {
     tc_comm_t *c = self->comm;
     self->comm = NULL;
@@ -588,6 +649,7 @@ PyTypeObject TcPy_TorchComm_Type = {
     .tp_doc = "A communicator (created by new_comm or TorchComm.split).",
     .tp_dealloc = (destructor)tcpy_comm_dealloc,
     .tp_traverse = (traverseproc)tcpy_comm_traverse,
+    .tp_clear = (inquiry)tcpy_comm_clear,
     .tp_repr = (reprfunc)tcpy_comm_repr,
     .tp_methods = tcpy_comm_methods,
     .tp_getset = tcpy_comm_getset,

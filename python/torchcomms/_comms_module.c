@@ -213,6 +213,7 @@ static int tcpy_import_classes(PyObject *module) {
   if (!(tcpy_p2p_members[0] = PyObject_GetAttrString(tcpy_P2POpType, "SEND")) ||
       !(tcpy_p2p_members[1] = PyObject_GetAttrString(tcpy_P2POpType, "RECV")))
     goto out;
+  if (tcpy_hooks_init(g) < 0) goto out; /* OpName, the hook argument classes */
   rc = 0;
 out:
   Py_XDECREF(names);
@@ -274,6 +275,12 @@ static PyMethodDef tcpy_module_methods[] = {
      "_store_call(store, op, key_or_keys, arg=None, timeout=1.0): one call "
      "of the C store API (set/get/add/check/wait/delete) on a Python store "
      "through the adapter. For tests."},
+    {"_fr_dump_file", (PyCFunction)(void (*)(void))tcpy_fr_dump_file,
+     METH_VARARGS | METH_KEYWORDS,
+     "_fr_dump_file(path=None) -> str: writes the flight recorder trace of "
+     "every live communicator of the process (torch's pickled dump) to path "
+     "(None: <TORCH_FR_DUMP_TEMP_FILE><global rank>); returns the path "
+     "written."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -293,7 +300,7 @@ static const char *tcpy_all_names[] = {
     "AllGatherSingleOptions", "ReduceScatterOptions",
     "ReduceScatterSingleOptions", "AllToAllOptions", "AllToAllSingleOptions",
     "AllToAllvSingleOptions", "BarrierOptions", "ScatterOptions",
-    "GatherOptions", "Timeout", NULL};
+    "GatherOptions", "Timeout", "OpName", "RemovableHandle", NULL};
 
 PyMODINIT_FUNC PyInit__comms(void) {
   PyObject *m = PyModule_Create(&tcpy_moduledef);
@@ -315,6 +322,20 @@ PyMODINIT_FUNC PyInit__comms(void) {
     }
     Py_DECREF(s);
   }
+  /* and the hook argument classes (_comms_classes.py: *HookArgs) */
+  PyObject *keys = PyObject_Dir(m);
+  for (Py_ssize_t i = 0; keys && i < PyList_GET_SIZE(keys); i++) {
+    PyObject *k = PyList_GET_ITEM(keys, i);
+    const char *ks = PyUnicode_AsUTF8(k);
+    size_t kl = ks ? strlen(ks) : 0;
+    if (kl > 8 && !strcmp(ks + kl - 8, "HookArgs") && PyList_Append(all, k) < 0)
+      Py_CLEAR(keys);
+  }
+  if (!keys) {
+    Py_DECREF(all);
+    goto fail;
+  }
+  Py_DECREF(keys);
   int rc = PyModule_AddObjectRef(m, "__all__", all);
   Py_DECREF(all);
   if (rc < 0) goto fail;

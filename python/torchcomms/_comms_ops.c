@@ -60,11 +60,25 @@ static int tcpy_numel_is(const char *fn, const char *a, Py_ssize_t ai,
 #define TCPY_SIZE(self) ((size_t)tc_comm_size((self)->comm))
 #define TCPY_RANK(self) (tc_comm_rank((self)->comm))
 
-/* The tail of every operation: issue, drop our temporaries. */
+/* The tail of every operation: issue, drop our temporaries. `fmt` and what
+ * follows are the fields of the pre hooks' argument object before async_op
+ * (tcpy_hook_args: 'O' object, 'L' list, 'i' int), read only while a pre
+ * hook is registered. */
 static PyObject *tcpy_finish(TorchCommObject *self, const char *fn,
                              tcpy_call_t *c, int async_op, PyObject *hints,
-                             PyObject *timeout, PyObject *refs) {
-  PyObject *r = tcpy_issue(self, fn, c, async_op, hints, timeout, refs);
+                             PyObject *timeout, PyObject *refs,
+                             const char *fmt, ...) {
+  PyObject *pre = NULL, *r = NULL;
+  if (self->hooked && self->hooks[TCPY_HOOK_PRE]) {
+    va_list ap;
+    va_start(ap, fmt);
+    pre = tcpy_hook_args_v((int)c->type, async_op, fmt, ap);
+    va_end(ap);
+    if (!pre) goto out;
+  }
+  r = tcpy_issue(self, fn, c, async_op, hints, timeout, refs, pre);
+out:
+  Py_XDECREF(pre);
   Py_XDECREF(refs);
   return r;
 }
@@ -92,7 +106,8 @@ static PyObject *tcpy_p2p(TorchCommObject *self, PyObject *args, PyObject *kw,
                    .dtype = t.dtype, .root = p};
   if (send) c.sendbuf = t.ptr;
   else c.recvbuf = t.ptr;
-  return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
+  return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "Oi", tensor,
+                     p);
 }
 
 static PyObject *tcpy_op_send(TorchCommObject *self, PyObject *a, PyObject *k) {
@@ -120,7 +135,8 @@ static PyObject *tcpy_op_broadcast(TorchCommObject *self, PyObject *args,
     return NULL;
   tcpy_call_t c = {.type = TC_OP_BROADCAST, .recvbuf = t.ptr, .count = t.numel,
                    .dtype = t.dtype, .root = r};
-  return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
+  return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "Oi", tensor,
+                     r);
 }
 
 static PyObject *tcpy_op_all_reduce(TorchCommObject *self, PyObject *args,
@@ -141,7 +157,7 @@ static PyObject *tcpy_op_all_reduce(TorchCommObject *self, PyObject *args,
     return NULL;
   tcpy_call_t c = {.type = TC_OP_ALL_REDUCE, .recvbuf = t.ptr, .count = t.numel,
                    .dtype = t.dtype, .op = rop};
-  return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
+  return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "O", tensor);
 }
 
 static PyObject *tcpy_op_reduce(TorchCommObject *self, PyObject *args,
@@ -165,7 +181,8 @@ static PyObject *tcpy_op_reduce(TorchCommObject *self, PyObject *args,
     return NULL;
   tcpy_call_t c = {.type = TC_OP_REDUCE, .recvbuf = t.ptr, .count = t.numel,
                    .dtype = t.dtype, .op = rop, .root = r};
-  return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
+  return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "Oi", tensor,
+                     r);
 }
 
 /* ---- gathers ---- */
@@ -207,7 +224,8 @@ static PyObject *tcpy_gather_list(TorchCommObject *self, PyObject *args,
   tcpy_call_t c = {.type = v ? TC_OP_ALL_GATHER_V : TC_OP_ALL_GATHER,
                    .recvbufs = ptrs, .recvcounts = v ? counts : NULL,
                    .sendbuf = t.ptr, .count = t.numel, .dtype = t.dtype};
-  res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
+  res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "OL", tensor,
+                    list);
 out:
   PyMem_Free(ptrs);
   PyMem_Free(counts);
@@ -287,7 +305,8 @@ static PyObject *tcpy_pair(TorchCommObject *self, PyObject *args, PyObject *kw,
   if (tcpy_refs(async_op, &refs, 2, out, in) < 0) return NULL;
   tcpy_call_t c = {.type = kind, .recvbuf = o.ptr, .sendbuf = i.ptr,
                    .count = count, .dtype = o.dtype, .op = rop};
-  return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
+  return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "OO", in,
+                     out);
 }
 
 static PyObject *tcpy_op_all_gather_single(TorchCommObject *s, PyObject *a,
@@ -344,7 +363,8 @@ static PyObject *tcpy_scatter_list(TorchCommObject *self, PyObject *args,
                    .recvbuf = o.ptr, .sendbufs = ptrs,
                    .sendcounts = v ? counts : NULL, .count = o.numel,
                    .recvcount = o.numel, .dtype = o.dtype, .op = rop};
-  res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
+  res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "LO", list,
+                    out);
 out:
   PyMem_Free(ptrs);
   PyMem_Free(counts);
@@ -456,7 +476,8 @@ static PyObject *tcpy_op_all_to_all_v_single(TorchCommObject *self,
   tcpy_call_t c = {.type = TC_OP_ALL_TO_ALL_V_SINGLE, .recvbuf = o.ptr,
                    .recvcounts = rc, .sendbuf = i.ptr, .sendcounts = rc + n,
                    .dtype = o.dtype};
-  res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
+  res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "OOLL", in,
+                    out, isp, osp);
 out:
   PyMem_Free(rc);
   return res;
@@ -488,7 +509,7 @@ static PyObject *tcpy_op_all_to_all(TorchCommObject *self, PyObject *args,
   tcpy_call_t c = {.type = TC_OP_ALL_TO_ALL, .recvbufs = optr,
                    .recvcounts = ocnt, .sendbufs = iptr, .sendcounts = icnt,
                    .dtype = odt};
-  res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
+  res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "LL", il, ol);
 out:
   PyMem_Free(optr);
   PyMem_Free(ocnt);
@@ -508,7 +529,7 @@ static PyObject *tcpy_op_barrier(TorchCommObject *self, PyObject *args,
                                    &hints, &timeout))
     return NULL;
   tcpy_call_t c = {.type = TC_OP_BARRIER};
-  return tcpy_issue(self, "barrier", &c, async_op, hints, timeout, NULL);
+  return tcpy_finish(self, "barrier", &c, async_op, hints, timeout, NULL, "");
 }
 
 /* ---- rooted scatter / gather ---- */
@@ -562,7 +583,9 @@ static PyObject *tcpy_rooted_list(TorchCommObject *self, PyObject *args,
     c.recvbuf = t.ptr;
     c.sendbufs = ptrs;
   }
-  res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
+  /* gather: input tensor, output list; scatter: output tensor, input list */
+  res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "OLi", tensor,
+                    list, r);
 out:
   PyMem_Free(ptrs);
   PyMem_Free(counts);
@@ -605,7 +628,8 @@ static PyObject *tcpy_op_gather_single(TorchCommObject *self, PyObject *args,
   tcpy_call_t c = {.type = TC_OP_GATHER_SINGLE, .recvbuf = o.ptr,
                    .sendbuf = i.ptr, .count = i.numel, .dtype = i.dtype,
                    .root = r};
-  return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs);
+  return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "OOi", in,
+                     out, r);
 }
 
 /* ---- the library call, run without the GIL ---- */

@@ -504,7 +504,12 @@ static PyObject *tcpy_batch_issue(BatchSendRecvObject *self, PyObject *args,
     }
   }
   tcpy_call_t call = {.type = TC_OP_BATCH, .batch = batch};
-  result = tcpy_issue_opts(comm, fn, &call, async_op, &opts, refs);
+  PyObject *pre = NULL;
+  if (comm->hooked && comm->hooks[TCPY_HOOK_PRE] &&
+      !(pre = tcpy_hook_args(TC_OP_BATCH, async_op, "i", (int)n)))
+    goto out_refs;
+  result = tcpy_issue_opts(comm, fn, &call, async_op, &opts, refs, pre);
+  Py_XDECREF(pre);
 out_refs:
   Py_DECREF(refs);
 out_opts:
@@ -600,23 +605,26 @@ PyObject *tcpy_batch_new(TorchCommObject *comm) {
 int tcpy_types_ready(PyObject *m) {
   PyTypeObject *types[] = {&TcPy_ReduceOp_Type, &TcPy_TorchWork_Type,
                            &TcPy_P2POp_Type, &TcPy_BatchSendRecv_Type,
-                           &TcPy_TorchComm_Type};
+                           &TcPy_TorchComm_Type, &TcPy_RemovableHandle_Type};
   const char *names[] = {"ReduceOp", "TorchWork", "P2POp", "BatchSendRecv",
-                         "TorchComm"};
+                         "TorchComm", "RemovableHandle"};
   for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
     if (PyType_Ready(types[i]) < 0) return -1;
     if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0) return -1;
   }
   if (!(tcpy_done_work = tcpy_work_new(NULL, NULL))) return -1;
-  /* TorchComm's operations (_comms_ops.c) join its own methods */
-  for (PyMethodDef *d = tcpy_comm_op_methods; d->ml_name; d++) {
-    PyObject *descr = PyDescr_NewMethod(&TcPy_TorchComm_Type, d);
-    if (!descr) return -1;
-    int rc = PyDict_SetItemString(TcPy_TorchComm_Type.tp_dict, d->ml_name,
-                                  descr);
-    Py_DECREF(descr);
-    if (rc < 0) return -1;
-  }
+  /* TorchComm's operations (_comms_ops.c) and hook methods
+   * (_comms_hooks.c) join its own methods */
+  PyMethodDef *tables[] = {tcpy_comm_op_methods, tcpy_comm_hook_methods};
+  for (size_t k = 0; k < 2; k++)
+    for (PyMethodDef *d = tables[k]; d->ml_name; d++) {
+      PyObject *descr = PyDescr_NewMethod(&TcPy_TorchComm_Type, d);
+      if (!descr) return -1;
+      int rc = PyDict_SetItemString(TcPy_TorchComm_Type.tp_dict, d->ml_name,
+                                    descr);
+      Py_DECREF(descr);
+      if (rc < 0) return -1;
+    }
   PyType_Modified(&TcPy_TorchComm_Type);
   /* ReduceOp.SUM ... as class attributes */
   static const tc_redop_type_t plain[] = {TC_SUM,  TC_PRODUCT, TC_MIN,

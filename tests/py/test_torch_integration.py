@@ -259,13 +259,14 @@ w = dist.all_reduce(t, async_op=True)
 out["fut"] = w.get_future().wait()[0].tolist()
 dist.broadcast(t, 0)
 dist.barrier()
-e = rec.entries()
+e = json.loads(rec.dump_json())["entries"]
 out["fr"] = [x["profiling_name"] for x in e]
 out["fr_state"] = [x["state"] for x in e]
 out["fr_json"] = sorted(json.loads(rec.dump_json()))
+out["fr_size"] = rec.size()
 rec.unregister()
 dist.barrier()
-out["fr_after_unregister"] = len(rec.entries())
+out["fr_after_unregister"] = [rec.size(), rec.is_enabled(), pg.get_comm()._fr_size()]
 from torchcomms._backend_wrapper import _tc_op
 for label, op in (("premul_no_factor", dist.ReduceOp.RedOpType.PREMUL_SUM),
                   ("unused_op", "bogus")):
@@ -295,17 +296,23 @@ print(json.dumps(out))
 
 
 def test_world_size_1_details():
-    r = py(WS1)
+    env = clean_env()
+    env["TORCH_FR_BUFFER_SIZE"] = "2"  # the C ring's size; the recorder's max_entries=3 grows it
+    r = py(WS1, env=env)
     assert r["gloo_alias"] == "cpu"
     assert r["{'rank': 1, 'size': 1}"] == "ValueError"
     assert r["{'rank': 0}"] == "ValueError"
     assert r["{'rank': -1, 'size': 2}"] == "ValueError"
     assert r["fut"] == [0.0, 1.0, 2.0, 3.0]
-    # a ring of the last 3 entries, all completed
-    assert r["fr"] == ["torchcomms:all_reduce", "torchcomms:broadcast", "torchcomms:barrier"], r
+    # the C library's ring of the communicator: TORCH_FR_BUFFER_SIZE=2 here,
+    # grown to 3 by max_entries=3: the last 3 of the 4 operations
+    assert r["fr"] == ["gloo:all_reduce", "gloo:broadcast", "gloo:barrier"], r
     assert r["fr_state"] == ["completed"] * 3, r
-    assert r["fr_json"] == ["comm_lib_version", "entries", "pg_config", "version"]
-    assert r["fr_after_unregister"] == 3
+    assert r["fr_json"] == ["comm_lib_version", "entries", "pg_config", "pg_status", "rank",
+                            "version"]
+    assert r["fr_size"] == 3
+    # unregistered: the recorder reads nothing; the ring goes on recording
+    assert r["fr_after_unregister"] == [0, False, 3]
     assert r["premul_no_factor"] == "ValueError" and r["unused_op"] == "ValueError"
     assert "PREMUL_SUM" in r["premul_factor"] and "0.25" in r["premul_factor"], r["premul_factor"]
     assert r["name"] == "torchcomms" and r["group_name"] == "0"
