@@ -93,8 +93,8 @@ void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
   tc_op_info_t info;
   tc__op_info(w, &info);
   size_t es = tc_dtype_size(w->op.dtype);
-  void *frames[TC_FR_FRAMES + 2];
-  int nf = c->fr_stacks ? backtrace(frames, TC_FR_FRAMES + 2) - 2 : 0; /* not ours */
+  void *frames[TC_FR_FRAMES + 1];
+  int nf = c->fr_stacks ? backtrace(frames, TC_FR_FRAMES + 1) - 1 : 0; /* from our caller */
   if (nf < 0) nf = 0;
   pthread_mutex_lock(&c->fr_mu);
   if (c->fr_cap) {
@@ -110,7 +110,7 @@ void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
      * analyser compares input sizes across ranks */
     if (info.type == TC_OP_BROADCAST) e->in_elems = info.count;
     if (c->fr_stacks) {
-      memcpy(&c->fr_stacks[(id % c->fr_cap) * TC_FR_FRAMES], frames + 2,
+      memcpy(&c->fr_stacks[(id % c->fr_cap) * TC_FR_FRAMES], frames + 1,
              (size_t)nf * sizeof(void *));
       e->nframes = nf;
     }
@@ -292,8 +292,20 @@ static void dump_entry(sbuf_t *b, const tc_comm_t *c, const tc__fr_entry_t *e, i
             "\"frames\": [",
          e->state >= TC_FR_COMPLETED ? "true" : "false", (long long)(e->timeout_s * 1e3),
          p2p ? "true" : "false", e->async_op ? "true" : "false");
+  void *const *pcs = &c->fr_stacks[(e->record_id % c->fr_cap) * TC_FR_FRAMES];
+  /* start at the public entry (tc_all_reduce, ...): the frames above it are
+   * the library's own */
+  int top = 0;
   for (int i = 0; i < e->nframes; i++) {
-    void *pc = c->fr_stacks[(e->record_id % c->fr_cap) * TC_FR_FRAMES + (size_t)i];
+    Dl_info di;
+    if (dladdr(pcs[i], &di) && di.dli_sname && !strncmp(di.dli_sname, "tc_", 3) &&
+        strncmp(di.dli_sname, "tc__", 4)) {
+      top = i;
+      break;
+    }
+  }
+  for (int i = top; i < e->nframes; i++) {
+    void *pc = pcs[i];
     Dl_info di;
     char name[64];
     const char *fname = "??", *file = "??";
@@ -305,7 +317,7 @@ static void dump_entry(sbuf_t *b, const tc_comm_t *c, const tc__fr_entry_t *e, i
       snprintf(name, sizeof name, "%p", pc);
       fname = name;
     }
-    sb_add(b, "%s{\"name\": ", i ? ", " : "");
+    sb_add(b, "%s{\"name\": ", i > top ? ", " : "");
     sb_str(b, fname);
     sb_add(b, ", \"filename\": ");
     sb_str(b, file);

@@ -126,7 +126,8 @@ static int work_finish(tc_work_t *w, int rc, const char *msg) {
   if (rc == TC_OK)
     w->msg[0] = 0;
   else if (report[0])
-    snprintf(w->msg, sizeof w->msg, "%s [hang report: %s]", msg ? msg : tc_strerror(rc), report);
+    snprintf(w->msg, sizeof w->msg, "%.560s [hang report: %.440s]", msg ? msg : tc_strerror(rc),
+             report);
   else
     snprintf(w->msg, sizeof w->msg, "%s", msg ? msg : tc_strerror(rc));
   pthread_mutex_unlock(&w->mu);
