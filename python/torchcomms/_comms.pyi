@@ -4,7 +4,7 @@
 
 from datetime import timedelta
 from enum import Enum
-from typing import Any, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Sequence, Union
 
 __version__: str
 __all__: List[str]
@@ -121,6 +121,144 @@ class BatchSendRecv:
         timeout: timedelta | float | None = None,
     ) -> TorchWork: ...
 
+# ---- hooks (TorchComm.register_pre_hook / _post_hook / _abort_hook) ----
+
+class OpName(Enum):
+    """str(OpName.all_reduce) == "OpName.all_reduce". Values: torchcomms'
+    C++ enum; batch_op_issue (BatchSendRecv.issue) is ours, listed last."""
+    send = 0
+    recv = 1
+    broadcast = 2
+    all_reduce = 3
+    reduce = 4
+    all_gather = 5
+    all_gather_v = 6
+    all_gather_single = 7
+    reduce_scatter = 8
+    reduce_scatter_v = 9
+    reduce_scatter_single = 10
+    all_to_all_single = 11
+    all_to_all_v_single = 12
+    all_to_all = 13
+    barrier = 14
+    scatter = 15
+    gather = 16
+    gather_single = 17
+    split = 18
+    new_window = 19
+    finalize = 21
+    batch_op_issue = 20
+
+class RemovableHandle:
+    def remove(self) -> None:
+        """Unregisters the hook; idempotent; nothing once the communicator
+        is gone. Dropping the handle does not unregister."""
+
+# pre-hook arguments: named tuples of the caller's own objects (read-only)
+class SendPreHookArgs(NamedTuple):
+    tensor: Any
+    peer: int
+    async_op: bool
+class RecvPreHookArgs(NamedTuple):
+    tensor: Any
+    peer: int
+    async_op: bool
+class BroadcastPreHookArgs(NamedTuple):
+    tensor: Any
+    root: int
+    async_op: bool
+class AllReducePreHookArgs(NamedTuple):
+    tensor: Any
+    async_op: bool
+class ReducePreHookArgs(NamedTuple):
+    tensor: Any
+    root: int
+    async_op: bool
+class AllGatherPreHookArgs(NamedTuple):
+    input: Any
+    output: List[Any]
+    async_op: bool
+class AllGatherVPreHookArgs(NamedTuple):
+    input: Any
+    output: List[Any]
+    async_op: bool
+class AllGatherSinglePreHookArgs(NamedTuple):
+    input: Any
+    output: Any
+    async_op: bool
+class ReduceScatterPreHookArgs(NamedTuple):
+    input: List[Any]
+    output: Any
+    async_op: bool
+class ReduceScatterVPreHookArgs(NamedTuple):
+    input: List[Any]
+    output: Any
+    async_op: bool
+class ReduceScatterSinglePreHookArgs(NamedTuple):
+    input: Any
+    output: Any
+    async_op: bool
+class AllToAllSinglePreHookArgs(NamedTuple):
+    input: Any
+    output: Any
+    async_op: bool
+class AllToAllVSinglePreHookArgs(NamedTuple):
+    input: Any
+    output: Any
+    input_split_sizes: List[int]
+    output_split_sizes: List[int]
+    async_op: bool
+class AllToAllPreHookArgs(NamedTuple):
+    input: List[Any]
+    output: List[Any]
+    async_op: bool
+class BarrierPreHookArgs(NamedTuple):
+    async_op: bool
+class ScatterPreHookArgs(NamedTuple):
+    output: Any
+    input: List[Any]
+    root: int
+    async_op: bool
+class GatherPreHookArgs(NamedTuple):
+    input: Any
+    output: List[Any]
+    root: int
+    async_op: bool
+class GatherSinglePreHookArgs(NamedTuple):
+    input: Any
+    output: Any
+    root: int
+    async_op: bool
+class SplitPreHookArgs(NamedTuple):
+    ranks: List[int]
+    name: str
+class NewWindowPreHookArgs(NamedTuple): ...
+class BatchOpIssuePreHookArgs(NamedTuple):
+    num_ops: int
+    async_op: bool
+class FinalizePreHookArgs(NamedTuple): ...
+
+PreHookArgs = Union[
+    SendPreHookArgs, RecvPreHookArgs, BroadcastPreHookArgs, AllReducePreHookArgs,
+    ReducePreHookArgs, AllGatherPreHookArgs, AllGatherVPreHookArgs,
+    AllGatherSinglePreHookArgs, ReduceScatterPreHookArgs, ReduceScatterVPreHookArgs,
+    ReduceScatterSinglePreHookArgs, AllToAllSinglePreHookArgs, AllToAllVSinglePreHookArgs,
+    AllToAllPreHookArgs, BarrierPreHookArgs, ScatterPreHookArgs, GatherPreHookArgs,
+    GatherSinglePreHookArgs, SplitPreHookArgs, NewWindowPreHookArgs,
+    BatchOpIssuePreHookArgs, FinalizePreHookArgs,
+]
+
+# post-hook arguments: no attributes (collectives and p2p get a
+# CollectivePostHookArgs)
+class CollectivePostHookArgs: ...
+class SplitPostHookArgs: ...
+class NewWindowPostHookArgs: ...
+class BatchOpIssuePostHookArgs: ...
+class FinalizePostHookArgs: ...
+
+PostHookArgs = Union[CollectivePostHookArgs, SplitPostHookArgs, NewWindowPostHookArgs,
+                     BatchOpIssuePostHookArgs, FinalizePostHookArgs]
+
 _Timeout = timedelta | float | None
 _Hints = Dict[str, str] | None
 
@@ -220,6 +358,27 @@ class TorchComm:
         timeout: _Timeout = None,
     ) -> TorchComm | None: ...
     def batch_op_create(self) -> BatchSendRecv: ...
+    def register_pre_hook(
+        self, callback: Callable[[OpName, int, PreHookArgs], None]
+    ) -> RemovableHandle:
+        """callback(name, op_id, args) on the calling thread before every
+        operation (after its arguments were checked); its exception
+        propagates and the operation is not issued. op_id: the C core's
+        number of the operation (2**64-1 for finalize)."""
+    def register_post_hook(
+        self, callback: Callable[[int, PostHookArgs], None]
+    ) -> RemovableHandle:
+        """callback(op_id, args) right after every operation was issued
+        (synchronous ones: finished); exceptions go to sys.unraisablehook."""
+    def register_abort_hook(self, callback: Callable[[], None]) -> RemovableHandle:
+        """callback() before the communicator aborts: abort(), or before the
+        process aborts on a failed operation (abort_process_on_timeout_or_error)."""
+    def _register_split_hook(self, callback: Callable[[TorchComm], None]) -> RemovableHandle: ...
+    def _fr_reserve(self, n: int) -> None: ...
+    def _fr_dump_json(self, include_completed: bool = True) -> str: ...
+    def _fr_size(self) -> int: ...
+    def _fr_reset(self) -> None: ...
+    def _next_op_id(self) -> int: ...
     # aliases
     allreduce = all_reduce
     allgather = all_gather
@@ -259,3 +418,8 @@ def _store_call(
 ) -> Any:
     """Test hook: one C store call (set/get/add/check/wait/delete) on a Python
     store through the adapter new_comm(store=...) uses."""
+
+def _fr_dump_file(path: str | None = None) -> str:
+    """Writes the flight recorder trace of every live communicator (torch's
+    pickled dump) to path (None: <TORCH_FR_DUMP_TEMP_FILE><global rank>);
+    returns the path written."""
