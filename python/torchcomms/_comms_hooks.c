@@ -248,6 +248,30 @@ void tcpy_hooks_clear(TorchCommObject *self, int clear_c) {
 
 static int hooks_add(TorchCommObject *self, int kind, PyObject *fn,
                      uint64_t *out) {
+  if (kind == TCPY_HOOK_ABORT && !self->c_abort_hook) {
+    /* without the GIL: registering waits for a running C abort hook, which
+     * may be waiting for the GIL */
+    uint64_t cid = 0;
+    tc_comm_t *c = self->comm;
+    char text[512] = "";
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = tc_comm_register_hook(c, TC_HOOK_ABORT, c_abort_hook, self, &cid);
+    if (rc != TC_OK) snprintf(text, sizeof text, "%s", tc_last_error());
+    Py_END_ALLOW_THREADS
+    if (rc != TC_OK) {
+      tcpy_raise(rc, text);
+      return -1;
+    }
+    if (self->c_abort_hook) { /* another thread registered one meanwhile */
+      Py_BEGIN_ALLOW_THREADS
+      tc_comm_unregister_hook(c, cid);
+      Py_END_ALLOW_THREADS
+    } else {
+      self->c_abort_hook = cid;
+    }
+  }
+  /* (with the GIL from here on: the tuple is replaced atomically) */
   uint64_t id = ++self->next_hook_id;
   PyObject *old = self->hooks[kind];
   Py_ssize_t n = old ? PyTuple_GET_SIZE(old) : 0;
@@ -261,17 +285,6 @@ static int hooks_add(TorchCommObject *self, int kind, PyObject *fn,
     return -1;
   }
   PyTuple_SET_ITEM(t, n, pair);
-  if (kind == TCPY_HOOK_ABORT && !self->c_abort_hook) {
-    uint64_t cid = 0;
-    int rc = tc_comm_register_hook(self->comm, TC_HOOK_ABORT, c_abort_hook,
-                                   self, &cid);
-    if (rc != TC_OK) {
-      Py_DECREF(t);
-      tcpy_raise(rc, tc_last_error());
-      return -1;
-    }
-    self->c_abort_hook = cid;
-  }
   Py_XSETREF(self->hooks[kind], t);
   update_hooked(self);
   *out = id;
