@@ -288,6 +288,12 @@ typedef struct tc_backend_ops {
   int (*split)(void *parent, const int *ranks, size_t nranks,
                const tc_backend_init_args_t *child_args, void **child,
                char *err, size_t errlen);
+  /* Appended, optional (NULL, or past the table's `size`: none). Writes
+   * what this communicator chose at setup into buf (NUL-terminated, one
+   * fact per line, no trailing newline): the transport per peer, the
+   * algorithm thresholds, the waiting policy. The core logs it in the
+   * init summary of tc_comm_create (TORCHCOMMS_LOG=info, subsystem init). */
+  void (*describe)(void *bcomm, char *buf, size_t len);
 } tc_backend_ops_t;
 
 /* The symbol a plugin exports. */

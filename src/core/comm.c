@@ -1,6 +1,7 @@
 /* comm.c -- communicator lifecycle: create, finalize, abort, destroy,
  * getters, split, and error recording. */
 #include "core.h"
+#include "comm_log.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -325,6 +326,7 @@ int tc_comm_create(const char *backend, const char *device,
   rc = comm_start(c, NULL, NULL, 0);
   if (rc != TC_OK) goto fail;
   *out = comm_publish(c);
+  tc__comm_log_created(c);
   return TC_OK;
 fail:;
   char saved[1024];

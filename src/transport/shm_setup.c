@@ -408,6 +408,15 @@ tc_shm_t *tc__shm_of(const tc_transport_ops_t *ops, void *tp) {
   return ops == &tc__shm_transport ? tp : NULL;
 }
 
+/* tc_transport_ops_t.describe */
+static void shm_describe(void *tp, char *buf, size_t len) {
+  const struct tc_shm *s = tp;
+  snprintf(buf, len, "shm: %zu-byte segments (rings %zu, slots %zu, halves %zu B); "
+           "%s %g us, then sleep on a futex; single copy (process_vm_readv) %s; "
+           "liveness over TCP", s->total, s->ring_bytes, s->slot_bytes, s->half_bytes,
+           s->yield_poll ? "yield-poll" : "spin", s->spin_s * 1e6, s->cma ? "on" : "off");
+}
+
 const tc_transport_ops_t tc__shm_transport = {
     .name = "shm",
     .create = shm_create_forced,
@@ -416,4 +425,5 @@ const tc_transport_ops_t tc__shm_transport = {
     .close = tc__shm_close,
     .interrupt = tc__shm_interrupt,
     .leave = shm_leave,
+    .describe = shm_describe,
 };
