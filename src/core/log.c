@@ -161,7 +161,7 @@ void tc__log_set_rank(int rank) {
 
 /* The end of the process: lines still held go to the file with rank "-". */
 __attribute__((destructor)) static void flush_at_exit(void) {
-  if (pthread_mutex_trylock(&out_mu) != 0) return;
+  if (!pending_len || pthread_mutex_trylock(&out_mu) != 0) return; /* the usual case */
   const char *fmt = tc__setting_str(TC_SET_LOG_FILE);
   if (pending_len && out_fd < 0 && fmt) open_file(fmt, tc__log_rank());
   pthread_mutex_unlock(&out_mu);
