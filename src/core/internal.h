@@ -48,7 +48,8 @@ TC_INTERNAL uint64_t tc__log_gate_init(void);
 static inline int tc__log_on(int level, int subsys) {
   uint64_t g = atomic_load_explicit(&tc__log_gate, memory_order_relaxed);
   if (__builtin_expect(g == TC__LOG_GATE_UNSET, 0)) g = tc__log_gate_init();
-  return ((g >> (8 * ((unsigned)level & 7))) & (unsigned)subsys & 0xffu) != 0;
+  unsigned l = level < 0 ? 0u : level > 7 ? 7u : (unsigned)level; /* folds for constants */
+  return ((g >> (8 * l)) & (unsigned)subsys & 0xffu) != 0;
 }
 /* tc__log_on as a function (the host table's log_on). */
 TC_INTERNAL int tc__log_check(int level, int subsys);
