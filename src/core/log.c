@@ -63,7 +63,6 @@ uint64_t tc__log_gate_init(void) {
 int tc__log_check(int level, int subsys) { return tc__log_on(level, subsys); }
 int tc__log_enabled(int level) { return tc__log_on(level, TC_LOG_ALL); }
 
-
 int tc__log_rank(void) {
   int r = atomic_load(&log_rank);
   if (r >= 0) return r;
