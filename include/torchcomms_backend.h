@@ -172,6 +172,34 @@ typedef struct tc_work tc_work_t;
  * "torchcomms: <op> on '<comm>' (rank r of n): ", which the core adds, so
  * every message of the library has one format. */
 
+/* Log levels (TORCHCOMMS_LOG) and subsystems (TORCHCOMMS_LOG_SUBSYS, one
+ * bit each, in the order of that setting's names) of the host's log
+ * functions; docs/logging.md. A line of level error or warn is written
+ * whatever the subsystem filter says (as NCCL's WARN). */
+enum {
+  TC_LOG_ERROR = 0,
+  TC_LOG_WARN = 1,
+  TC_LOG_INFO = 2,
+  TC_LOG_DEBUG = 3,
+  TC_LOG_TRACE = 4
+};
+enum {
+  TC_LOG_INIT = 0x01,  /* creation, setup, the init summary */
+  TC_LOG_COLL = 0x02,  /* collectives */
+  TC_LOG_P2P = 0x04,   /* send, recv, batches */
+  TC_LOG_SHM = 0x08,   /* the shared-memory transport */
+  TC_LOG_TCP = 0x10,   /* the TCP transport and mesh */
+  TC_LOG_STORE = 0x20, /* stores and the store server */
+  TC_LOG_MISC = 0x40,  /* lines of no subsystem (the host's `log`, tcrun) */
+  TC_LOG_ALL = 0x7f
+};
+
+#if defined(__GNUC__)
+#define TC_BACKEND_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define TC_BACKEND_PRINTF(f, a)
+#endif
+
 /* Services the core gives a backend. */
 typedef struct tc_backend_host {
   uint32_t size;
@@ -187,9 +215,30 @@ typedef struct tc_backend_host {
   int (*store_add)(tc_store_t *s, const char *key, int64_t delta,
                    int64_t *result);
   void (*free)(void *ptr);
-  /* Logs a line at level 0 (error) .. 3 (debug), gated by TORCHCOMMS_LOG. */
+  /* Logs a line at level 0 (error) .. 4 (trace), gated by TORCHCOMMS_LOG;
+   * its subsystem is "misc". */
   void (*log)(int level, const char *fmt, ...);
+  /* Appended; read them only when `size` covers them (TC_BACKEND_LOGS and
+   * TC_BACKEND_LOG_ON below do). Logs a line of subsystem `subsys` (one
+   * TC_LOG_INIT ... bit) at `level` (TC_LOG_ERROR ... TC_LOG_TRACE), gated
+   * by TORCHCOMMS_LOG and TORCHCOMMS_LOG_SUBSYS. */
+  void (*logs)(int level, int subsys, const char *fmt, ...) TC_BACKEND_PRINTF(3, 4);
+  /* 1 when a line of this level and subsystem would be written: check it
+   * before formatting anything costly (a load and a compare). */
+  int (*log_on)(int level, int subsys);
 } tc_backend_host_t;
+
+/* 1 when the host table h has `member` (its size covers it) and it is set. */
+#define TC_BACKEND_HOST_HAS(h, member)                                        \
+  ((h)->size >= offsetof(tc_backend_host_t, member) + sizeof((h)->member) && \
+   (h)->member != NULL)
+/* Logs through h->logs, or h->log (no subsystem) with an older core. */
+#define TC_BACKEND_LOGS(h, level, subsys, ...)                                \
+  (TC_BACKEND_HOST_HAS(h, logs) ? (h)->logs((level), (subsys), __VA_ARGS__)  \
+                                : (h)->log((level), __VA_ARGS__))
+/* h->log_on, or 1 (format and let the host decide) with an older core. */
+#define TC_BACKEND_LOG_ON(h, level, subsys)                                   \
+  (TC_BACKEND_HOST_HAS(h, log_on) ? (h)->log_on((level), (subsys)) : 1)
 
 /* What a backend's init receives. */
 typedef struct tc_backend_init_args {
@@ -239,6 +288,12 @@ typedef struct tc_backend_ops {
   int (*split)(void *parent, const int *ranks, size_t nranks,
                const tc_backend_init_args_t *child_args, void **child,
                char *err, size_t errlen);
+  /* Appended, optional (NULL, or past the table's `size`: none). Writes
+   * what this communicator chose at setup into buf (NUL-terminated, one
+   * fact per line, no trailing newline): the transport per peer, the
+   * algorithm thresholds, the waiting policy. The core logs it in the
+   * init summary of tc_comm_create (TORCHCOMMS_LOG=info, subsystem init). */
+  void (*describe)(void *bcomm, char *buf, size_t len);
 } tc_backend_ops_t;
 
 /* The symbol a plugin exports. */

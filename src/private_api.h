@@ -28,7 +28,8 @@
 TC__PRIVATE int tc__set_error_text(int rc, const char *text);
 /* Monotonic clock, seconds. */
 TC__PRIVATE double tc__now(void);
-/* Logging, gated by TORCHCOMMS_LOG (level 0 error .. 3 debug). */
+/* Logging, gated by TORCHCOMMS_LOG (level 0 error .. 4 trace); subsystem
+ * "misc" (docs/logging.md). */
 TC__PRIVATE void tc__log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Prints every declared setting, its help and its value when set

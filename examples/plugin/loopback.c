@@ -369,7 +369,9 @@ static int lb_init(const tc_backend_init_args_t *args, void **bcomm, char *err,
     lb_free(c);
     return TC_ERR_SYSTEM;
   }
-  c->host->log(3, LB_NAME " backend: communicator '%s' ready", c->name);
+  /* the host's logs (subsystem init) when the core has it, else its log */
+  TC_BACKEND_LOGS(c->host, TC_LOG_DEBUG, TC_LOG_INIT, LB_NAME " backend: communicator '%s' ready",
+                  c->name);
   *bcomm = c;
   return TC_OK;
 }

@@ -140,8 +140,9 @@ void tc__store_drop(tc_store_t *s, const char *fn) {
   }
   pthread_mutex_unlock(&store_reg_mu);
   if (!it) {
-    tc__log(1, "%s: %p is not a live store (released twice?); ignored", fn,
-            (void *)s);
+    tc__logs(TC_LOG_WARN, TC_LOG_STORE,
+             "%s: %p is not a live store (released twice?); ignored", fn,
+             (void *)s);
     return;
   }
   if (last) {
@@ -198,7 +199,7 @@ int tc_store_create(const tc_store_vtable_t *vtable, void *ctx,
 
 void tc_store_retain(tc_store_t *store) {
   if (tc__store_acquire(store, "tc_store_retain") != TC_OK)
-    tc__log(1, "%s", tc_last_error());
+    tc__logs(TC_LOG_WARN, TC_LOG_STORE, "%s", tc_last_error());
 }
 
 void tc_store_release(tc_store_t *store) {

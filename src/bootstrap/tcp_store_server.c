@@ -56,14 +56,14 @@ enum { HELD_NONE = 0, HELD_EXEC, HELD_READ };
  * counted and reported by the next line of a later window (or at stop). */
 static void srv_logv(tc_store_server_t *s, int level, const char *fmt,
                      va_list ap) {
-  if (!tc__log_enabled(level)) return;
+  if (!tc__log_on(level, TC_LOG_STORE)) return;
   double now = tc__now();
   if (now - s->log_window >= TC__STORE_LOG_WINDOW_S) {
     if (s->log_suppressed)
-      tc__log(1, "store server: %lu more log lines suppressed in the last "
-              "%.0f s (at most %d per %.0f s)", s->log_suppressed,
-              now - s->log_window, TC__STORE_LOG_BURST,
-              TC__STORE_LOG_WINDOW_S);
+      tc__logs(TC_LOG_WARN, TC_LOG_STORE, "store server: %lu more log lines suppressed "
+               "in the last %.0f s (at most %d per %.0f s)", s->log_suppressed,
+               now - s->log_window, TC__STORE_LOG_BURST,
+               TC__STORE_LOG_WINDOW_S);
     s->log_window = now;
     s->log_lines = 0;
     s->log_suppressed = 0;
@@ -75,7 +75,7 @@ static void srv_logv(tc_store_server_t *s, int level, const char *fmt,
   s->log_lines++;
   char line[768];
   vsnprintf(line, sizeof line, fmt, ap);
-  tc__log(level, "store server: %s", line);
+  tc__logs(level, TC_LOG_STORE, "store server: %s", line);
 }
 
 static void srv_log(tc_store_server_t *s, int level, const char *fmt, ...)
@@ -710,10 +710,11 @@ int tc_store_server_start(const char *bind_host, int port,
     return tc__set_error(TC_ERR_SYSTEM, "torchcomms: %s: pthread_create: %s",
                          fn, strerror(e));
   }
-  tc__log(2, "store server listening on %s:%d (limits: %" PRIu64 " bytes in "
-          "all, %" PRIu64 " per value, %" PRIu64 " unsent per client)",
-          where, s->port, s->lim.max_bytes, s->lim.max_value,
-          s->lim.max_unsent);
+  tc__logs(TC_LOG_INFO, TC_LOG_STORE,
+           "store server listening on %s:%d (limits: %" PRIu64 " bytes in "
+           "all, %" PRIu64 " per value, %" PRIu64 " unsent per client)",
+           where, s->port, s->lim.max_bytes, s->lim.max_value,
+           s->lim.max_unsent);
   *out = s;
   return TC_OK;
 }
@@ -731,8 +732,9 @@ int tc_store_server_port(const tc_store_server_t *server) {
 void tc_store_server_stop(tc_store_server_t *server) {
   if (!server) return;
   if (server->magic != TC__SERVER_MAGIC) {
-    tc__log(1, "tc_store_server_stop: %p is not a running store server "
-            "(stopped twice?); ignored", (void *)server);
+    tc__logs(TC_LOG_WARN, TC_LOG_STORE,
+             "tc_store_server_stop: %p is not a running store server "
+             "(stopped twice?); ignored", (void *)server);
     return;
   }
   server->magic = 0;
@@ -744,10 +746,11 @@ void tc_store_server_stop(tc_store_server_t *server) {
   for (size_t i = 0; i < server->nconns; i++)
     conn_free(server, server->conns[i]);
   if (server->log_suppressed)
-    tc__log(1, "store server: %lu more log lines suppressed in the last %.0f "
-            "s (at most %d per %.0f s)", server->log_suppressed,
-            tc__now() - server->log_window, TC__STORE_LOG_BURST,
-            TC__STORE_LOG_WINDOW_S);
+    tc__logs(TC_LOG_WARN, TC_LOG_STORE,
+             "store server: %lu more log lines suppressed in the last %.0f "
+             "s (at most %d per %.0f s)", server->log_suppressed,
+             tc__now() - server->log_window, TC__STORE_LOG_BURST,
+             TC__STORE_LOG_WINDOW_S);
   free(server->conns);
   free(server->pfds);
   close(server->lfd);

@@ -1,6 +1,7 @@
 /* comm.c -- communicator lifecycle: create, finalize, abort, destroy,
  * getters, split, and error recording. */
 #include "core.h"
+#include "comm_log.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -364,6 +365,7 @@ int tc_comm_create(const char *backend, const char *device,
   if (rc != TC_OK) goto fail;
   tc__fr_set_global_rank(c->rank); /* the first communicator's: the job's ranks */
   *out = comm_publish(c);
+  tc__comm_log_created(c);
   return TC_OK;
 fail:;
   char saved[1024];

@@ -143,8 +143,9 @@ void tc__comm_record_end(tc_comm_t *c, void *token, int delete_keys) {
     if (delete_keys) {
       int deleted = 0;
       if (tc_store_delete(c->store, l->keys[i], &deleted) != TC_OK)
-        tc__log(3, "communicator '%s': could not delete store key '%s/%s' (%s)", c->name,
-                c->prefix, l->keys[i], tc_last_error());
+        tc__logs(TC_LOG_DEBUG, TC_LOG_STORE,
+                 "communicator '%s': could not delete store key '%s/%s' (%s)", c->name,
+                 c->prefix, l->keys[i], tc_last_error());
     }
     free(l->keys[i]);
   }

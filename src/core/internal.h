@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #endif
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,12 +29,58 @@ TC_INTERNAL int tc__set_error_text(int rc, const char *text);
 /* Monotonic clock, seconds (clock.c). */
 TC_INTERNAL double tc__now(void);
 
-/* Logging (log.c), gated by TORCHCOMMS_LOG=error|warn|info|debug (default warn).
- * Level 0 error .. 3 debug. */
+/* ---- logging (log.c, log_op.c; docs/logging.md) ----
+ * Levels TC_LOG_ERROR (0) .. TC_LOG_TRACE (4) (TORCHCOMMS_LOG, default
+ * warn) and subsystem bits TC_LOG_INIT, TC_LOG_COLL, TC_LOG_P2P,
+ * TC_LOG_SHM, TC_LOG_TCP, TC_LOG_STORE, TC_LOG_MISC (TORCHCOMMS_LOG_SUBSYS,
+ * default all) come from torchcomms_backend.h: backends pass them to the
+ * host's `logs`. Errors and warnings are written whatever the subsystem
+ * filter says. Every line is "torchcomms LEVEL [rank R pid P] subsys: text",
+ * written with one write() to stderr or TORCHCOMMS_LOG_FILE. */
+
+/* The gate: byte `level` holds the subsystem bits written at that level;
+ * TC__LOG_GATE_UNSET until the first settings snapshot. */
+#define TC__LOG_GATE_UNSET UINT64_MAX
+TC_INTERNAL extern _Atomic uint64_t tc__log_gate;
+TC_INTERNAL uint64_t tc__log_gate_init(void);
+/* 1 when a line of `level` and subsystem `subsys` would be written: one
+ * relaxed load and a compare, for hot paths (check before formatting). */
+static inline int tc__log_on(int level, int subsys) {
+  uint64_t g = atomic_load_explicit(&tc__log_gate, memory_order_relaxed);
+  if (__builtin_expect(g == TC__LOG_GATE_UNSET, 0)) g = tc__log_gate_init();
+  unsigned l = level < 0 ? 0u : level > 7 ? 7u : (unsigned)level; /* folds for constants */
+  return ((g >> (8 * l)) & (unsigned)subsys & 0xffu) != 0;
+}
+/* tc__log_on as a function (the host table's log_on). */
+TC_INTERNAL int tc__log_check(int level, int subsys);
+/* Logs a line of subsystem `subsys` at `level` (the host table's logs). */
+TC_INTERNAL void tc__logs(int level, int subsys, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+TC_INTERNAL void tc__logv(int level, int subsys, const char *fmt, va_list ap);
+/* A line of no particular subsystem ("misc"). */
 TC_INTERNAL void tc__log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-/* 1 when a message of this level would be printed. */
+/* 1 when a line of this level and any subsystem would be written. */
 TC_INTERNAL int tc__log_enabled(int level);
+/* Sets the gate from a settings snapshot (settings.c): TORCHCOMMS_LOG's
+ * level and TORCHCOMMS_LOG_SUBSYS's mask. */
+TC_INTERNAL void tc__log_configure(int level, uint32_t subsys);
+/* The process's rank in the tags: the first call wins (tc_comm_create,
+ * from its first communicator); until then the launcher's rank
+ * (tc__env_rank_size), else "-". */
+TC_INTERNAL void tc__log_set_rank(int rank);
+/* The rank tags show now, -1 when unknown. */
+TC_INTERNAL int tc__log_rank(void);
+/* One line per operation at trace level (log_op.c), subsystem p2p for
+ * send, recv and batches, coll otherwise; event "issue" or "done" (done
+ * reads the POST fields: status, duration_s, error). Costs one load when
+ * trace is off. */
+TC_INTERNAL void tc__log_op(const char *event, const tc_op_info_t *info);
+
+/* Rank and size from the launcher's environment (env.c): tc_env_rank_size
+ * without the thread error; why (may be NULL) gets the reason. */
+TC_INTERNAL int tc__env_rank_size(int *rank, int *size, const char **source, char *why,
+                                  size_t wl);
 
 /* Environment settings: declared once, read through typed accessors from
  * a cached snapshot (settings.h). */

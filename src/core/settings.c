@@ -21,14 +21,16 @@
 #include <string.h>
 #include <strings.h>
 
-typedef enum { ST_NUM, ST_NUMP, ST_INT, ST_BOOL, ST_CHOICE, ST_TEXT, ST_ADDR, ST_BYTES } st_kind_t;
+typedef enum {
+  ST_NUM, ST_NUMP, ST_INT, ST_BOOL, ST_CHOICE, ST_FLAGS, ST_TEXT, ST_ADDR, ST_BYTES
+} st_kind_t;
 
 typedef struct setting {
   const char *name;
   st_kind_t kind;
-  double dflt;         /* CHOICE: index into choices */
+  double dflt;         /* CHOICE: index into choices; FLAGS: the mask */
   double min, max;     /* NUM, NUMP, INT: accepted range; BYTES: min is the least */
-  const char *choices; /* CHOICE: "a|b|c" (case-insensitive) */
+  const char *choices; /* CHOICE, FLAGS: "a|b|c" (case-insensitive) */
   const char *help;
 } setting_t;
 
@@ -88,13 +90,13 @@ uint64_t tc__bytes_value(const char *name, const char *v, uint64_t dflt, uint64_
   if (!v || !*v) return dflt;
   uint64_t b;
   if (tc__parse_bytes(v, &b) != 0) {
-    tc__log(1, "%s='%s' is not a byte count (digits with an "
-            "optional K, M, G or T suffix); using %" PRIu64, name, v, dflt);
+    tc__logs(TC_LOG_WARN, TC_LOG_INIT, "%s='%s' is not a byte count (digits with an "
+             "optional K, M, G or T suffix); using %" PRIu64, name, v, dflt);
     return dflt;
   }
   if (b < least) {
-    tc__log(1, "%s=%s is below the least useful %" PRIu64
-            " bytes; using %" PRIu64, name, v, least, least);
+    tc__logs(TC_LOG_WARN, TC_LOG_INIT, "%s=%s is below the least useful %" PRIu64
+             " bytes; using %" PRIu64, name, v, least, least);
     b = least;
   }
   return b;
@@ -116,6 +118,11 @@ static int setting_bad(const setting_t *s, const char *v, char *err, size_t len)
   case ST_INT: snprintf(buf, sizeof buf, "an integer from %g to %g", s->min, s->max); want = buf; break;
   case ST_BOOL: want = "1, 0, true, false, yes, no, on or off"; break;
   case ST_CHOICE: snprintf(buf, sizeof buf, "one of %s", s->choices); want = buf; break;
+  case ST_FLAGS:
+    snprintf(buf, sizeof buf, "'all', or a comma list of %s, or ^ and a list to exclude",
+             s->choices);
+    want = buf;
+    break;
   case ST_ADDR: want = "a numeric IPv4 or IPv6 address"; break;
   case ST_TEXT: want = "text"; break;
   case ST_BYTES: want = "a byte count (digits with an optional K, M, G or T suffix)"; break;
@@ -124,8 +131,52 @@ static int setting_bad(const setting_t *s, const char *v, char *err, size_t len)
   return TC_ERR_INVALID_ARGUMENT;
 }
 
-/* Parses v as setting s: 0 and *out (CHOICE: the index; BOOL: 0 or 1;
- * BYTES: *bytes too), or -1. */
+/* The index of v[0..vl) in choices "a|b|c" (case-insensitive), or -1. */
+static int choice_index(const char *choices, const char *v, size_t vl) {
+  int idx = 0;
+  for (const char *c = choices; *c; idx++) {
+    const char *bar = strchr(c, '|');
+    size_t cl = bar ? (size_t)(bar - c) : strlen(c);
+    if (cl == vl && !strncasecmp(c, v, cl)) return idx;
+    if (!bar) break;
+    c = bar + 1;
+  }
+  return -1;
+}
+
+/* FLAGS: "all", "a,b" or "^a,b" (blanks around names allowed) as a mask of
+ * the choices' bits; -1 when a name is unknown or the list is empty. */
+static int flags_parse(const char *choices, const char *v, double *out) {
+  int n = 1;
+  for (const char *c = choices; *c; c++) n += *c == '|';
+  uint32_t all = (1u << n) - 1, mask = 0;
+  while (*v == ' ') v++;
+  int exclude = *v == '^';
+  if (exclude) v++;
+  int names = 0;
+  for (const char *p = v;;) {
+    size_t len = strcspn(p, ",");
+    const char *e = p + len;
+    while (len && (*p == ' ' || *p == '\t')) p++, len--;
+    while (len && (p[len - 1] == ' ' || p[len - 1] == '\t')) len--;
+    if (len == 3 && !strncasecmp(p, "all", 3)) {
+      mask = all;
+    } else {
+      int i = choice_index(choices, p, len);
+      if (i < 0) return -1;
+      mask |= 1u << i;
+    }
+    names++;
+    if (!*e) break;
+    p = e + 1;
+  }
+  if (!names) return -1;
+  *out = exclude ? (double)(all & ~mask) : (double)mask;
+  return 0;
+}
+
+/* Parses v as setting s: 0 and *out (CHOICE: the index; FLAGS: the mask;
+ * BOOL: 0 or 1; BYTES: *bytes too), or -1. */
 static int setting_parse(const setting_t *s, const char *v, double *out, uint64_t *bytes) {
   switch (s->kind) {
   case ST_NUM:
@@ -150,20 +201,12 @@ static int setting_parse(const setting_t *s, const char *v, double *out, uint64_
     return -1;
   }
   case ST_CHOICE: {
-    size_t vl = strlen(v);
-    int idx = 0;
-    for (const char *c = s->choices; *c; idx++) {
-      const char *bar = strchr(c, '|');
-      size_t cl = bar ? (size_t)(bar - c) : strlen(c);
-      if (cl == vl && !strncasecmp(c, v, cl)) {
-        *out = idx;
-        return 0;
-      }
-      if (!bar) break;
-      c = bar + 1;
-    }
-    return -1;
+    int idx = choice_index(s->choices, v, strlen(v));
+    if (idx < 0) return -1;
+    *out = idx;
+    return 0;
   }
+  case ST_FLAGS: return flags_parse(s->choices, v, out);
   case ST_ADDR: {
     unsigned char a[16];
     if (inet_pton(AF_INET, v, a) == 1 || inet_pton(AF_INET6, v, a) == 1) return 0;
@@ -210,13 +253,14 @@ static int snapshot(char *err, size_t len, int quiet) {
       } else if (!err && !quiet) {
         char why[512];
         setting_bad(s, v, why, sizeof why);
-        tc__log(1, "%s; using the default", why);
+        tc__logs(TC_LOG_WARN, TC_LOG_INIT, "%s; using the default", why);
       }
     }
     if (s->kind == ST_BYTES && b < (uint64_t)s->min) {
       if (!quiet)
-        tc__log(1, "%s=%s is below the least useful %.0f bytes; using %.0f", s->name, v,
-                s->min, s->min);
+        tc__logs(TC_LOG_WARN, TC_LOG_INIT, "%s=%s is below the least useful %.0f bytes; "
+                 "using %.0f", s->name, v,
+                 s->min, s->min);
       b = (uint64_t)s->min;
     }
     if (s->kind == ST_BYTES) d = (double)b;
@@ -224,6 +268,10 @@ static int snapshot(char *err, size_t len, int quiet) {
     atomic_store(&snap[i].value, d);
     atomic_store(&snap[i].bad, bad);
   }
+  /* the logger's gate follows the snapshot (read from it directly: the
+   * accessors would re-enter the first snapshot's pthread_once) */
+  tc__log_configure((int)atomic_load(&snap[TC_SET_LOG].value),
+                    (uint32_t)atomic_load(&snap[TC_SET_LOG_SUBSYS].value));
   return rc;
 }
 
@@ -249,6 +297,9 @@ static const slot_t *slot_of(tc_setting_id_t id) {
 double tc__setting_double(tc_setting_id_t id) { return atomic_load(&slot_of(id)->value); }
 int tc__setting_bool(tc_setting_id_t id) { return atomic_load(&slot_of(id)->value) != 0; }
 int tc__setting_choice(tc_setting_id_t id) { return (int)atomic_load(&slot_of(id)->value); }
+uint32_t tc__setting_flags(tc_setting_id_t id) {
+  return (uint32_t)atomic_load(&slot_of(id)->value);
+}
 uint64_t tc__setting_bytes(tc_setting_id_t id) {
   return (uint64_t)atomic_load(&slot_of(id)->value);
 }
@@ -256,6 +307,16 @@ const char *tc__setting_str(tc_setting_id_t id) { return atomic_load(&slot_of(id
 int tc__setting_is_set(tc_setting_id_t id) { return atomic_load(&slot_of(id)->text) != NULL; }
 int tc__setting_malformed(tc_setting_id_t id) { return atomic_load(&slot_of(id)->bad); }
 const char *tc__setting_name(tc_setting_id_t id) { return settings[id].name; }
+
+int tc__setting_differs(tc_setting_id_t id) {
+  const slot_t *sl = slot_of(id);
+  if (!atomic_load(&sl->text)) return 0;
+  const setting_t *s = &settings[id];
+  if (s->kind == ST_TEXT || s->kind == ST_ADDR || atomic_load(&sl->bad)) return 1;
+  double d = s->dflt;
+  if (s->kind == ST_BYTES && d < s->min) d = s->min;
+  return atomic_load(&sl->value) != d;
+}
 
 size_t tc__settings_count(void) { return TC_SET_COUNT; }
 
@@ -280,6 +341,22 @@ void tc__settings_default_text(size_t i, char *buf, size_t len) {
       if (c) c++;
     }
     snprintf(buf, len, "%.*s", c ? (int)strcspn(c, "|") : 0, c ? c : "");
+    return;
+  }
+  case ST_FLAGS: { /* "all", or the names of the default's bits */
+    double all;
+    if (flags_parse(s->choices, "all", &all) == 0 && d == all) {
+      snprintf(buf, len, "all");
+      return;
+    }
+    size_t at = 0;
+    int i = 0;
+    for (const char *c = s->choices; *c && at < len; i++) {
+      size_t cl = strcspn(c, "|");
+      if (((uint32_t)d >> i) & 1)
+        at += (size_t)snprintf(buf + at, len - at, "%s%.*s", at ? "," : "", (int)cl, c);
+      c += cl + (c[cl] == '|');
+    }
     return;
   }
   default: break;

@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "torchcomms.h"
+#include "torchcomms_backend.h" /* TC_LOG_ALL */
 
 #define TC__BIG 1e18
 
@@ -24,7 +24,9 @@
  *  KIND     NUM: a number in [MIN, MAX]; NUMP: in (MIN, MAX]; INT: a whole
  *           number in [MIN, MAX]; BOOL: 1/0/true/false/yes/no/on/off;
  *           CHOICE: one of CHOICES ("a|b|c", case-insensitive), DEFAULT is
- *           the index of the default; TEXT, ADDR (a numeric IPv4/IPv6
+ *           the index of the default; FLAGS: a comma list of CHOICES
+ *           (bit i for choice i), "all", or "^list" (all but those);
+ *           DEFAULT is the mask; TEXT, ADDR (a numeric IPv4/IPv6
  *           address): no default, unset reads NULL; BYTES: a byte count
  *           with an optional K, M, G or T suffix (powers of 1024).
  *  DEFAULT  the value when unset (a number; CHOICE: an index). Printed by
@@ -40,7 +42,12 @@
     NULL, "default deadline of every operation and of creation, seconds")                \
   X(ABORT_ON_ERROR, "TORCHCOMM_ABORT_ON_ERROR", BOOL, 0, 0, 0, NULL,                       \
     "end the process with the error on any failure")                                     \
-  X(LOG, "TORCHCOMMS_LOG", CHOICE, 1, 0, 0, "error|warn|info|debug", "log level on stderr") \
+  X(LOG, "TORCHCOMMS_LOG", CHOICE, 1, 0, 0, "error|warn|info|debug|trace", "log level")    \
+  X(LOG_SUBSYS, "TORCHCOMMS_LOG_SUBSYS", FLAGS, TC_LOG_ALL, 0, 0,                          \
+    "init|coll|p2p|shm|tcp|store|misc",                                                  \
+    "subsystems whose info/debug/trace lines are logged: a list, all, ^list excludes")   \
+  X(LOG_FILE, "TORCHCOMMS_LOG_FILE", TEXT, 0, 0, 0, NULL,                                  \
+    "log to this file instead of stderr (%r rank, %p pid, %h host name)")                \
   X(JOB_ID, "TORCHCOMMS_JOB_ID", TEXT, 0, 0, 0, NULL,                                      \
     "scopes store keys per job (default TORCHELASTIC_RUN_ID)")                           \
   X(RESTART_COUNT, "TORCHELASTIC_RESTART_COUNT", INT, 0, 0, 1e9, NULL,                     \
@@ -121,6 +128,7 @@ typedef enum tc_setting_id {
 TC_INTERNAL_SETTINGS double tc__setting_double(tc_setting_id_t id); /* NUM, NUMP, INT */
 TC_INTERNAL_SETTINGS int tc__setting_bool(tc_setting_id_t id);      /* BOOL: 0 or 1 */
 TC_INTERNAL_SETTINGS int tc__setting_choice(tc_setting_id_t id);    /* CHOICE: index */
+TC_INTERNAL_SETTINGS uint32_t tc__setting_flags(tc_setting_id_t id);   /* FLAGS: mask */
 TC_INTERNAL_SETTINGS uint64_t tc__setting_bytes(tc_setting_id_t id);   /* BYTES, >= MIN */
 /* The text as set (any kind); NULL when unset or empty. Stays valid for the
  * life of the process, also after a reload. */
@@ -130,6 +138,9 @@ TC_INTERNAL_SETTINGS const char *tc__setting_str(tc_setting_id_t id);
 TC_INTERNAL_SETTINGS int tc__setting_is_set(tc_setting_id_t id);
 TC_INTERNAL_SETTINGS int tc__setting_malformed(tc_setting_id_t id);
 TC_INTERNAL_SETTINGS const char *tc__setting_name(tc_setting_id_t id);
+/* 1 when the setting is set and its value differs from the table's default
+ * (TEXT, ADDR: set at all; malformed: 1), for the init summary. */
+TC_INTERNAL_SETTINGS int tc__setting_differs(tc_setting_id_t id);
 
 /* Takes a new snapshot of every setting from the environment. Returns
  * TC_OK, or TC_ERR_INVALID_ARGUMENT with "NAME='value' is not valid:

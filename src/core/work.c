@@ -208,6 +208,8 @@ const tc_backend_host_t tc__host = {
     .store_add = tc__host_store_add,
     .free = host_free,
     .log = host_log,
+    .logs = tc__logs,      /* log.c */
+    .log_on = tc__log_check,
 };
 
 /* ---- public work API ---- */

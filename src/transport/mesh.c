@@ -98,7 +98,8 @@ double tc__mesh_spin_policy(const tc_tp_args_t *a, int local) {
   if (sched_getaffinity(0, sizeof set, &set) == 0) ncpu = CPU_COUNT(&set);
   if (ncpu <= 0) ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
   double spin = local > 0 && local <= ncpu ? 50e-6 : 0;
-  a->host->log(3, "cpu backend '%s' rank %d: %d ranks on this machine, %d cores: "
-               "busy-poll %g us", a->comm_name, a->rank, local, ncpu, spin * 1e6);
+  TC_BACKEND_LOGS(a->host, TC_LOG_DEBUG, TC_LOG_INIT,
+                  "cpu backend '%s' rank %d: %d ranks on this machine, %d cores: "
+                  "busy-poll %g us", a->comm_name, a->rank, local, ncpu, spin * 1e6);
   return spin;
 }

@@ -245,9 +245,10 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   int here = tc__mesh_local(t) == a->size;
   if (choice == TC_TP_TCP || (!here && choice == TC_TP_AUTO)) {
     if (choice == TC_TP_AUTO)
-      a->host->log(3, "cpu backend '%s' rank %d: %d of %d ranks on this machine: TCP "
-                   "between every pair (no hierarchical shm + TCP yet)",
-                   a->comm_name, a->rank, tc__mesh_local(t), a->size);
+      TC_BACKEND_LOGS(a->host, TC_LOG_DEBUG, TC_LOG_TCP,
+                      "cpu backend '%s' rank %d: %d of %d ranks on this machine: TCP "
+                      "between every pair (no hierarchical shm + TCP yet)",
+                      a->comm_name, a->rank, tc__mesh_local(t), a->size);
     rc = tc__mesh_final_barrier(t, deadline, err, errlen);
     if (rc == TC_OK) *tp = t;
     return rc;
@@ -312,9 +313,10 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   if (here && tc__setting_bool(TC_SET_SHM_SWEEP)) {
     int swept = tc__shm_sweep();
     if (swept > 0)
-      a->host->log(2, "cpu backend '%s' rank %d: removed %d shared-memory segment%s left "
-                   "in /dev/shm by processes that died", a->comm_name, a->rank, swept,
-                   swept == 1 ? "" : "s");
+      TC_BACKEND_LOGS(a->host, TC_LOG_INFO, TC_LOG_SHM,
+                      "cpu backend '%s' rank %d: removed %d shared-memory segment%s left "
+                      "in /dev/shm by processes that died", a->comm_name, a->rank, swept,
+                      swept == 1 ? "" : "s");
   }
   if (here) rec.st = shm_create_own(s, why, sizeof why) == 0 ? 1 : 2;
 #ifdef PR_SET_PTRACER
@@ -372,18 +374,20 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
                         "TORCHCOMMS_CPU_TRANSPORT=shm but %s%s", what,
                         bst == 0 ? " (shared memory needs every rank on one machine)" : "");
     }
-    a->host->log(1, "cpu backend '%s' rank %d: shared memory unavailable (%s); using TCP",
-                 a->comm_name, a->rank, what);
+    TC_BACKEND_LOGS(a->host, TC_LOG_WARN, TC_LOG_SHM,
+                    "cpu backend '%s' rank %d: shared memory unavailable (%s); using TCP",
+                    a->comm_name, a->rank, what);
     rc = tc__mesh_final_barrier(mesh, deadline, err, errlen);
     if (rc == TC_OK) *tp = mesh;
     return rc;
   }
   free(all);
-  a->host->log(3, "cpu backend '%s' rank %d: shared memory, %zu-byte segments "
-               "(rings %zu, slots %zu, halves %zu), %s %g us, single copy %s",
-               a->comm_name, a->rank, s->total, s->ring_bytes, s->slot_bytes,
-               s->half_bytes, s->yield_poll ? "yield-poll" : "spin", s->spin_s * 1e6,
-               s->cma ? "on" : "off");
+  TC_BACKEND_LOGS(a->host, TC_LOG_DEBUG, TC_LOG_SHM,
+                  "cpu backend '%s' rank %d: shared memory, %zu-byte segments "
+                  "(rings %zu, slots %zu, halves %zu), %s %g us, single copy %s",
+                  a->comm_name, a->rank, s->total, s->ring_bytes, s->slot_bytes,
+                  s->half_bytes, s->yield_poll ? "yield-poll" : "spin", s->spin_s * 1e6,
+                  s->cma ? "on" : "off");
   *ops = &tc__shm_transport;
   *tp = s;
   return TC_OK;
@@ -404,6 +408,15 @@ tc_shm_t *tc__shm_of(const tc_transport_ops_t *ops, void *tp) {
   return ops == &tc__shm_transport ? tp : NULL;
 }
 
+/* tc_transport_ops_t.describe */
+static void shm_describe(void *tp, char *buf, size_t len) {
+  const struct tc_shm *s = tp;
+  snprintf(buf, len, "shm: %zu-byte segments (rings %zu, slots %zu, halves %zu B); "
+           "%s %g us, then sleep on a futex; single copy (process_vm_readv) %s; "
+           "liveness over TCP", s->total, s->ring_bytes, s->slot_bytes, s->half_bytes,
+           s->yield_poll ? "yield-poll" : "spin", s->spin_s * 1e6, s->cma ? "on" : "off");
+}
+
 const tc_transport_ops_t tc__shm_transport = {
     .name = "shm",
     .create = shm_create_forced,
@@ -412,4 +425,5 @@ const tc_transport_ops_t tc__shm_transport = {
     .close = tc__shm_close,
     .interrupt = tc__shm_interrupt,
     .leave = shm_leave,
+    .describe = shm_describe,
 };

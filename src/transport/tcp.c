@@ -411,6 +411,15 @@ void tc__tcp_close(void *vtp) {
   free(t);
 }
 
+/* tc_transport_ops_t.describe */
+static void tcp_describe(void *tp, char *buf, size_t len) {
+  const tcp_t *t = tp;
+  char local[32] = "?";
+  if (t->local >= 0) snprintf(local, sizeof local, "%d", t->local);
+  snprintf(buf, len, "tcp: a socket per peer, %s of %d ranks on this machine; "
+           "busy-poll %g us, then sleep in poll", local, t->size, t->poll_spin_s * 1e6);
+}
+
 const tc_transport_ops_t tc__tcp_transport = {
     .name = "tcp",
     .create = tc__tcp_create,
@@ -418,4 +427,5 @@ const tc_transport_ops_t tc__tcp_transport = {
     .goodbye = tcp_goodbye,
     .close = tc__tcp_close,
     .leave = tc__tcp_leave,
+    .describe = tcp_describe,
 };

@@ -108,7 +108,8 @@ static int setup_listen(setup_t *s) {
                          err, sizeof err);
   if (rc != TC_OK) return setup_fail(s, rc, "%s", err);
   if (everywhere)
-    s->a->host->log(everywhere == 1 ? 1 : 2, "%s: %s %s; listening on every "
+    TC_BACKEND_LOGS(s->a->host, everywhere == 1 ? TC_LOG_WARN : TC_LOG_INFO, TC_LOG_TCP,
+                    "%s: %s %s; listening on every "
                     "interface (TORCHCOMMS_CPU_IFNAME, or a numeric "
                     "TORCHCOMMS_SOCKET_ADDR of this host, binds one)", s->whoami,
                     addr, everywhere == 1 ? "is no address of this host (a "
@@ -208,7 +209,7 @@ static int conn_io(conn_t *c, int sending) {
 /* Closes pending connection i (refused for `why` unless NULL). */
 static void pend_drop(setup_t *s, int i, const char *why) {
   if (why)
-    tc__tcp_refused(&s->refused, s->a->host->log, s->whoami, s->pend[i].ip,
+    tc__tcp_refused(&s->refused, s->a->host, s->whoami, s->pend[i].ip,
                     why);
   if (s->pend[i].fd >= 0) close(s->pend[i].fd);
   s->pend[i] = s->pend[--s->npend];
@@ -557,7 +558,7 @@ out:
   while (s.npend > 0) /* those still sending our hello are peers */
     pend_drop(&s, s.npend - 1, s.pend[s.npend - 1].state == CONN_SENDING ? NULL
               : "still without a hello when the setup ended");
-  tc__tcp_refusals_report(&s.refused, a->host->log, s.whoami);
+  tc__tcp_refusals_report(&s.refused, a->host, s.whoami);
   free(s.pend);
   free(s.pfd);
   free(s.who);

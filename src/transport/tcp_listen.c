@@ -202,7 +202,7 @@ int tc__tcp_listen_on(const char *addr, int backlog, int *fdp, int *port,
 
 /* ---- refused connections ---- */
 
-void tc__tcp_refused(tc__tcp_refusals_t *r, void (*log)(int, const char *, ...),
+void tc__tcp_refused(tc__tcp_refusals_t *r, const tc_backend_host_t *host,
                      const char *who, const char *ip, const char *why) {
   r->total++;
   for (int i = 0; i < r->nsrc; i++) {
@@ -212,28 +212,31 @@ void tc__tcp_refused(tc__tcp_refusals_t *r, void (*log)(int, const char *, ...),
   }
   if (r->nsrc == TC__TCP_REFUSAL_SOURCES) {
     if (r->other++ == 0)
-      log(1, "%s: refused a connection from %s: %s (more than %d sources "
-          "refused: the others are counted together)", who, ip, why,
-          TC__TCP_REFUSAL_SOURCES);
+      TC_BACKEND_LOGS(host, TC_LOG_WARN, TC_LOG_TCP,
+                      "%s: refused a connection from %s: %s (more than %d sources "
+                      "refused: the others are counted together)", who, ip, why,
+                      TC__TCP_REFUSAL_SOURCES);
     return;
   }
   int i = r->nsrc++;
   snprintf(r->src[i].ip, sizeof r->src[i].ip, "%s", ip);
   snprintf(r->src[i].first, sizeof r->src[i].first, "%s", why);
   r->src[i].n = 1;
-  log(1, "%s: refused a connection from %s: %s (further refusals from %s are "
-      "counted and reported when the communicator is set up)", who, ip, why,
-      ip);
+  TC_BACKEND_LOGS(host, TC_LOG_WARN, TC_LOG_TCP,
+                  "%s: refused a connection from %s: %s (further refusals from %s are "
+                  "counted and reported when the communicator is set up)", who, ip, why,
+                  ip);
 }
 
 void tc__tcp_refusals_report(const tc__tcp_refusals_t *r,
-                             void (*log)(int, const char *, ...),
-                             const char *who) {
+                             const tc_backend_host_t *host, const char *who) {
   for (int i = 0; i < r->nsrc; i++)
     if (r->src[i].n > 1)
-      log(1, "%s: refused %lu connections from %s while setting up (the "
-          "first: %s)", who, r->src[i].n, r->src[i].ip, r->src[i].first);
+      TC_BACKEND_LOGS(host, TC_LOG_WARN, TC_LOG_TCP,
+                      "%s: refused %lu connections from %s while setting up (the "
+                      "first: %s)", who, r->src[i].n, r->src[i].ip, r->src[i].first);
   if (r->other > 1)
-    log(1, "%s: refused %lu connections from %lu+ other sources while setting "
-        "up", who, r->other, (unsigned long)TC__TCP_REFUSAL_SOURCES);
+    TC_BACKEND_LOGS(host, TC_LOG_WARN, TC_LOG_TCP,
+                    "%s: refused %lu connections from %lu+ other sources while setting "
+                    "up", who, r->other, (unsigned long)TC__TCP_REFUSAL_SOURCES);
 }

@@ -60,15 +60,14 @@ typedef struct tc__tcp_refusals {
 } tc__tcp_refusals_t;
 
 /* Counts a connection from ip refused for `why`; the first one from each
- * source is logged at once (level 1, through log with prefix `who`), the
- * others only counted. */
-TC_INTERNAL void tc__tcp_refused(tc__tcp_refusals_t *r,
-                                 void (*log)(int, const char *, ...),
+ * source is logged at once (a warning of subsystem tcp, through the host's
+ * log with prefix `who`), the others only counted. */
+TC_INTERNAL void tc__tcp_refused(tc__tcp_refusals_t *r, const tc_backend_host_t *host,
                                  const char *who, const char *ip,
                                  const char *why);
 /* Logs one line per source refused more than once: the count. */
 TC_INTERNAL void tc__tcp_refusals_report(const tc__tcp_refusals_t *r,
-                                         void (*log)(int, const char *, ...),
+                                         const tc_backend_host_t *host,
                                          const char *who);
 
 #endif /* TC_TRANSPORT_TCP_LISTEN_H */

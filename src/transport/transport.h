@@ -143,6 +143,10 @@ typedef struct tc_transport_ops {
   /* Optional: wakes a wait of this transport at once (called by abort after
    * *aborted was set; never concurrently with close). May be NULL. */
   void (*interrupt)(void *tp);
+  /* Optional: one line on how it was set up and how it waits, for the init
+   * summary ("shm: 4194304-byte segments ...; spin 50 us, then futex").
+   * May be NULL. */
+  void (*describe)(void *tp, char *buf, size_t len);
 } tc_transport_ops_t;
 
 /* Which transport: TORCHCOMMS_CPU_TRANSPORT = "tcp" | "shm" | unset/"auto". */

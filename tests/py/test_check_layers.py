@@ -44,7 +44,7 @@ def test_copy_passes_then_fails_on_bad_includes(tmp_path):
     repo = copy_tree(tmp_path)
     p = run(repo)
     assert p.returncode == 0, p.stdout + p.stderr
-    add_include(repo / "src" / "bootstrap" / "env.c", "core/core.h")
+    add_include(repo / "src" / "bootstrap" / "kv.c", "core/core.h")
     add_include(repo / "src" / "core" / "loader.c", "backends/cpu/cpu.h")
     add_include(repo / "src" / "transport" / "shm.c", "transport/tcp_internal.h")
     add_include(repo / "python" / "torchcomms" / "_comms_ops.c", "core/internal.h")
@@ -53,7 +53,7 @@ def test_copy_passes_then_fails_on_bad_includes(tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     lines = p.stdout.splitlines()
     assert lines == [
-        "src/bootstrap/env.c:1: bootstrap may not include src/core/core.h (core)",
+        "src/bootstrap/kv.c:1: bootstrap may not include src/core/core.h (core)",
         "src/core/loader.c:1: core may not include src/backends/cpu/cpu.h (backends)",
         "src/transport/shm.c:1: transport may not include "
         "src/transport/tcp_internal.h (transport)",

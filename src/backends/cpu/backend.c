@@ -591,6 +591,65 @@ static void cpu_destroy(void *bc) {
   cpu_free(c);
 }
 
+/* "16 KiB", "1 MiB", "100 B". */
+static const char *cpu_bytes(size_t n, char *buf, size_t len) {
+  static const char *const units[] = {"GiB", "MiB", "KiB"};
+  for (int k = 0; k < 3; k++) {
+    size_t u = (size_t)1 << (30 - 10 * k);
+    if (n >= u && n % u == 0) {
+      snprintf(buf, len, "%zu %s", n / u, units[k]);
+      return buf;
+    }
+  }
+  snprintf(buf, len, "%zu B", n);
+  return buf;
+}
+
+/* tc_backend_ops_t.describe: this backend's part of the init summary. */
+static void cpu_describe(void *bc, char *buf, size_t len) {
+  const cpu_comm_t *c = bc;
+  size_t at = 0;
+#define PUT(...)                                                              \
+  do {                                                                        \
+    if (at < len) {                                                           \
+      int n_ = snprintf(buf + at, len - at, __VA_ARGS__);                     \
+      at = n_ < 0 ? at : at + (size_t)n_;                                     \
+    }                                                                         \
+  } while (0)
+  buf[0] = 0;
+  if (!c->tp_ops) {
+    PUT("transport: none (world size 1)");
+  } else {
+    PUT("transport per peer:");
+    for (int p = 0, shown = 0; p < c->size; p++) {
+      if (p == c->rank) continue;
+      if (shown++ == 16) {
+        PUT(" ... (every peer %s)", c->tp_ops->name);
+        break;
+      }
+      PUT("%s %d %s", shown > 1 ? "," : "", p, c->tp_ops->name);
+    }
+    char d[512] = "";
+    if (c->tp_ops->describe) c->tp_ops->describe(c->tp, d, sizeof d);
+    if (d[0]) PUT("\n%s", d);
+  }
+  char b1[32], b2[32], b3[32], b4[32], b5[32];
+  PUT("\nthresholds: caller's thread when idle up to %s",
+      cpu_bytes(c->inline_max, b1, sizeof b1));
+  if (c->shm)
+    PUT("; shm all_reduce through the small slots up to %s; single copy %s%s",
+        cpu_bytes(c->small_ar, b2, sizeof b2), c->cma_min == SIZE_MAX ? "off" : "from ",
+        c->cma_min == SIZE_MAX ? "" : cpu_bytes(c->cma_min, b3, sizeof b3));
+  if (c->tp_ops)
+    PUT("; exchange algorithms: tree or recursive doubling below %s, ring above, "
+        "one-round all_gather below %s, all_to_all below %s",
+        cpu_bytes(CPU_SMALL_BYTES, b1, sizeof b1),
+        cpu_bytes(CPU_DIRECT_GATHER_BYTES, b4, sizeof b4),
+        cpu_bytes(CPU_DIRECT_A2A_BYTES, b5, sizeof b5));
+  PUT("\nmismatch check %s", c->check_fp ? "on" : "off");
+#undef PUT
+}
+
 const tc_backend_ops_t tc__cpu_backend = {
     .abi_version = TC_BACKEND_ABI_VERSION,
     .size = sizeof(tc_backend_ops_t),
@@ -603,4 +662,5 @@ const tc_backend_ops_t tc__cpu_backend = {
     .post = cpu_post,
     .supports = NULL, /* every operation, dtype and reduction */
     .split = NULL,
+    .describe = cpu_describe,
 };

@@ -448,9 +448,10 @@ static int tcn_comm_ready(tcn_comm_t *c, ncclResult_t r, const char *call,
     return TC_ERR_SYSTEM;
   }
   c->poller_started = 1;
-  c->host->log(2, "torchcomms: nccl backend: communicator '%s' rank %d of %d "
-               "on CUDA device %d (NCCL %d from %s)", c->name, c->rank,
-               c->size, c->device, api->nccl_version, api->nccl_path);
+  TC_BACKEND_LOGS(c->host, TC_LOG_INFO, TC_LOG_INIT,
+                  "nccl backend: communicator '%s' rank %d of %d on CUDA device %d "
+                  "(NCCL %d from %s)", c->name, c->rank, c->size, c->device,
+                  api->nccl_version, api->nccl_path);
   return TC_OK;
 }
 
