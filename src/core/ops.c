@@ -278,6 +278,11 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
       else c->p2p_seq++;
       tc__fr_issue(c, w);
       tc__board_issue(c, w);
+      if (tc__log_on(TC_LOG_TRACE, TC_LOG_COLL | TC_LOG_P2P)) {
+        tc_op_info_t info;
+        tc__op_info(w, &info);
+        tc__log_op("issue", &info);
+      }
       rc = c->ops->post(c->bcomm, op, w, why, sizeof why);
       if (rc != TC_OK) tc__fr_update(w, TC_FR_FAILED);
     }

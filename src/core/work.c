@@ -148,6 +148,11 @@ static int work_finish(tc_work_t *w, int rc, const char *msg) {
     if (rc != TC_OK && explainable(rc))
       tc__fr_auto_dump(c, rc == TC_ERR_TIMEOUT ? "an operation timed out" : "a peer was lost");
     tc__hooks_post(c, w);
+    if (tc__log_on(TC_LOG_TRACE, TC_LOG_COLL | TC_LOG_P2P)) {
+      tc_op_info_t info;
+      tc__op_info(w, &info);
+      tc__log_op("done", &info);
+    }
   }
   /* waiters see the end only now: the trace and the hooks' effects are
    * complete when they do */

@@ -376,3 +376,50 @@ TC_TEST(flight_recorder_dumped_on_abort) {
   TC_ASSERT_OK(tc_comm_destroy(c));
   unsetenv("TORCH_FR_DUMP_TEMP_FILE");
 }
+
+/* TORCHCOMMS_LOG=trace: one line per operation issued and one when it
+ * ends, from the op path itself, in each rank's file. */
+static void trace_rank(tc_ctx_t *ctx) {
+  tc_comm_t *c = tc_ctx_comm(ctx, "tr", NULL);
+  int32_t v[4] = {1, 2, 3, 4};
+  TC_ASSERT_OK(tc_all_reduce(c, v, 4, TC_INT32, TC_OP(TC_MAX), NULL, NULL));
+  if (ctx->rank == 0) TC_ASSERT_OK(tc_send(c, v, 2, TC_INT32, 1, NULL, NULL));
+  else TC_ASSERT_OK(tc_recv(c, v, 2, TC_INT32, 0, NULL, NULL));
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  static char buf[1 << 16];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = 0;
+  fclose(f);
+  return buf;
+}
+
+TC_TEST(trace_log_one_line_per_operation_from_the_op_path) {
+  char dir[] = "/tmp/tc_trace_XXXXXX";
+  TC_ASSERT(mkdtemp(dir));
+  char pattern[80], path[80];
+  snprintf(pattern, sizeof pattern, "%s/tc.%%r.log", dir);
+  setenv("TORCHCOMMS_LOG", "trace", 1);
+  setenv("TORCHCOMMS_LOG_SUBSYS", "coll,p2p", 1);
+  setenv("TORCHCOMMS_LOG_FILE", pattern, 1);
+  tc_spawn(2, trace_rank, NULL, 60);
+  unsetenv("TORCHCOMMS_LOG");
+  unsetenv("TORCHCOMMS_LOG_SUBSYS");
+  unsetenv("TORCHCOMMS_LOG_FILE");
+  snprintf(path, sizeof path, "%s/tc.0.log", dir);
+  char *t = slurp(path);
+  TC_ASSERT(t != NULL);
+  TC_ASSERT_CONTAINS(t, "coll: all_reduce #1 on 'tr' (rank 0 of 2) int32 x4 (16 B) max issued");
+  TC_ASSERT_CONTAINS(t, "coll: all_reduce #1 on 'tr' (rank 0 of 2) int32 x4 (16 B) max done ok in");
+  TC_ASSERT_CONTAINS(t, "p2p: send #2 on 'tr' (rank 0 of 2)");
+  TC_ASSERT(!strstr(t, " init: ")); /* the init subsystem is filtered out */
+  snprintf(path, sizeof path, "%s/tc.1.log", dir);
+  t = slurp(path);
+  TC_ASSERT(t != NULL);
+  TC_ASSERT_CONTAINS(t, "p2p: recv #2 on 'tr' (rank 1 of 2)");
+}
