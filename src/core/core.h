@@ -58,7 +58,7 @@ struct tc_comm {
   struct tc__hook *hooks;
   size_t hooks_n, hooks_cap;
   /* flight recorder (flight.c) */
-  pthread_mutex_t fr_mu;
+  _Atomic int fr_lock; /* flight.c's spin lock */
   struct tc__fr_entry *fr; /* ring of fr_cap entries */
   size_t fr_cap;
   uint64_t fr_count; /* entries ever recorded (record ids 0 .. fr_count-1) */
@@ -220,6 +220,9 @@ TC_INTERNAL int tc__host_store_add(tc_store_t *s, const char *key, int64_t delta
                                    int64_t *result);
 
 /* Hooks (hooks.c). */
+/* Bytes this rank contributes (in) and receives (out) in op. */
+TC_INTERNAL void tc__op_bytes(const tc_backend_op_t *op, int rank, int size, size_t *in,
+                              size_t *out);
 /* The description of w's operation for hooks and the logger (post fields
  * when the work finished). */
 TC_INTERNAL void tc__op_info(const tc_work_t *w, tc_op_info_t *info);

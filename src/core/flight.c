@@ -3,7 +3,7 @@
  *
  * An entry is written at issue (under the communicator's lock, right before
  * the backend gets the operation) and updated when it starts and ends; all
- * under fr_mu, a lock no one holds for long. The ring's size is
+ * under fr_lock, a lock no one holds for long. The ring's size is
  * TORCH_FR_BUFFER_SIZE (default 2000; 0 records nothing) and grows with
  * tc_fr_reserve (FlightRecorderHook(max_entries)).
  *
@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sched.h>
 #include <unistd.h>
 
 typedef struct tc__fr_entry {
@@ -32,7 +33,7 @@ typedef struct tc__fr_entry {
   int state;
   int async_op;
   size_t in_elems, out_elems;
-  int64_t created_ns, started_ns, done_ns; /* wall clock; 0: not yet */
+  double created, started, done; /* monotonic seconds (tc__now); 0: not yet */
   double timeout_s;
   double duration_s;
   int nframes;
@@ -60,14 +61,22 @@ void tc__fr_set_global_rank(int rank) {
   atomic_compare_exchange_strong(&global_rank, &expect, rank);
 }
 
-/* The oldest record id still in c's ring (under fr_mu). */
+/* The recorder's lock: a few stores per operation are done under it, so a
+ * spin lock (yielding when held: a dump copies the ring under it, some
+ * tens of microseconds) costs less than a mutex on the hot path. */
+static void fr_lock(tc_comm_t *c) {
+  while (atomic_exchange_explicit(&c->fr_lock, 1, memory_order_acquire)) sched_yield();
+}
+static void fr_unlock(tc_comm_t *c) { atomic_store_explicit(&c->fr_lock, 0, memory_order_release); }
+
+/* The oldest record id still in c's ring (under fr_lock). */
 static uint64_t fr_lo(const tc_comm_t *c) {
   uint64_t lo = c->fr_count > c->fr_cap ? c->fr_count - c->fr_cap : 0;
   return lo > c->fr_base ? lo : c->fr_base;
 }
 
 void tc__fr_init(tc_comm_t *c) {
-  pthread_mutex_init(&c->fr_mu, NULL);
+  atomic_store(&c->fr_lock, 0);
   size_t n = (size_t)tc__setting_double(TC_SET_FR_BUFFER_SIZE);
   c->fr = n ? calloc(n, sizeof *c->fr) : NULL;
   c->fr_cap = c->fr ? n : 0;
@@ -84,31 +93,30 @@ void tc__fr_free(tc_comm_t *c) {
   c->fr_stacks = NULL;
   c->fr = NULL;
   c->fr_cap = 0;
-  pthread_mutex_destroy(&c->fr_mu);
 }
 
 void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
   w->fr_id = 0;
   if (!c->fr_cap) return;
-  tc_op_info_t info;
-  tc__op_info(w, &info);
-  size_t es = tc_dtype_size(w->op.dtype);
+  const tc_backend_op_t *op = &w->op;
+  size_t es = tc_dtype_size(op->dtype), in, out;
+  tc__op_bytes(op, c->rank, c->size, &in, &out);
   void *frames[TC_FR_FRAMES + 1];
   int nf = c->fr_stacks ? backtrace(frames, TC_FR_FRAMES + 1) - 1 : 0; /* from our caller */
   if (nf < 0) nf = 0;
-  pthread_mutex_lock(&c->fr_mu);
+  fr_lock(c);
   if (c->fr_cap) {
     uint64_t id = c->fr_count++;
     tc__fr_entry_t *e = &c->fr[id % c->fr_cap];
-    *e = (tc__fr_entry_t){.record_id = id, .op_id = info.op_id, .coll_seq = info.coll_seq,
-                          .p2p_seq = info.p2p_seq, .type = info.type, .dtype = info.dtype, .peer = info.root,
-                          .state = TC_FR_SCHEDULED, .async_op = info.async_op,
-                          .in_elems = es ? info.in_bytes / es : 0,
-                          .out_elems = es ? info.out_bytes / es : 0,
-                          .created_ns = wall_ns(), .timeout_s = w->timeout_s};
+    *e = (tc__fr_entry_t){.record_id = id, .op_id = op->seq, .coll_seq = w->coll_seq,
+                          .p2p_seq = w->p2p_seq, .type = op->type, .dtype = op->dtype,
+                          .peer = op->root, .state = TC_FR_SCHEDULED,
+                          .async_op = (op->flags & TC_BACKEND_OP_ASYNC) != 0,
+                          .in_elems = es ? in / es : 0, .out_elems = es ? out / es : 0,
+                          .created = w->issue_time, .timeout_s = w->timeout_s};
     /* torch records a broadcast's tensor as input on every rank: its
      * analyser compares input sizes across ranks */
-    if (info.type == TC_OP_BROADCAST) e->in_elems = info.count;
+    if (op->type == TC_OP_BROADCAST) e->in_elems = op->count;
     if (c->fr_stacks) {
       memcpy(&c->fr_stacks[(id % c->fr_cap) * TC_FR_FRAMES], frames + 1,
              (size_t)nf * sizeof(void *));
@@ -116,30 +124,29 @@ void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
     }
     w->fr_id = id + 1;
   }
-  pthread_mutex_unlock(&c->fr_mu);
+  fr_unlock(c);
 }
 
+/* Times are the work's own (monotonic, taken anyway): no clock is read
+ * here; the dump turns them into wall-clock nanoseconds. */
 void tc__fr_update(tc_work_t *w, int state) {
   tc_comm_t *c = w->comm;
   if (!c || !w->fr_id) return;
-  int64_t now = wall_ns();
-  pthread_mutex_lock(&c->fr_mu);
+  fr_lock(c);
   uint64_t id = w->fr_id - 1;
   if (c->fr_cap && id >= fr_lo(c)) { /* not overwritten or reset since */
     tc__fr_entry_t *e = &c->fr[id % c->fr_cap];
     if (e->record_id == id && e->state < TC_FR_COMPLETED) {
       e->state = state;
-      if (state == TC_FR_STARTED) {
-        e->started_ns = now;
-      } else {
-        if (!e->started_ns && w->start_time > 0) e->started_ns = now;
-        e->done_ns = now;
+      e->started = w->start_time;
+      if (state != TC_FR_STARTED) {
+        e->done = w->end_time;
         double t0 = w->start_time > 0 ? w->start_time : w->issue_time;
         e->duration_s = w->end_time > t0 ? w->end_time - t0 : 0;
       }
     }
   }
-  pthread_mutex_unlock(&c->fr_mu);
+  fr_unlock(c);
 }
 
 /* ---- the dump ---- */
@@ -148,6 +155,7 @@ typedef struct {
   char *buf;
   size_t n, cap;
   int oom;
+  int64_t mono_to_wall; /* wall-clock ns minus monotonic ns at the dump */
 } sbuf_t;
 
 static void sb_add(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -243,7 +251,7 @@ static void dump_pg_config(sbuf_t *b, const tc_comm_t *c) {
 
 static void dump_pg_status(sbuf_t *b, tc_comm_t *c) {
   uint64_t last_started = 0, last_completed = 0;
-  pthread_mutex_lock(&c->fr_mu);
+  fr_lock(c);
   for (uint64_t id = fr_lo(c); id < c->fr_count; id++) {
     const tc__fr_entry_t *e = &c->fr[id % c->fr_cap];
     if (e->record_id != id || !e->coll_seq) continue;
@@ -251,7 +259,7 @@ static void dump_pg_status(sbuf_t *b, tc_comm_t *c) {
     if (e->state == TC_FR_COMPLETED && e->coll_seq > last_completed)
       last_completed = e->coll_seq;
   }
-  pthread_mutex_unlock(&c->fr_mu);
+  fr_unlock(c);
   sb_str(b, c->name);
   sb_add(b, ": {\"last_enqueued_collective\": %llu, \"last_started_collective\": %llu, "
             "\"last_completed_collective\": %llu}",
@@ -259,8 +267,12 @@ static void dump_pg_status(sbuf_t *b, tc_comm_t *c) {
          (unsigned long long)last_completed);
 }
 
-static void dump_entry(sbuf_t *b, const tc_comm_t *c, const tc__fr_entry_t *e, int first,
-                       int pg_index) {
+/* Wall-clock nanoseconds minus monotonic ones, now: turns the entries'
+ * monotonic times into torch's wall-clock *_ns fields. */
+#define wall_of(mono) ((int64_t)((mono) * 1e9) + b->mono_to_wall)
+
+static void dump_entry(sbuf_t *b, const tc_comm_t *c, const tc__fr_entry_t *e,
+                       void *const *pcs, int first, int pg_index) {
   int p2p = e->coll_seq == 0;
   const char *dt = torch_dtype(e->dtype);
   int has_in = e->in_elems > 0 || e->type == TC_OP_BARRIER;
@@ -275,24 +287,24 @@ static void dump_entry(sbuf_t *b, const tc_comm_t *c, const tc__fr_entry_t *e, i
   sb_add(b, "], \"collective_seq_id\": %llu, \"p2p_seq_id\": %llu, \"op_id\": %llu, "
             "\"profiling_name\": \"%s\", \"time_created_ns\": %lld, ",
          (unsigned long long)e->coll_seq, (unsigned long long)e->p2p_seq,
-         (unsigned long long)e->op_id, pname, (long long)e->created_ns);
+         (unsigned long long)e->op_id, pname, (long long)wall_of(e->created));
   if (has_in) sb_add(b, "\"input_sizes\": [[%zu]], \"input_dtypes\": [\"%s\"], ", e->in_elems, dt);
   else sb_add(b, "\"input_sizes\": [], \"input_dtypes\": [], ");
   if (has_out)
     sb_add(b, "\"output_sizes\": [[%zu]], \"output_dtypes\": [\"%s\"], ", e->out_elems, dt);
   else sb_add(b, "\"output_sizes\": [], \"output_dtypes\": [], ");
   sb_add(b, "\"state\": \"%s\", ", state_name(e->state));
-  if (e->started_ns) sb_add(b, "\"time_discovered_started_ns\": %lld, ", (long long)e->started_ns);
+  if (e->started > 0)
+    sb_add(b, "\"time_discovered_started_ns\": %lld, ", (long long)wall_of(e->started));
   else sb_add(b, "\"time_discovered_started_ns\": null, ");
-  if (e->done_ns)
+  if (e->done > 0)
     sb_add(b, "\"time_discovered_completed_ns\": %lld, \"duration_ms\": %.6f, ",
-           (long long)e->done_ns, e->duration_s * 1e3);
+           (long long)wall_of(e->done), e->duration_s * 1e3);
   else sb_add(b, "\"time_discovered_completed_ns\": null, \"duration_ms\": null, ");
   sb_add(b, "\"retired\": %s, \"timeout_ms\": %lld, \"is_p2p\": %s, \"async_op\": %s, "
             "\"frames\": [",
          e->state >= TC_FR_COMPLETED ? "true" : "false", (long long)(e->timeout_s * 1e3),
          p2p ? "true" : "false", e->async_op ? "true" : "false");
-  void *const *pcs = &c->fr_stacks[(e->record_id % c->fr_cap) * TC_FR_FRAMES];
   /* start at the public entry (tc_all_reduce, ...): the frames above it are
    * the library's own */
   int top = 0;
@@ -341,7 +353,7 @@ static size_t dump_comms(tc_comm_t *one, tc_comm_t ***out) {
 static int dump_json(tc_comm_t *one, int include_completed, char **out) {
   tc_comm_t **cs = NULL;
   size_t n = dump_comms(one, &cs);
-  sbuf_t b = {0};
+  sbuf_t b = {.mono_to_wall = wall_ns() - (int64_t)(tc__now() * 1e9)};
   sb_add(&b, "{\"version\": \"2.10\", \"comm_lib_version\": \"torchcomms-c %s\", "
              "\"rank\": %d, \"pg_config\": {", tc_version(), tc__fr_global_rank());
   for (size_t i = 0; i < n; i++) {
@@ -355,17 +367,33 @@ static int dump_json(tc_comm_t *one, int include_completed, char **out) {
   }
   sb_add(&b, "}, \"entries\": [");
   int first = 1;
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < n && !b.oom; i++) {
+    /* copy the ring under the lock, format outside it */
     tc_comm_t *c = cs[i];
-    pthread_mutex_lock(&c->fr_mu);
-    for (uint64_t id = fr_lo(c); id < c->fr_count; id++) {
-      const tc__fr_entry_t *e = &c->fr[id % c->fr_cap];
-      if (e->record_id != id) continue;
-      if (!include_completed && e->state == TC_FR_COMPLETED) continue;
-      dump_entry(&b, c, e, first, (int)i);
+    fr_lock(c);
+    size_t cap = c->fr_cap, k = 0;
+    tc__fr_entry_t *es = cap ? malloc(cap * sizeof *es) : NULL;
+    void **st = es && c->fr_stacks ? malloc(cap * TC_FR_FRAMES * sizeof *st) : NULL;
+    if (es && (st || !c->fr_stacks)) {
+      for (uint64_t id = fr_lo(c); id < c->fr_count; id++) {
+        const tc__fr_entry_t *e = &c->fr[id % cap];
+        if (e->record_id != id) continue;
+        if (!include_completed && e->state == TC_FR_COMPLETED) continue;
+        if (st)
+          memcpy(&st[k * TC_FR_FRAMES], &c->fr_stacks[(id % cap) * TC_FR_FRAMES],
+                 TC_FR_FRAMES * sizeof *st);
+        es[k++] = *e;
+      }
+    } else if (cap) {
+      b.oom = 1;
+    }
+    fr_unlock(c);
+    for (size_t j = 0; j < k; j++) {
+      dump_entry(&b, c, &es[j], st ? &st[j * TC_FR_FRAMES] : NULL, first, (int)i);
       first = 0;
     }
-    pthread_mutex_unlock(&c->fr_mu);
+    free(es);
+    free(st);
   }
   sb_add(&b, "\n]}\n");
   for (size_t i = 0; i < n; i++) tc__comm_unref(cs[i]);
@@ -457,7 +485,7 @@ void tc__fr_auto_dump(tc_comm_t *c, const char *why) {
   if (!atomic_compare_exchange_strong(&c->fr_dumped, &expect, 1)) return;
   char *written = NULL;
   if (tc_fr_dump_file(NULL, &written) == TC_OK)
-    tc__log(1, "communicator '%s' (rank %d of %d): %s; flight recorder trace written to %s",
+    tc__logs(TC_LOG_WARN, TC_LOG_COLL, "communicator '%s' (rank %d of %d): %s; flight recorder trace written to %s",
             c->name, c->rank, c->size, why, written);
   else
     tc__log(1, "communicator '%s': %s; the flight recorder trace could not be written: %s",
@@ -468,16 +496,16 @@ void tc__fr_auto_dump(tc_comm_t *c, const char *why) {
 size_t tc_fr_size(const tc_comm_t *h) {
   tc_comm_t *c = (tc_comm_t *)h;
   if (tc__comm_enter(&c, "tc_fr_size") != TC_OK) return 0;
-  pthread_mutex_lock(&c->fr_mu);
+  fr_lock(c);
   size_t n = (size_t)(c->fr_count - fr_lo(c));
-  pthread_mutex_unlock(&c->fr_mu);
+  fr_unlock(c);
   return n;
 }
 
 static void fr_reset(tc_comm_t *c) {
-  pthread_mutex_lock(&c->fr_mu);
+  fr_lock(c);
   c->fr_base = c->fr_count; /* works still in flight find no entry */
-  pthread_mutex_unlock(&c->fr_mu);
+  fr_unlock(c);
 }
 
 int tc_fr_reset(const tc_comm_t *h) {
@@ -502,14 +530,14 @@ int tc_fr_reserve(tc_comm_t *c, size_t entries) {
   if (entries > (1u << 24))
     return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, "tc_fr_reserve",
                           "argument 'entries' = %zu is above 16777216", entries);
-  pthread_mutex_lock(&c->fr_mu);
+  fr_lock(c);
   if (entries <= c->fr_cap) {
-    pthread_mutex_unlock(&c->fr_mu);
+    fr_unlock(c);
     return TC_OK;
   }
   tc__fr_entry_t *n = calloc(entries, sizeof *n);
   if (!n) {
-    pthread_mutex_unlock(&c->fr_mu);
+    fr_unlock(c);
     return tc__comm_error(c, TC_ERR_NOMEM, "tc_fr_reserve", "out of memory");
   }
   /* keep the recorded entries at their record ids' places in the new ring */
@@ -517,7 +545,7 @@ int tc_fr_reserve(tc_comm_t *c, size_t entries) {
   int stacks = c->fr_stacks || tc__setting_bool(TC_SET_FR_CPP_STACK);
   if (stacks && !(st = calloc(entries * TC_FR_FRAMES, sizeof(void *)))) {
     free(n);
-    pthread_mutex_unlock(&c->fr_mu);
+    fr_unlock(c);
     return tc__comm_error(c, TC_ERR_NOMEM, "tc_fr_reserve", "out of memory");
   }
   uint64_t lo = fr_lo(c);
@@ -533,6 +561,6 @@ int tc_fr_reserve(tc_comm_t *c, size_t entries) {
   free(c->fr);
   c->fr = n;
   c->fr_cap = entries;
-  pthread_mutex_unlock(&c->fr_mu);
+  fr_unlock(c);
   return TC_OK;
 }

@@ -90,8 +90,7 @@ uint64_t tc_comm_next_op_id(const tc_comm_t *h) {
   return id;
 }
 
-/* Bytes this rank contributes (in) and receives (out) in op. */
-static void op_bytes(const tc_backend_op_t *op, int rank, int size, size_t *in, size_t *out) {
+void tc__op_bytes(const tc_backend_op_t *op, int rank, int size, size_t *in, size_t *out) {
   size_t es = tc_dtype_size(op->dtype), i_n = 0, o_n = 0;
   switch (op->kind) {
   case TC_KIND_SEND: i_n = op->count; break;
@@ -150,7 +149,7 @@ void tc__op_info(const tc_work_t *w, tc_op_info_t *info) {
   info->redop = (op->flags & TC_OPF_REDUCE) ? (int)op->redop.type : -1;
   info->root = op->root;
   info->count = op->count;
-  op_bytes(op, c->rank, c->size, &info->in_bytes, &info->out_bytes);
+  tc__op_bytes(op, c->rank, c->size, &info->in_bytes, &info->out_bytes);
   info->async_op = (op->flags & TC_BACKEND_OP_ASYNC) != 0;
   info->timeout_s = w->timeout_s;
   if (w->end_time > 0) { /* finished (work_finish sets it first) */
