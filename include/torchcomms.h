@@ -627,9 +627,9 @@ TC_API uint64_t tc_comm_next_op_id(const tc_comm_t *comm);
 /* Each communicator keeps its last N operations (TORCH_FR_BUFFER_SIZE,
  * default 2000; 0 turns it off) with their state (scheduled, started,
  * completed, failed, timed_out), sizes, dtypes and times. On a timeout, a
- * lost peer and an abort, every rank writes its trace to
- * <TORCH_FR_DUMP_TEMP_FILE><rank> (or TORCHCOMM_FR_DUMP_TEMP_FILE) when
- * that prefix is set, before the failure is returned. The file is torch's
+ * lost peer and an abort, every rank writes its trace to <prefix><rank>
+ * when a prefix is set (TORCHCOMM_FR_DUMP_TEMP_FILE, else
+ * TORCH_FR_DUMP_TEMP_FILE), before the failure is returned. The file is torch's
  * Flight Recorder dump (a pickle, version "2.10"), which its analyser reads:
  *     python -m torch.distributed.flight_recorder.fr_trace <folder>
  * (the cpu backend's operations are named "gloo:<op>" there, the names the
@@ -641,7 +641,8 @@ TC_API uint64_t tc_comm_next_op_id(const tc_comm_t *comm);
 TC_API int tc_fr_dump_json(const tc_comm_t *comm, int include_completed, char **out);
 /* Writes the trace of every live communicator (tc_fr_dump_json(NULL, 1)) as
  * torch's pickled dump to `path` (NULL: <TORCH_FR_DUMP_TEMP_FILE><global
- * rank>); the path written goes to *written when not NULL (tc_free). */
+ * rank>, or TORCHCOMM_FR_DUMP_TEMP_FILE's); the path written goes to
+ * *written when not NULL (tc_free). */
 TC_API int tc_fr_dump_file(const char *path, char **written);
 /* Entries recorded on comm (at most its capacity). */
 TC_API size_t tc_fr_size(const tc_comm_t *comm);

@@ -449,8 +449,9 @@ static int dump_path(char *buf, size_t len, const char *path) {
     snprintf(buf, len, "%s", path);
     return TC_OK;
   }
-  const char *prefix = tc__setting_str(TC_SET_FR_DUMP_TEMP_FILE);
-  if (!prefix) prefix = tc__setting_str(TC_SET_FR_DUMP_TEMP_FILE_TC);
+  /* torchcomms' own name first, as torchcomms.hooks.FlightRecorderHook */
+  const char *prefix = tc__setting_str(TC_SET_FR_DUMP_TEMP_FILE_TC);
+  if (!prefix) prefix = tc__setting_str(TC_SET_FR_DUMP_TEMP_FILE);
   if (!prefix)
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: tc_fr_dump_file: no path given and "

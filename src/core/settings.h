@@ -103,7 +103,7 @@
   X(FR_DUMP_TEMP_FILE, "TORCH_FR_DUMP_TEMP_FILE", TEXT, 0, 0, 0, NULL,                     \
     "flight recorder: dump to <prefix><rank> on a timeout, a lost peer or an abort")     \
   X(FR_DUMP_TEMP_FILE_TC, "TORCHCOMM_FR_DUMP_TEMP_FILE", TEXT, 0, 0, 0, NULL,              \
-    "as TORCH_FR_DUMP_TEMP_FILE (torchcomms' name; TORCH_FR_DUMP_TEMP_FILE wins)")        \
+    "as TORCH_FR_DUMP_TEMP_FILE (torchcomms' name; it wins over torch's)")          \
   X(HANG_REPORT, "TORCHCOMMS_HANG_REPORT", BOOL, 1, 0, 0, NULL,                           \
     "explain a timeout or a lost peer: which ranks are behind, and where")               \
   X(HANG_REPORT_BOARD, "TORCHCOMMS_HANG_REPORT_BOARD", BOOL, 1, 0, 0, NULL,               \
