@@ -36,6 +36,18 @@ TC__PRIVATE void tc__log(int level, const char *fmt, ...)
  * (tcrun --help-env). */
 TC__PRIVATE void tc__settings_print(FILE *f);
 
+/* ---- flight recorder (src/core/flight.c) ---- */
+
+/* 1 when comm's flight recorder keeps stacks (TORCHCOMMS_FR_STACK or
+ * TORCH_FR_CPP_STACK at its creation). */
+TC__PRIVATE int tc__fr_stacks_wanted(const tc_comm_t *comm);
+/* The caller's own frames for the operations this thread issues, as the
+ * items of a JSON list ({"name": ..., "filename": ..., "line": N}, comma
+ * separated, innermost first, no brackets: the extension's Python frames):
+ * copied by each operation's entry, shown before its C frames. NULL or ""
+ * clears it. The text must stay valid until cleared. */
+TC__PRIVATE void tc__fr_set_caller_frames(const char *json);
+
 /* ---- bootstrap (src/bootstrap/store_internal.h) ---- */
 
 /* Optional functions of a store, beyond the public tc_store_vtable_t. */

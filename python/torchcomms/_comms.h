@@ -81,6 +81,9 @@ typedef struct TorchCommObject {
   /* 1 while a pre or post hook is registered: the one test the operation
    * path makes (no hook: no argument object is built). */
   int hooked;
+  /* 1 when the flight recorder keeps stacks (TORCHCOMMS_FR_STACK): each
+   * operation hands it the caller's Python frames (_comms_comm.c). */
+  int fr_stack;
   /* per kind: a tuple of (id, callable) pairs in registration order, NULL
    * when none (replaced, never mutated: a running hook may remove itself) */
   PyObject *hooks[TCPY_HOOK_KINDS];

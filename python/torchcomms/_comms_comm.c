@@ -10,6 +10,8 @@
  * buffers are released. */
 #include "_comms.h"
 
+#include "private_api.h" /* tc__fr_stacks_wanted, tc__fr_set_caller_frames */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +56,50 @@ void tcpy_comm_reap(TorchCommObject *self) {
   Py_SETREF(self->pending, keep);
 }
 
+/* Appends s as a JSON string to buf (len bytes, at *n). */
+static void json_str(char *buf, size_t len, size_t *n, const char *s) {
+  if (*n < len) buf[(*n)++] = '"';
+  for (; *s && *n + 8 < len; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\') {
+      buf[(*n)++] = '\\';
+      buf[(*n)++] = (char)ch;
+    } else if (ch < 0x20) {
+      *n += (size_t)snprintf(buf + *n, len - *n, "\\u%04x", ch);
+    } else {
+      buf[(*n)++] = (char)ch;
+    }
+  }
+  if (*n < len) buf[(*n)++] = '"';
+}
+
+/* The caller's Python frames, innermost first (at most 32), as the items
+ * of a JSON list, for the flight recorder (TORCHCOMMS_FR_STACK). */
+static void python_frames(char *buf, size_t len) {
+  size_t n = 0;
+  buf[0] = 0;
+  PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
+  Py_XINCREF(f);
+  for (int depth = 0; f && depth < 32 && n + 256 < len; depth++) {
+    PyCodeObject *code = PyFrame_GetCode(f);
+    const char *name = PyUnicode_AsUTF8(code->co_name);
+    const char *file = PyUnicode_AsUTF8(code->co_filename);
+    if (!name || !file) PyErr_Clear();
+    n += (size_t)snprintf(buf + n, len - n, "%s{\"name\": ", depth ? ", " : "");
+    json_str(buf, len, &n, name ? name : "?");
+    if (n < len) n += (size_t)snprintf(buf + n, len - n, ", \"filename\": ");
+    json_str(buf, len, &n, file ? file : "?");
+    if (n < len) n += (size_t)snprintf(buf + n, len - n, ", \"line\": %d}", PyFrame_GetLineNumber(f));
+    Py_DECREF(code);
+    PyFrameObject *back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  Py_XDECREF(f);
+  if (n >= len) n = len - 1;
+  buf[n] = 0;
+}
+
 PyObject *tcpy_issue_opts(TorchCommObject *self, const char *op,
                           tcpy_call_t *call, int async_op, tcpy_opts_t *opts,
                           PyObject *refs, PyObject *pre) {
@@ -75,11 +121,17 @@ PyObject *tcpy_issue_opts(TorchCommObject *self, const char *op,
   }
   tc_work_t *work = NULL;
   char text[TCPY_ERRBUF];
+  char frames[8192];
   int rc;
+  if (self->fr_stack) {
+    python_frames(frames, sizeof frames);
+    tc__fr_set_caller_frames(frames);
+  }
   Py_BEGIN_ALLOW_THREADS
   rc = tcpy_call_run(c, call, &opts->o, async_op ? &work : NULL);
   TCPY_SAVE_ERROR(text, rc);
   Py_END_ALLOW_THREADS
+  if (self->fr_stack) tc__fr_set_caller_frames(NULL);
   if (rc != TC_OK) return tcpy_raise(rc, text);
   PyObject *w = tcpy_work_new(work, refs);
   if (!w) return NULL;
@@ -123,6 +175,7 @@ static PyObject *tcpy_comm_wrap(tc_comm_t *comm, const tcpy_device_t *dev,
   self->enable_reconfigure = enable_reconfigure;
   self->weakreflist = NULL;
   self->hooked = 0;
+  self->fr_stack = tc__fr_stacks_wanted(comm);
   for (int k = 0; k < TCPY_HOOK_KINDS; k++) self->hooks[k] = NULL;
   self->next_hook_id = 0;
   self->c_abort_hook = 0;

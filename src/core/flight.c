@@ -37,7 +37,22 @@ typedef struct tc__fr_entry {
   double timeout_s;
   double duration_s;
   int nframes;
+  char *caller_frames; /* the caller's own frames (JSON list text), owned, or NULL */
 } tc__fr_entry_t;
+
+static _Thread_local const char *caller_frames;
+
+void tc__fr_set_caller_frames(const char *json) { caller_frames = json; }
+
+int tc__fr_stacks_wanted(const tc_comm_t *h) {
+  tc_comm_t *c = (tc_comm_t *)h;
+  if (tc__comm_enter(&c, "tc__fr_stacks_wanted") != TC_OK) return 0;
+  return c->fr_stacks != NULL;
+}
+
+static int stacks_setting(void) {
+  return tc__setting_bool(TC_SET_FR_STACK) || tc__setting_bool(TC_SET_FR_CPP_STACK);
+}
 
 static int64_t wall_ns(void) {
   struct timespec ts;
@@ -80,7 +95,7 @@ void tc__fr_init(tc_comm_t *c) {
   size_t n = (size_t)tc__setting_double(TC_SET_FR_BUFFER_SIZE);
   c->fr = n ? calloc(n, sizeof *c->fr) : NULL;
   c->fr_cap = c->fr ? n : 0;
-  c->fr_stacks = c->fr_cap && tc__setting_bool(TC_SET_FR_CPP_STACK)
+  c->fr_stacks = c->fr_cap && stacks_setting()
                      ? calloc(c->fr_cap * TC_FR_FRAMES, sizeof(void *))
                      : NULL;
   c->fr_count = c->fr_base = 0;
@@ -88,6 +103,7 @@ void tc__fr_init(tc_comm_t *c) {
 }
 
 void tc__fr_free(tc_comm_t *c) {
+  for (size_t i = 0; i < c->fr_cap; i++) free(c->fr[i].caller_frames);
   free(c->fr);
   free(c->fr_stacks);
   c->fr_stacks = NULL;
@@ -104,10 +120,13 @@ void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
   void *frames[TC_FR_FRAMES + 1];
   int nf = c->fr_stacks ? backtrace(frames, TC_FR_FRAMES + 1) - 1 : 0; /* from our caller */
   if (nf < 0) nf = 0;
+  char *mine = c->fr_stacks && caller_frames && caller_frames[0] ? strdup(caller_frames) : NULL;
+  char *old = NULL;
   fr_lock(c);
   if (c->fr_cap) {
     uint64_t id = c->fr_count++;
     tc__fr_entry_t *e = &c->fr[id % c->fr_cap];
+    old = e->caller_frames;
     *e = (tc__fr_entry_t){.record_id = id, .op_id = op->seq, .coll_seq = w->coll_seq,
                           .p2p_seq = w->p2p_seq, .type = op->type, .dtype = op->dtype,
                           .peer = op->root, .state = TC_FR_SCHEDULED,
@@ -121,10 +140,14 @@ void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
       memcpy(&c->fr_stacks[(id % c->fr_cap) * TC_FR_FRAMES], frames + 1,
              (size_t)nf * sizeof(void *));
       e->nframes = nf;
+      e->caller_frames = mine;
+      mine = NULL;
     }
     w->fr_id = id + 1;
   }
   fr_unlock(c);
+  free(old);
+  free(mine);
 }
 
 /* Times are the work's own (monotonic, taken anyway): no clock is read
@@ -305,8 +328,9 @@ static void dump_entry(sbuf_t *b, const tc_comm_t *c, const tc__fr_entry_t *e,
             "\"frames\": [",
          e->state >= TC_FR_COMPLETED ? "true" : "false", (long long)(e->timeout_s * 1e3),
          p2p ? "true" : "false", e->async_op ? "true" : "false");
-  /* start at the public entry (tc_all_reduce, ...): the frames above it are
-   * the library's own */
+  /* the caller's own frames (Python's), then the C ones from the public
+   * entry (tc_all_reduce, ...) on: the frames above it are the library's */
+  if (e->caller_frames) sb_add(b, "%s", e->caller_frames);
   int top = 0;
   for (int i = 0; i < e->nframes; i++) {
     Dl_info di;
@@ -329,7 +353,7 @@ static void dump_entry(sbuf_t *b, const tc_comm_t *c, const tc__fr_entry_t *e,
       snprintf(name, sizeof name, "%p", pc);
       fname = name;
     }
-    sb_add(b, "%s{\"name\": ", i > top ? ", " : "");
+    sb_add(b, "%s{\"name\": ", i > top || e->caller_frames ? ", " : "");
     sb_str(b, fname);
     sb_add(b, ", \"filename\": ");
     sb_str(b, file);
@@ -382,7 +406,9 @@ static int dump_json(tc_comm_t *one, int include_completed, char **out) {
         if (st)
           memcpy(&st[k * TC_FR_FRAMES], &c->fr_stacks[(id % cap) * TC_FR_FRAMES],
                  TC_FR_FRAMES * sizeof *st);
-        es[k++] = *e;
+        es[k] = *e;
+        es[k].caller_frames = e->caller_frames ? strdup(e->caller_frames) : NULL;
+        k++;
       }
     } else if (cap) {
       b.oom = 1;
@@ -390,6 +416,7 @@ static int dump_json(tc_comm_t *one, int include_completed, char **out) {
     fr_unlock(c);
     for (size_t j = 0; j < k; j++) {
       dump_entry(&b, c, &es[j], st ? &st[j * TC_FR_FRAMES] : NULL, first, (int)i);
+      free(es[j].caller_frames);
       first = 0;
     }
     free(es);
@@ -543,13 +570,20 @@ int tc_fr_reserve(tc_comm_t *c, size_t entries) {
   }
   /* keep the recorded entries at their record ids' places in the new ring */
   void **st = NULL;
-  int stacks = c->fr_stacks || tc__setting_bool(TC_SET_FR_CPP_STACK);
+  int stacks = c->fr_stacks || stacks_setting();
   if (stacks && !(st = calloc(entries * TC_FR_FRAMES, sizeof(void *)))) {
     free(n);
     fr_unlock(c);
     return tc__comm_error(c, TC_ERR_NOMEM, "tc_fr_reserve", "out of memory");
   }
   uint64_t lo = fr_lo(c);
+  for (size_t i = 0; i < c->fr_cap; i++) { /* what is not moved below is dropped */
+    uint64_t id = c->fr[i].record_id;
+    if (!(id >= lo && id < c->fr_count && id % c->fr_cap == i)) {
+      free(c->fr[i].caller_frames);
+      c->fr[i].caller_frames = NULL;
+    }
+  }
   for (uint64_t id = lo; id < c->fr_count; id++) {
     n[id % entries] = c->fr[id % c->fr_cap];
     if (st && c->fr_stacks)

@@ -98,8 +98,10 @@
     "Python object collectives: pickle, else torch.save")                                \
   X(FR_BUFFER_SIZE, "TORCH_FR_BUFFER_SIZE", INT, 2000, 0, 16777216, NULL,                  \
     "flight recorder: operations kept per communicator (0: off)")                        \
+  X(FR_STACK, "TORCHCOMMS_FR_STACK", BOOL, 0, 0, 0, NULL,                                \
+    "flight recorder: keep each operation's stack (Python frames from Python, then C)")  \
   X(FR_CPP_STACK, "TORCH_FR_CPP_STACK", BOOL, 0, 0, 0, NULL,                              \
-    "flight recorder: keep each operation's C stack (the trace's frames)")               \
+    "flight recorder: as TORCHCOMMS_FR_STACK (torch's name)")                            \
   X(FR_DUMP_TEMP_FILE, "TORCH_FR_DUMP_TEMP_FILE", TEXT, 0, 0, 0, NULL,                     \
     "flight recorder: dump to <prefix><rank> on a timeout, a lost peer or an abort")     \
   X(FR_DUMP_TEMP_FILE_TC, "TORCHCOMM_FR_DUMP_TEMP_FILE", TEXT, 0, 0, 0, NULL,              \

@@ -246,6 +246,18 @@ static void hang_rank(tc_ctx_t *ctx) {
     snprintf(key, sizeof key, "done/%d", ctx->rank);
     TC_ASSERT_OK(tc_store_set(s, key, "1", 1));
   }
+  /* nobody leaves before every punctual rank has read its error (a rank
+   * that left would turn a slower rank's timeout into a lost peer) */
+  char keys[8][16];
+  const char *kp[8];
+  size_t nk = 0;
+  for (int r = 0; r < ctx->size; r++)
+    if (!h->late[r]) {
+      snprintf(keys[nk], sizeof keys[nk], "done/%d", r);
+      kp[nk] = keys[nk];
+      nk++;
+    }
+  TC_ASSERT_OK(tc_store_wait(s, kp, nk, 60));
   tc_store_release(s);
   tc_comm_destroy(c);
 }
@@ -313,6 +325,10 @@ static void other_op_rank(tc_ctx_t *ctx) {
                        "[hang report: all_reduce #2: rank 1 called another operation as #2 "
                        "(rank 1: reduce)");
     TC_ASSERT_OK(tc_store_set(s, ctx->rank ? "done/2" : "done/0", "1", 1));
+    /* stays until the other has read its error too (leaving earlier would
+     * turn its timeout into a lost peer) */
+    const char *keys[2] = {"done/0", "done/2"};
+    TC_ASSERT_OK(tc_store_wait(s, keys, 2, 60));
   }
   tc_store_release(s);
   tc_comm_destroy(c);

@@ -9,6 +9,7 @@ collectives fail on the lost peers, which dumps its trace too.
 `python -m torch.distributed.flight_recorder.fr_trace` must read the four
 files, rebuild the job's group and collectives, and point at the stopped
 rank."""
+import json
 import os
 import pickle
 import re
@@ -83,3 +84,37 @@ def test_sigstopped_peer_dump_read_by_torch_analyser(tmp_path, n):
     out = a.stdout + a.stderr
     assert "Collective sequence number: 4 has errors" in out, out
     assert f"Culprit rank {last}" in out, out
+
+
+STACK_SCRIPT = r'''
+import json, torch
+from torchcomms import new_comm
+from torchcomms.hooks import FlightRecorderHook
+
+def training_step(comm, t):
+    comm.all_reduce(t, async_op=False)   # line 7
+
+comm = new_comm("cpu", torch.device("cpu"), name="stacks")
+rec = FlightRecorderHook(max_entries=16)
+rec.register_with_comm(comm)
+training_step(comm, torch.ones(4))
+print(json.dumps(json.loads(rec.dump_json())["entries"][-1]["frames"]))
+comm.finalize()
+'''
+
+
+def test_stack_frames_on_request_name_the_python_caller(tmp_path):
+    """TORCHCOMMS_FR_STACK=1: each entry's frames start with the Python
+    caller (innermost first, file and line), then the C entry point."""
+    script = tmp_path / "stacks.py"
+    script.write_text(STACK_SCRIPT)
+    p = run([sys.executable, script], {"TORCHCOMMS_FR_STACK": "1"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    frames = json.loads(p.stdout.strip().splitlines()[-1])
+    assert frames[0] == {"name": "training_step", "filename": str(script), "line": 7}, frames
+    assert frames[1] == {"name": "<module>", "filename": str(script), "line": 12}, frames
+    assert "tc_all_reduce" in [f["name"] for f in frames[2:]], frames
+    # without the setting, no frames are kept
+    p = run([sys.executable, script], {})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "[]"

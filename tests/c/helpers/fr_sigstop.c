@@ -56,13 +56,15 @@ int main(void) {
   printf("rank %d error: %s\n", rank, rc == TC_OK ? "(none)" : tc_last_error());
   fflush(stdout);
   if (rc != TC_ERR_TIMEOUT) return 1;
-  if (rank == 0) {
-    /* every punctual rank dumped before returning its error: wait for
-     * their "done" keys, then let the stopped rank go on */
-    int64_t v = 0;
-    tc_store_add(s, "fr_sigstop/done", 1, &v);
-    const char *k = "fr_sigstop/all_done";
-    if (v < size - 1 && tc_store_wait(s, &k, 1, 30) != TC_OK) return fail("wait done");
+  /* every punctual rank has failed (and dumped) before any leaves: one
+   * leaving earlier would turn a slower rank's timeout into a lost peer */
+  int64_t v = 0;
+  if (tc_store_add(s, "fr_sigstop/done", 1, &v) != TC_OK) return fail("add done");
+  if (v == size - 1 && tc_store_set(s, "fr_sigstop/all_done", "1", 1) != TC_OK)
+    return fail("set all_done");
+  const char *k = "fr_sigstop/all_done";
+  if (tc_store_wait(s, &k, 1, 30) != TC_OK) return fail("wait all_done");
+  if (rank == 0) { /* then the stopped rank goes on */
     void *pid;
     size_t len;
     if (tc_store_get(s, "fr_sigstop/pid", &pid, &len, 10) != TC_OK) return fail("get pid");
@@ -70,10 +72,6 @@ int main(void) {
     snprintf(buf, sizeof buf, "%.*s", (int)len, (const char *)pid);
     tc_free(pid);
     kill((pid_t)atoi(buf), SIGCONT);
-  } else {
-    int64_t v = 0;
-    tc_store_add(s, "fr_sigstop/done", 1, &v);
-    if (v == size - 1) tc_store_set(s, "fr_sigstop/all_done", "1", 1);
   }
   tc_comm_destroy(c);
   free(g);
