@@ -358,14 +358,29 @@ void tc__hang_report(tc_comm_t *c, const tc_work_t *w, char *buf, size_t len) {
     put(&o, " did not report (stopped or on another host without a reachable store)");
   }
   if (o.n == head) {
-    /* everyone entered it: say who is still in it and who finished */
-    int in[64], nin = 0;
-    for (int r = 0; r < c->size && nin < 64; r++)
-      if (r != c->rank && peers[r].completed < S) in[nin++] = r;
+    /* everyone entered it: who gave up on it, who is still in it, whose
+     * process is gone */
+    int fl[64], nfl = 0, in[64], nin = 0, gone[64], ngone = 0;
+    for (int r = 0; r < c->size; r++) {
+      if (r == c->rank) continue;
+      const peer_t *p = &peers[r];
+      if (p->failed == S && nfl < 64) fl[nfl++] = r;
+      else if (p->completed < S && nin < 64) in[nin++] = r;
+      if (p->gone && ngone < 64) gone[ngone++] = r;
+    }
     put(&o, ": every rank entered it");
+    if (nfl) {
+      put(&o, "; ");
+      put_ranks(&o, fl, nfl);
+      put(&o, " failed it too");
+    }
     if (nin) {
       put(&o, "; still in it: ");
       put_ranks(&o, in, nin);
+    }
+    if (ngone) {
+      put(&o, "; process gone: ");
+      put_ranks(&o, gone, ngone);
     }
   }
 out:
