@@ -232,12 +232,10 @@ typedef struct {
 
 static void put(out_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void put(out_t *o, const char *fmt, ...) {
-  if (o->n >= o->len) return;
   va_list ap;
   va_start(ap, fmt);
-  int k = vsnprintf(o->buf + o->n, o->len - o->n, fmt, ap);
+  tc__vappendf(o->buf, o->len, &o->n, fmt, ap);
   va_end(ap);
-  if (k > 0) o->n += (size_t)k < o->len - o->n ? (size_t)k : o->len - o->n - 1;
 }
 
 /* "rank 3", "ranks 3 and 5", "ranks 1, 3 and 5" (at most 8 named). */

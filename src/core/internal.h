@@ -102,6 +102,22 @@ TC_INTERNAL int tc__env_rank_size(int *rank, int *size, const char **source, cha
  * list (TC_OP_MAP, generated inline in torchcomms_backend.h). */
 static inline const char *tc__op_name(tc_op_type_t type) { return tc_backend_op_name(type); }
 
+/* Appends printf-style text to buf (len bytes) at *at, truncating at the
+ * end (*at stays below len, buf stays terminated). */
+static inline void tc__vappendf(char *buf, size_t len, size_t *at, const char *fmt, va_list ap) {
+  if (*at + 1 >= len) return;
+  int n = vsnprintf(buf + *at, len - *at, fmt, ap);
+  if (n > 0) *at += (size_t)n < len - *at ? (size_t)n : len - *at - 1;
+}
+static inline void tc__appendf(char *buf, size_t len, size_t *at, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static inline void tc__appendf(char *buf, size_t len, size_t *at, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  tc__vappendf(buf, len, at, fmt, ap);
+  va_end(ap);
+}
+
 /* JSON text (well-formed) to a Python pickle, protocol 2 (pickle.c): *out
  * is malloc()ed. TC_ERR_INVALID_ARGUMENT when json is not well-formed. */
 TC_INTERNAL int tc__json_to_pickle(const char *json, char **out, size_t *len);

@@ -33,13 +33,7 @@ static void duration_text(double s, char *buf, size_t len) {
 /* "all_reduce #12 on 'main' (rank 1 of 4) float32 x1024 (4096 B) sum". */
 static void describe(const tc_op_info_t *in, char *buf, size_t len) {
   size_t at = 0;
-#define PUT(...)                                                              \
-  do {                                                                        \
-    if (at < len) {                                                           \
-      int n_ = snprintf(buf + at, len - at, __VA_ARGS__);                     \
-      at = n_ < 0 ? at : at + (size_t)n_;                                     \
-    }                                                                         \
-  } while (0)
+#define PUT(...) tc__appendf(buf, len, &at, __VA_ARGS__)
   const char *name = in->name ? in->name : tc_backend_op_name(in->type);
   PUT("%s #%llu on '%s' (rank %d of %d)", name, (unsigned long long)in->op_id,
       in->comm_name ? in->comm_name : "?", in->rank, in->comm_size);

@@ -609,13 +609,7 @@ static const char *cpu_bytes(size_t n, char *buf, size_t len) {
 static void cpu_describe(void *bc, char *buf, size_t len) {
   const cpu_comm_t *c = bc;
   size_t at = 0;
-#define PUT(...)                                                              \
-  do {                                                                        \
-    if (at < len) {                                                           \
-      int n_ = snprintf(buf + at, len - at, __VA_ARGS__);                     \
-      at = n_ < 0 ? at : at + (size_t)n_;                                     \
-    }                                                                         \
-  } while (0)
+#define PUT(...) tc__appendf(buf, len, &at, __VA_ARGS__)
   buf[0] = 0;
   if (!c->tp_ops) {
     PUT("transport: none (world size 1)");
