@@ -216,6 +216,23 @@ class FinalizePostHookArgs:
 __all__ += ["CollectivePostHookArgs", "SplitPostHookArgs", "NewWindowPostHookArgs",
             "BatchOpIssuePostHookArgs", "FinalizePostHookArgs"]
 
+# One post-hook argument class per collective and point-to-point operation,
+# each a CollectivePostHookArgs (torchcomms' SendPostHookArgs, ...); op name
+# -> class (the extension reads this).
+POST_HOOK_ARGS_BY_OP = {"split": SplitPostHookArgs, "new_window": NewWindowPostHookArgs,
+                        "batch_op_issue": BatchOpIssuePostHookArgs,
+                        "finalize": FinalizePostHookArgs}
+for _op, (_n, _f) in _PRE_HOOK_ARGS.items():
+    if _op in POST_HOOK_ARGS_BY_OP:
+        continue
+    _n = _n.replace("PreHookArgs", "PostHookArgs")
+    _cls = type(_n, (CollectivePostHookArgs,), {
+        "__slots__": (), "__doc__": f"What post hooks get after {_op} (no attributes)."})
+    globals()[_n] = _cls
+    POST_HOOK_ARGS_BY_OP[_op] = _cls
+    __all__.append(_n)
+del _op, _n, _f, _cls
+
 
 # They are torchcomms._comms's classes (pickling, reprs, the stub).
 for _n in __all__:

@@ -36,7 +36,8 @@
 static PyObject *opname_of[TCPY_HOOK_TYPES];
 static PyObject *pre_cls_of[TCPY_HOOK_TYPES];
 /* post-hook argument objects (attribute-less: one instance each) */
-static PyObject *post_collective, *post_batch, *post_split, *post_finalize;
+/* one post-hook argument instance per operation type (immutable, shared) */
+static PyObject *post_of[TCPY_HOOK_TYPES];
 
 static const char *kind_names[TCPY_HOOK_KINDS] = {"pre", "post", "abort",
                                                    "split"};
@@ -72,19 +73,21 @@ int tcpy_hooks_init(PyObject *g) {
     pre_cls_of[t] = Py_NewRef(cls);
     if (!(opname_of[t] = PyObject_GetAttrString(opname, n))) return -1;
   }
-  static const struct { const char *cls; PyObject **out; } posts[] = {
-      {"CollectivePostHookArgs", &post_collective},
-      {"BatchOpIssuePostHookArgs", &post_batch},
-      {"SplitPostHookArgs", &post_split},
-      {"FinalizePostHookArgs", &post_finalize}};
-  for (size_t i = 0; i < sizeof posts / sizeof posts[0]; i++) {
-    PyObject *cls = PyDict_GetItemString(g, posts[i].cls);
+  PyObject *post_by_op = PyDict_GetItemString(g, "POST_HOOK_ARGS_BY_OP");
+  if (!post_by_op || !PyDict_Check(post_by_op)) {
+    PyErr_SetString(PyExc_ImportError, "torchcomms._comms_classes lacks "
+                    "POST_HOOK_ARGS_BY_OP");
+    return -1;
+  }
+  for (int t = 0; t < TCPY_HOOK_TYPES; t++) {
+    const char *n = type_name(t);
+    PyObject *cls = PyDict_GetItemString(post_by_op, n);
     if (!cls) {
-      PyErr_Format(PyExc_ImportError, "torchcomms._comms_classes has no %s",
-                   posts[i].cls);
+      PyErr_Format(PyExc_ImportError, "torchcomms._comms_classes: no "
+                   "post-hook argument class for '%s'", n);
       return -1;
     }
-    if (!(*posts[i].out = PyObject_CallNoArgs(cls))) return -1;
+    if (!(post_of[t] = PyObject_CallNoArgs(cls))) return -1;
   }
   return 0;
 }
@@ -169,10 +172,7 @@ int tcpy_hooks_run_pre(TorchCommObject *self, int type, uint64_t op_id,
 void tcpy_hooks_run_post(TorchCommObject *self, int type, uint64_t op_id) {
   PyObject *hooks = self->hooks[TCPY_HOOK_POST];
   if (!hooks) return;
-  PyObject *args = type == TCPY_HOOK_OP_SPLIT      ? post_split
-                   : type == TCPY_HOOK_OP_FINALIZE ? post_finalize
-                   : type == (int)TC_OP_BATCH      ? post_batch
-                                                   : post_collective;
+  PyObject *args = post_of[type];
   Py_INCREF(hooks);
   PyObject *id = PyLong_FromUnsignedLongLong(op_id);
   if (!id) {

@@ -115,9 +115,11 @@ def fr_ops(comm):
             for e in json.loads(comm._fr_dump_json()).get("entries", [])}
 
 
-def expect_op(rec, what, name, fields, post_cls="CollectivePostHookArgs", op_id=None):
+def expect_op(rec, what, name, fields, post_cls=None, op_id=None):
     """One pre then one post call: OpName `name`, equal op_ids, the args'
-    fields (identity for tensors and lists of tensors). Returns the op_id."""
+    fields (identity for tensors and lists of tensors), the post args' class
+    (by default the operation's own <Op>PostHookArgs, a CollectivePostHookArgs).
+    Returns the op_id."""
     calls = rec.take()
     kinds = [(k, n) for k, n, _, _ in calls]
     if not eq(f"{what}: hook calls", kinds, [("pre", name), ("post", None)]):
@@ -139,6 +141,10 @@ def expect_op(rec, what, name, fields, post_cls="CollectivePostHookArgs", op_id=
                  all(a is b for a, b in zip(got, v)))
         else:
             eq(f"{what}: args.{k}", got, v)
+    if post_cls is None:
+        post_cls = fields[0].replace("PreHookArgs", "PostHookArgs")
+        true(f"{what}: post args are CollectivePostHookArgs",
+             isinstance(qargs, torchcomms.CollectivePostHookArgs))
     eq(f"{what}: post args", type(qargs).__name__, post_cls)
     return pid
 
