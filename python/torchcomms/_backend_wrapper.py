@@ -49,6 +49,7 @@ Semantics:
 import atexit
 import hashlib
 import threading
+import time
 import weakref
 from datetime import timedelta
 
@@ -101,6 +102,41 @@ def _timeout(opts):
     return t
 
 
+def _as_timedelta(t):
+    """A timeout given as timedelta or seconds; None when unset."""
+    if t is None:
+        return None
+    if not isinstance(t, timedelta):
+        t = timedelta(seconds=float(t))
+    return t if t > timedelta(0) else None
+
+
+def _log_warning(msg):
+    import logging
+
+    logging.getLogger("torchcomms").warning("%s", msg)
+
+
+_JOB_STORE = []
+
+
+def _job_store():
+    """A client of the job's TCPStore at MASTER_ADDR:MASTER_PORT (torchrun's
+    or tcrun's), or None when there is none (one per process)."""
+    if not _JOB_STORE:
+        import os
+
+        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        store = None
+        if addr and port:
+            import torch.distributed as dist
+
+            store = dist.TCPStore(addr, int(port), is_master=False, wait_for_workers=False,
+                                  use_libuv=False)
+        _JOB_STORE.append(store)
+    return _JOB_STORE[0]
+
+
 def _async(opts):
     return bool(getattr(opts, "asyncOp", True))
 
@@ -118,6 +154,46 @@ def _dst(t, post):
     buf = t.contiguous()
     post.append(lambda: t.copy_(buf))
     return buf
+
+
+def _span(t):
+    """The bytes [lo, hi) a tensor's elements occupy (None when empty)."""
+    n = t.numel()
+    if n == 0:
+        return None
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 0)
+    lo = t.data_ptr()
+    return lo, lo + extent * t.element_size()
+
+
+def _aliased(tensors):
+    """True when the memory of two of the tensors overlaps."""
+    spans = sorted(s for s in map(_span, tensors) if s is not None)
+    return len(spans) > 1 and _overlap_sorted(spans)
+
+
+def _overlap_sorted(spans):
+    hi = spans[0][1]
+    for lo, end in spans[1:]:
+        if lo < hi:
+            return True
+        hi = max(hi, end)
+    return False
+
+
+def _dsts(tensors, post):
+    """The outputs of one operation (a list, one per rank): each through
+    _dst; when some of them share memory (``[buf] * world_size``), all of
+    them through buffers of their own, copied back in list order once the
+    operation completes: the last one listed wins, as with gloo and nccl."""
+    if not _aliased(tensors):
+        return [_dst(t, post) for t in tensors]
+    out = []
+    for t in tensors:
+        buf = t.new_empty(t.shape)
+        post.append(lambda t=t, buf=buf: t.copy_(buf))
+        out.append(buf)
+    return out
 
 
 def _one(tensors, what):
@@ -344,6 +420,7 @@ class _BackendWrapper(_ProcessGroup):
         self._split_names = {}
         self._completer = _Completer(comm.get_name())
         self._futures_deferred = 0
+        self._mb_calls = 0
 
     # -- identity --
     def get_comm(self):
@@ -386,7 +463,7 @@ class _BackendWrapper(_ProcessGroup):
 
     @property
     def supports_coalescing(self):
-        return False
+        return True
 
     @property
     def supports_time_estimate(self):
@@ -408,16 +485,30 @@ class _BackendWrapper(_ProcessGroup):
         self._comm.set_timeout(timeout)
 
     def abort(self):
-        self._comm.abort()  # pending waits return at once
+        """Aborts the communicator (local, not collective): pending and later
+        operations fail at once. Idempotent."""
+        try:
+            self._comm.abort()  # pending waits return at once
+        except Exception as e:  # noqa: BLE001  (finalized or aborted already)
+            _log_warning(f"torchcomms: _BackendWrapper.abort: {e} (ignored)")
         self._completer.stop(join_timeout=10.0)
 
     def shutdown(self):
-        if not self._comm.is_aborted():
-            self._flush_p2p()
+        """Finalizes the communicator (collective) after the operations in
+        flight; what destroy_process_group calls. Idempotent, and a no-op on
+        an aborted communicator."""
+        try:
+            if not self._comm.is_aborted():
+                self._flush_p2p()
+        except Exception as e:  # noqa: BLE001
+            _log_warning(f"torchcomms: _BackendWrapper.shutdown: {e} (ignored)")
         # the futures of operations still in flight complete first
         self._completer.stop(join_timeout=self._join_timeout())
-        if not self._comm.is_aborted():
-            self._comm.finalize()  # collective; a second finalize is harmless
+        try:
+            if not self._comm.is_aborted():
+                self._comm.finalize()
+        except Exception as e:  # noqa: BLE001  (finalized already)
+            _log_warning(f"torchcomms: _BackendWrapper.shutdown: {e} (ignored)")
 
     def _join_timeout(self):
         try:
@@ -499,7 +590,7 @@ class _BackendWrapper(_ProcessGroup):
 
     def _gather_into(self, outs, inp, post, async_op, timeout):
         """all_gather into a list (all_gather_v when the sizes differ)."""
-        bufs = [_dst(o, post) for o in outs]
+        bufs = _dsts(outs, post)
         fn = self._comm.all_gather
         if len({o.numel() for o in outs}) > 1:
             fn = self._comm.all_gather_v
@@ -552,7 +643,7 @@ class _BackendWrapper(_ProcessGroup):
             outs = []
         elif len(output_tensors) != 1:
             raise ValueError("torchcomms: gather takes one output list at the root")
-        tw = self._comm.gather([_dst(o, post) for o in outs], _src(inp), root, _async(opts),
+        tw = self._comm.gather(_dsts(outs, post), _src(inp), root, _async(opts),
                                timeout=_timeout(opts))
         return self._work([tw], outs, post, opts)
 
@@ -623,7 +714,7 @@ class _BackendWrapper(_ProcessGroup):
         opts = _opts(opts, "AllToAllOptions")
         self._flush_p2p()
         post = []
-        tw = self._comm.all_to_all([_dst(o, post) for o in output_tensors],
+        tw = self._comm.all_to_all(_dsts(list(output_tensors), post),
                                    [_src(i) for i in input_tensors], _async(opts),
                                    timeout=_timeout(opts))
         return self._work([tw], list(output_tensors), post, opts)
@@ -635,8 +726,77 @@ class _BackendWrapper(_ProcessGroup):
         return self._work([tw], [], [], opts)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """gloo's health-checking barrier, through the group's store: every
+        other rank checks in with rank 0, which waits for each within
+        `timeout` (the group's timeout when None) and then tells every rank
+        the outcome. Rank 0 raises RuntimeError naming the first rank that
+        did not check in ("[Rank 0]: Rank 2 failed to pass monitoredBarrier
+        in 1000 ms"), or with wait_all_ranks=True every such rank, each
+        given the whole timeout ("[Rank 0]: Ranks 1, 3 failed to pass
+        monitoredBarrier in 1000 ms"); the ranks that did check in raise
+        RuntimeError with rank 0's report as soon as it is known. Collective:
+        a rank that skips a call desynchronizes the next ones."""
         self._flush_p2p()
-        self._comm.barrier(False, timeout=timeout)
+        timeout = _as_timedelta(timeout) or self._default_timeout()
+        ms = int(timeout / timedelta(milliseconds=1))
+        store = self._barrier_store()
+        rank, size = self.rank(), self.size()
+        self._mb_calls += 1
+        key = f"torchcomms/monitored_barrier/{self._comm.get_name()}/{self._mb_calls}"
+        if rank != 0:
+            store.set(f"{key}/arrived/{rank}", "1")
+            try:
+                store.wait([f"{key}/result"], self._default_timeout())
+                verdict = store.get(f"{key}/result").decode()
+            except Exception as e:  # noqa: BLE001  reported below
+                verdict = f"{type(e).__name__}: {e}"
+            if verdict != "ok":
+                raise RuntimeError(
+                    f"Rank {rank} successfully reached monitoredBarrier, but received errors "
+                    f"while waiting for send/recv from rank 0. Please check rank 0 logs for the "
+                    f"faulty rank.\n Original exception: \n{verdict}")
+            return
+        start, done, failed = time.monotonic(), [], []
+        try:
+            for r in range(1, size):
+                left = timeout if wait_all_ranks else \
+                    timeout - timedelta(seconds=time.monotonic() - start)
+                if left <= timedelta(0):
+                    raise RuntimeError(
+                        f"Rank 0 timed out in monitoredBarrier after {ms} ms. Successfully "
+                        f"processed ranks: {', '.join(map(str, done))}")
+                try:
+                    store.wait([f"{key}/arrived/{r}"], left)
+                    done.append(r)
+                except Exception as e:  # noqa: BLE001  a rank that did not arrive
+                    if not wait_all_ranks:
+                        raise RuntimeError(
+                            f"[Rank 0]: Rank {r} failed to pass monitoredBarrier in {ms} ms"
+                            f"\n Original exception: \n{e}") from None
+                    failed.append(r)
+            if failed:
+                raise RuntimeError(f"[Rank 0]: Ranks {', '.join(map(str, failed))} failed to "
+                                   f"pass monitoredBarrier in {ms} ms")
+        except RuntimeError as e:
+            store.set(f"{key}/result", str(e))
+            raise
+        store.set(f"{key}/result", "ok")
+
+    def _default_timeout(self):
+        try:
+            t = self._comm.get_options().timeout
+        except Exception:  # noqa: BLE001  (a finalized communicator)
+            t = None
+        return t if isinstance(t, timedelta) and t > timedelta(0) else timedelta(minutes=30)
+
+    def _barrier_store(self):
+        store = self._store if self._store is not None else _job_store()
+        if store is None:
+            raise RuntimeError(
+                f"torchcomms: monitored_barrier on communicator {self._comm.get_name()!r} "
+                f"(rank {self.rank()}) needs a store: create the communicator with "
+                "new_comm(store=...) or run under torchrun (MASTER_ADDR/MASTER_PORT)")
+        return store
 
     # -- point to point (posted lazily, together; see the module docstring) --
     def _p2p_op(self, is_send, tensors, peer):
@@ -659,12 +819,25 @@ class _BackendWrapper(_ProcessGroup):
 
     # -- coalescing (torch.distributed._coalescing_manager with a device) --
     def _start_coalescing(self, device=None):
+        """Opens a coalescing window (torch.distributed._coalescing_manager):
+        the sends and recvs issued until _end_coalescing are posted as one
+        batch (BatchSendRecv) by it, so their order cannot deadlock;
+        collectives run in issue order as usual."""
         if self._coalescing is not None:
-            raise RuntimeError("torchcomms: coalescing already started")
+            raise RuntimeError(
+                f"torchcomms: _start_coalescing on group {self._group_name or self._comm.get_name()!r} "
+                f"(rank {self.rank()}) while a coalescing window is already open: call "
+                "_end_coalescing first")
         self._coalescing = []
 
     def _end_coalescing(self, device=None):
-        works, self._coalescing = self._coalescing or [], None
+        """Closes the window: posts its sends and recvs (one batch) and
+        returns one Work over everything issued in it."""
+        if self._coalescing is None:
+            raise RuntimeError(
+                f"torchcomms: _end_coalescing on group {self._group_name or self._comm.get_name()!r} "
+                f"(rank {self.rank()}) without a matching _start_coalescing")
+        works, self._coalescing = self._coalescing, None
         self._flush_p2p()
         result = [t for w in works for t in w._result]
         return _WorkWrapper(self, [], result, deps=works)
@@ -732,6 +905,27 @@ def register_backend(name=BACKEND_NAME):
     dist.Backend.register_backend(name, _create_backend, extended_api=True, devices=["cpu"])
 
 
+def _repair_torch_probe():
+    """When this module was imported before torch, torch.distributed (which
+    imports this module while torch imports) found it half-made and
+    concluded that torchcomms is unavailable: tell it otherwise."""
+    import sys
+
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is None or getattr(c10d, "_TORCHCOMM_AVAILABLE", True) or \
+            hasattr(c10d, "_BackendWrapper"):
+        return
+    try:
+        from torchcomms import new_comm
+        from torchcomms.hooks import FlightRecorderHook
+    except ImportError:
+        return
+    c10d._BackendWrapper = _BackendWrapper
+    c10d.new_comm = new_comm
+    c10d.FlightRecorderHook = FlightRecorderHook
+    c10d._TORCHCOMM_AVAILABLE = True
+
+
 def _register_if_ready():
     """Registers now unless torch.distributed is itself being imported (it
     imports this module from its own import; it cannot be used yet then)."""
@@ -742,4 +936,5 @@ def _register_if_ready():
         register_backend()
 
 
+_repair_torch_probe()
 _register_if_ready()
