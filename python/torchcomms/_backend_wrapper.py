@@ -43,7 +43,20 @@ Semantics:
   future, or when the group issues any other operation. So ``isend`` then
   ``irecv`` between two ranks (``batch_isend_irecv``, rings) cannot deadlock
   on large messages, whatever the order.
-- Non-contiguous tensors are staged through contiguous copies.
+- Coalescing (``supports_coalescing`` is True): ``_start_coalescing`` /
+  ``_end_coalescing`` (torch's ``_coalescing_manager`` with a device) open and
+  close a window; its sends and recvs are posted as one batch by
+  ``_end_coalescing``, which returns one Work over everything issued in it.
+- Non-contiguous tensors are staged through contiguous copies; so are the
+  outputs of all_gather, gather and all_to_all when some of them share memory
+  (``[buf] * world_size``): copied back in rank order, the last rank's chunk
+  wins (as with gloo and upstream's BackendWrapper).
+- ``monitored_barrier`` follows gloo's protocol and messages through the
+  group's store (the job's TCPStore when the group has none): rank 0 names
+  the first rank that did not check in, or all of them with
+  ``wait_all_ranks=True``; the ranks that did are told at once.
+- ``shutdown`` (finalize, collective) and ``abort`` (local) are idempotent.
+- ``torchcomms._comms._BackendWrapper`` resolves to this class (lazily).
 """
 
 import atexit
