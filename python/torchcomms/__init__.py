@@ -28,6 +28,39 @@ _SUBMODULES = frozenset({"objcol", "perf", "device_mesh", "hooks"})
 _LAZY = {"register_c10d_backend": ("_backend_wrapper", "register_backend")}
 
 
+# torch.distributed imports `from torchcomms._comms import _BackendWrapper`
+# (upstream's extension defines it), and so do torchcomms' own modules and
+# tests. Ours is Python (torchcomms._backend_wrapper, which imports torch):
+# the extension module resolves these names on first access.
+_COMMS_LAZY = {"_BackendWrapper": "_backend_wrapper", "_WorkWrapper": "_backend_wrapper"}
+
+
+def _comms_getattr(name):
+    import importlib
+
+    if name in _COMMS_LAZY:
+        try:
+            # torch first: torch.distributed asks for this very name while
+            # torch imports, and must find the wrapper module complete
+            importlib.import_module("torch")
+            mod = importlib.import_module(f"{__name__}.{_COMMS_LAZY[name]}")
+        except ImportError as e:
+            raise ImportError(f"torchcomms._comms.{name} needs torch: {e}") from e
+        return getattr(mod, name)
+    raise AttributeError(f"module 'torchcomms._comms' has no attribute {name!r}")
+
+
+def _install_comms_getattr():
+    import sys
+
+    mod = sys.modules.get(f"{__name__}._comms")
+    if mod is not None and not hasattr(type(mod), "__getattr__"):
+        mod.__getattr__ = _comms_getattr
+
+
+_install_comms_getattr()
+
+
 def __getattr__(name):
     import importlib
 
@@ -35,6 +68,7 @@ def __getattr__(name):
         return importlib.import_module(f"{__name__}.{name}")
     if name in _LAZY:
         mod, attr = _LAZY[name]
+        importlib.import_module("torch")  # first: see _comms_getattr
         return getattr(importlib.import_module(f"{__name__}.{mod}"), attr)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

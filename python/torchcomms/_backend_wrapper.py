@@ -43,18 +43,30 @@ Semantics:
   future, or when the group issues any other operation. So ``isend`` then
   ``irecv`` between two ranks (``batch_isend_irecv``, rings) cannot deadlock
   on large messages, whatever the order.
-- Non-contiguous tensors are staged through contiguous copies.
+- Coalescing (``supports_coalescing`` is True): ``_start_coalescing`` /
+  ``_end_coalescing`` (torch's ``_coalescing_manager`` with a device) open and
+  close a window; its sends and recvs are posted as one batch by
+  ``_end_coalescing``, which returns one Work over everything issued in it.
+- Non-contiguous tensors are staged through contiguous copies; so are the
+  outputs of all_gather, gather and all_to_all when some of them share memory
+  (``[buf] * world_size``): copied back in rank order, the last rank's chunk
+  wins (as with gloo and upstream's BackendWrapper).
+- ``monitored_barrier`` follows gloo's protocol and messages through the
+  group's store (the job's TCPStore when the group has none): rank 0 names
+  the first rank that did not check in, or all of them with
+  ``wait_all_ranks=True``; the ranks that did are told at once.
+- ``shutdown`` (finalize, collective) and ``abort`` (local) are idempotent.
+- ``torchcomms._comms._BackendWrapper`` resolves to this class (lazily).
 """
 
-import atexit
 import hashlib
 import threading
-import weakref
+import time
 from datetime import timedelta
 
 from torch._C._distributed_c10d import ProcessGroup as _ProcessGroup
-from torch._C._distributed_c10d import Work as _Work
 
+from torchcomms._backend_work import _Completer, _WorkWrapper
 from torchcomms._comms import ReduceOp as _TcReduceOp
 from torchcomms._comms import new_comm as _new_comm
 
@@ -101,6 +113,41 @@ def _timeout(opts):
     return t
 
 
+def _as_timedelta(t):
+    """A timeout given as timedelta or seconds; None when unset."""
+    if t is None:
+        return None
+    if not isinstance(t, timedelta):
+        t = timedelta(seconds=float(t))
+    return t if t > timedelta(0) else None
+
+
+def _log_warning(msg):
+    import logging
+
+    logging.getLogger("torchcomms").warning("%s", msg)
+
+
+_JOB_STORE = []
+
+
+def _job_store():
+    """A client of the job's TCPStore at MASTER_ADDR:MASTER_PORT (torchrun's
+    or tcrun's), or None when there is none (one per process)."""
+    if not _JOB_STORE:
+        import os
+
+        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        store = None
+        if addr and port:
+            import torch.distributed as dist
+
+            store = dist.TCPStore(addr, int(port), is_master=False, wait_for_workers=False,
+                                  use_libuv=False)
+        _JOB_STORE.append(store)
+    return _JOB_STORE[0]
+
+
 def _async(opts):
     return bool(getattr(opts, "asyncOp", True))
 
@@ -118,6 +165,46 @@ def _dst(t, post):
     buf = t.contiguous()
     post.append(lambda: t.copy_(buf))
     return buf
+
+
+def _span(t):
+    """The bytes [lo, hi) a tensor's elements occupy (None when empty)."""
+    n = t.numel()
+    if n == 0:
+        return None
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 0)
+    lo = t.data_ptr()
+    return lo, lo + extent * t.element_size()
+
+
+def _aliased(tensors):
+    """True when the memory of two of the tensors overlaps."""
+    spans = sorted(s for s in map(_span, tensors) if s is not None)
+    return len(spans) > 1 and _overlap_sorted(spans)
+
+
+def _overlap_sorted(spans):
+    hi = spans[0][1]
+    for lo, end in spans[1:]:
+        if lo < hi:
+            return True
+        hi = max(hi, end)
+    return False
+
+
+def _dsts(tensors, post):
+    """The outputs of one operation (a list, one per rank): each through
+    _dst; when some of them share memory (``[buf] * world_size``), all of
+    them through buffers of their own, copied back in list order once the
+    operation completes: the last one listed wins, as with gloo and nccl."""
+    if not _aliased(tensors):
+        return [_dst(t, post) for t in tensors]
+    out = []
+    for t in tensors:
+        buf = t.new_empty(t.shape)
+        post.append(lambda t=t, buf=buf: t.copy_(buf))
+        out.append(buf)
+    return out
 
 
 def _one(tensors, what):
@@ -138,183 +225,6 @@ def _opts(opts, cls_name, **fields):
     for k, v in fields.items():
         setattr(o, k, v)
     return o
-
-
-# --------------------------------------------------------------------------
-# work objects
-# --------------------------------------------------------------------------
-
-class _WorkWrapper(_Work):
-    """A torch.distributed Work over TorchWork(s) of one operation."""
-
-    def __init__(self, pg, works, result, post=(), deps=(), p2p=False):
-        super().__init__()
-        self._pg = pg
-        self._works = list(works)
-        self._result = result
-        self._post = list(post)
-        self._deps = list(deps)
-        self._p2p_pending = p2p
-        self._lock = threading.Lock()
-        self._done = False
-        self._exc = None
-        self._fut = None
-        self._fut_set = False
-
-    # the one place where completion happens (idempotent, thread-safe)
-    def _complete(self):
-        if not self._done:
-            with self._lock:
-                if not self._done:
-                    try:
-                        if self._p2p_pending:
-                            self._pg._flush_p2p()
-                        for d in self._deps:
-                            d._complete()
-                        for w in self._works:
-                            w.wait()
-                        for f in self._post:
-                            f()
-                    except BaseException as e:  # noqa: BLE001  re-raised below
-                        self._exc = e
-                    self._post = []
-                    self._done = True
-        if self._exc is not None:
-            raise self._exc
-
-    def _ready(self):
-        """True when every part finished (never blocks)."""
-        if self._done:
-            return True
-        if self._p2p_pending:
-            self._pg._flush_p2p()
-        return all(d._ready() for d in self._deps) and all(w.is_completed() for w in self._works)
-
-    def _set_future(self):
-        with self._lock:
-            if self._fut_set:
-                return
-            self._fut_set = True
-        try:
-            self._complete()
-        except BaseException as e:  # noqa: BLE001
-            self._fut.set_exception(e)
-        else:
-            self._fut.set_result(self._result)
-
-    # -- torch.distributed.Work API --
-    def wait(self, timeout=None):
-        if timeout is not None and timeout > timedelta(0):
-            import time
-
-            deadline = time.monotonic() + timeout.total_seconds()
-            while not self._ready():
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"torchcomms: Work.wait timed out after {timeout}")
-                time.sleep(0.0005)
-        self._complete()
-        if self._fut is not None and not self._fut_set:
-            self._set_future()
-        return True
-
-    def synchronize(self):
-        self.wait()
-
-    def is_completed(self):
-        if self._ready():
-            try:
-                self._complete()
-            except BaseException:  # noqa: BLE001  reported by wait() / exception()
-                pass
-            return True
-        return False
-
-    def is_success(self):
-        return self.is_completed() and self._exc is None
-
-    def exception(self):
-        return self._exc
-
-    def result(self):
-        self.wait()
-        return self._result
-
-    def get_future(self):
-        if self._fut is None:
-            import torch.futures
-
-            self._fut = torch.futures.Future()
-            if self._ready():
-                self._set_future()
-            else:
-                self._pg._completer_submit(self)
-        return self._fut
-
-    def get_future_result(self):
-        return self.get_future()
-
-
-_COMPLETERS = weakref.WeakSet()
-_atexit_registered = False
-
-
-def _stop_completers():
-    """At exit: let every helper thread finish what it is doing. A daemon
-    thread still inside torch's C++ (Future.set_result) when the interpreter
-    finalizes is unwound from a noexcept frame: std::terminate."""
-    for c in list(_COMPLETERS):
-        c.stop(join_timeout=10.0)
-
-
-class _Completer:
-    """One daemon thread that completes futures in issue order (started on
-    demand, exits when idle for 5 s or on stop())."""
-
-    def __init__(self, name):
-        self._name = name
-        self._cv = threading.Condition()
-        self._queue = []
-        self._thread = None
-
-    def submit(self, work):
-        global _atexit_registered
-        with self._cv:
-            self._queue.append(work)
-            if self._thread is None or not self._thread.is_alive():
-                if not _atexit_registered:
-                    atexit.register(_stop_completers)
-                    _atexit_registered = True
-                _COMPLETERS.add(self)
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name=f"torchcomms-futures-{self._name}")
-                self._thread.start()
-            self._cv.notify()
-
-    def _run(self):
-        while True:
-            with self._cv:
-                while not self._queue:
-                    if not self._cv.wait(timeout=5.0) and not self._queue:
-                        self._thread = None  # idle: exit; the next submit starts another
-                        return
-                work = self._queue.pop(0)
-                if work is None:  # stop(): exit, unless work came in after it
-                    if self._queue:
-                        continue
-                    self._thread = None
-                    return
-            work._set_future()
-
-    def stop(self, join_timeout=None):
-        """Asks the thread to exit once its queue is done; with join_timeout,
-        waits for it (at most that many seconds)."""
-        with self._cv:
-            t = self._thread
-            if t is not None:
-                self._queue.append(None)
-                self._cv.notify()
-        if join_timeout is not None and t is not None and t is not threading.current_thread():
-            t.join(join_timeout)
 
 
 # --------------------------------------------------------------------------
@@ -344,6 +254,7 @@ class _BackendWrapper(_ProcessGroup):
         self._split_names = {}
         self._completer = _Completer(comm.get_name())
         self._futures_deferred = 0
+        self._mb_calls = 0
 
     # -- identity --
     def get_comm(self):
@@ -386,7 +297,7 @@ class _BackendWrapper(_ProcessGroup):
 
     @property
     def supports_coalescing(self):
-        return False
+        return True
 
     @property
     def supports_time_estimate(self):
@@ -408,16 +319,30 @@ class _BackendWrapper(_ProcessGroup):
         self._comm.set_timeout(timeout)
 
     def abort(self):
-        self._comm.abort()  # pending waits return at once
+        """Aborts the communicator (local, not collective): pending and later
+        operations fail at once. Idempotent."""
+        try:
+            self._comm.abort()  # pending waits return at once
+        except Exception as e:  # noqa: BLE001  (finalized or aborted already)
+            _log_warning(f"torchcomms: _BackendWrapper.abort: {e} (ignored)")
         self._completer.stop(join_timeout=10.0)
 
     def shutdown(self):
-        if not self._comm.is_aborted():
-            self._flush_p2p()
+        """Finalizes the communicator (collective) after the operations in
+        flight; what destroy_process_group calls. Idempotent, and a no-op on
+        an aborted communicator."""
+        try:
+            if not self._comm.is_aborted():
+                self._flush_p2p()
+        except Exception as e:  # noqa: BLE001
+            _log_warning(f"torchcomms: _BackendWrapper.shutdown: {e} (ignored)")
         # the futures of operations still in flight complete first
         self._completer.stop(join_timeout=self._join_timeout())
-        if not self._comm.is_aborted():
-            self._comm.finalize()  # collective; a second finalize is harmless
+        try:
+            if not self._comm.is_aborted():
+                self._comm.finalize()
+        except Exception as e:  # noqa: BLE001  (finalized already)
+            _log_warning(f"torchcomms: _BackendWrapper.shutdown: {e} (ignored)")
 
     def _join_timeout(self):
         try:
@@ -499,7 +424,7 @@ class _BackendWrapper(_ProcessGroup):
 
     def _gather_into(self, outs, inp, post, async_op, timeout):
         """all_gather into a list (all_gather_v when the sizes differ)."""
-        bufs = [_dst(o, post) for o in outs]
+        bufs = _dsts(outs, post)
         fn = self._comm.all_gather
         if len({o.numel() for o in outs}) > 1:
             fn = self._comm.all_gather_v
@@ -552,7 +477,7 @@ class _BackendWrapper(_ProcessGroup):
             outs = []
         elif len(output_tensors) != 1:
             raise ValueError("torchcomms: gather takes one output list at the root")
-        tw = self._comm.gather([_dst(o, post) for o in outs], _src(inp), root, _async(opts),
+        tw = self._comm.gather(_dsts(outs, post), _src(inp), root, _async(opts),
                                timeout=_timeout(opts))
         return self._work([tw], outs, post, opts)
 
@@ -623,7 +548,7 @@ class _BackendWrapper(_ProcessGroup):
         opts = _opts(opts, "AllToAllOptions")
         self._flush_p2p()
         post = []
-        tw = self._comm.all_to_all([_dst(o, post) for o in output_tensors],
+        tw = self._comm.all_to_all(_dsts(list(output_tensors), post),
                                    [_src(i) for i in input_tensors], _async(opts),
                                    timeout=_timeout(opts))
         return self._work([tw], list(output_tensors), post, opts)
@@ -635,8 +560,77 @@ class _BackendWrapper(_ProcessGroup):
         return self._work([tw], [], [], opts)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """gloo's health-checking barrier, through the group's store: every
+        other rank checks in with rank 0, which waits for each within
+        `timeout` (the group's timeout when None) and then tells every rank
+        the outcome. Rank 0 raises RuntimeError naming the first rank that
+        did not check in ("[Rank 0]: Rank 2 failed to pass monitoredBarrier
+        in 1000 ms"), or with wait_all_ranks=True every such rank, each
+        given the whole timeout ("[Rank 0]: Ranks 1, 3 failed to pass
+        monitoredBarrier in 1000 ms"); the ranks that did check in raise
+        RuntimeError with rank 0's report as soon as it is known. Collective:
+        a rank that skips a call desynchronizes the next ones."""
         self._flush_p2p()
-        self._comm.barrier(False, timeout=timeout)
+        timeout = _as_timedelta(timeout) or self._default_timeout()
+        ms = int(timeout / timedelta(milliseconds=1))
+        store = self._barrier_store()
+        rank, size = self.rank(), self.size()
+        self._mb_calls += 1
+        key = f"torchcomms/monitored_barrier/{self._comm.get_name()}/{self._mb_calls}"
+        if rank != 0:
+            store.set(f"{key}/arrived/{rank}", "1")
+            try:
+                store.wait([f"{key}/result"], self._default_timeout())
+                verdict = store.get(f"{key}/result").decode()
+            except Exception as e:  # noqa: BLE001  reported below
+                verdict = f"{type(e).__name__}: {e}"
+            if verdict != "ok":
+                raise RuntimeError(
+                    f"Rank {rank} successfully reached monitoredBarrier, but received errors "
+                    f"while waiting for send/recv from rank 0. Please check rank 0 logs for the "
+                    f"faulty rank.\n Original exception: \n{verdict}")
+            return
+        start, done, failed = time.monotonic(), [], []
+        try:
+            for r in range(1, size):
+                left = timeout if wait_all_ranks else \
+                    timeout - timedelta(seconds=time.monotonic() - start)
+                if left <= timedelta(0):
+                    raise RuntimeError(
+                        f"Rank 0 timed out in monitoredBarrier after {ms} ms. Successfully "
+                        f"processed ranks: {', '.join(map(str, done))}")
+                try:
+                    store.wait([f"{key}/arrived/{r}"], left)
+                    done.append(r)
+                except Exception as e:  # noqa: BLE001  a rank that did not arrive
+                    if not wait_all_ranks:
+                        raise RuntimeError(
+                            f"[Rank 0]: Rank {r} failed to pass monitoredBarrier in {ms} ms"
+                            f"\n Original exception: \n{e}") from None
+                    failed.append(r)
+            if failed:
+                raise RuntimeError(f"[Rank 0]: Ranks {', '.join(map(str, failed))} failed to "
+                                   f"pass monitoredBarrier in {ms} ms")
+        except RuntimeError as e:
+            store.set(f"{key}/result", str(e))
+            raise
+        store.set(f"{key}/result", "ok")
+
+    def _default_timeout(self):
+        try:
+            t = self._comm.get_options().timeout
+        except Exception:  # noqa: BLE001  (a finalized communicator)
+            t = None
+        return t if isinstance(t, timedelta) and t > timedelta(0) else timedelta(minutes=30)
+
+    def _barrier_store(self):
+        store = self._store if self._store is not None else _job_store()
+        if store is None:
+            raise RuntimeError(
+                f"torchcomms: monitored_barrier on communicator {self._comm.get_name()!r} "
+                f"(rank {self.rank()}) needs a store: create the communicator with "
+                "new_comm(store=...) or run under torchrun (MASTER_ADDR/MASTER_PORT)")
+        return store
 
     # -- point to point (posted lazily, together; see the module docstring) --
     def _p2p_op(self, is_send, tensors, peer):
@@ -659,12 +653,25 @@ class _BackendWrapper(_ProcessGroup):
 
     # -- coalescing (torch.distributed._coalescing_manager with a device) --
     def _start_coalescing(self, device=None):
+        """Opens a coalescing window (torch.distributed._coalescing_manager):
+        the sends and recvs issued until _end_coalescing are posted as one
+        batch (BatchSendRecv) by it, so their order cannot deadlock;
+        collectives run in issue order as usual."""
         if self._coalescing is not None:
-            raise RuntimeError("torchcomms: coalescing already started")
+            raise RuntimeError(
+                f"torchcomms: _start_coalescing on group {self._group_name or self._comm.get_name()!r} "
+                f"(rank {self.rank()}) while a coalescing window is already open: call "
+                "_end_coalescing first")
         self._coalescing = []
 
     def _end_coalescing(self, device=None):
-        works, self._coalescing = self._coalescing or [], None
+        """Closes the window: posts its sends and recvs (one batch) and
+        returns one Work over everything issued in it."""
+        if self._coalescing is None:
+            raise RuntimeError(
+                f"torchcomms: _end_coalescing on group {self._group_name or self._comm.get_name()!r} "
+                f"(rank {self.rank()}) without a matching _start_coalescing")
+        works, self._coalescing = self._coalescing, None
         self._flush_p2p()
         result = [t for w in works for t in w._result]
         return _WorkWrapper(self, [], result, deps=works)
@@ -732,6 +739,27 @@ def register_backend(name=BACKEND_NAME):
     dist.Backend.register_backend(name, _create_backend, extended_api=True, devices=["cpu"])
 
 
+def _repair_torch_probe():
+    """When this module was imported before torch, torch.distributed (which
+    imports this module while torch imports) found it half-made and
+    concluded that torchcomms is unavailable: tell it otherwise."""
+    import sys
+
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is None or getattr(c10d, "_TORCHCOMM_AVAILABLE", True) or \
+            hasattr(c10d, "_BackendWrapper"):
+        return
+    try:
+        from torchcomms import new_comm
+        from torchcomms.hooks import FlightRecorderHook
+    except ImportError:
+        return
+    c10d._BackendWrapper = _BackendWrapper
+    c10d.new_comm = new_comm
+    c10d.FlightRecorderHook = FlightRecorderHook
+    c10d._TORCHCOMM_AVAILABLE = True
+
+
 def _register_if_ready():
     """Registers now unless torch.distributed is itself being imported (it
     imports this module from its own import; it cannot be used yet then)."""
@@ -742,4 +770,5 @@ def _register_if_ready():
         register_backend()
 
 
+_repair_torch_probe()
 _register_if_ready()

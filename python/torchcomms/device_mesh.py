@@ -38,7 +38,7 @@ from torch.distributed import distributed_c10d as _c10d
 from torchcomms._backend_wrapper import _BackendWrapper, register_backend
 from torchcomms._comms import TorchComm
 
-__all__ = ["init_device_mesh", "_create_torchcomm_process_group"]
+__all__ = ["init_device_mesh", "_create_torchcomm_process_group", "_flatten_with_comm"]
 
 # upstream's backend name for mesh groups; "torchcomms" is registered as well
 _MESH_BACKEND = "torchcomm"
@@ -72,12 +72,18 @@ def _create_torchcomm_process_group(
     comm: TorchComm,
     group_name: str,
     backend_str: str = _MESH_BACKEND,
-    prefix_store: Any | None = None,
     global_ranks_mapping: dict[int, int] | None = None,
+    prefix_store: Any | None = None,
 ) -> dist.ProcessGroup:
     """Wraps `comm` in a process group named `group_name` and registers it
-    with torch.distributed (world state, name registry, tags), with the
-    mapping global rank -> group rank (identity when None)."""
+    with torch.distributed (world state, name registry, tag "ptd:<name>"),
+    with the mapping global rank -> group rank (identity when None).
+
+    Upstream's signature; `prefix_store` (the group's store, for new_group
+    and monitored_barrier over it; the communicator's own store when None)
+    is also taken in the 4th place, where an older upstream had it."""
+    if isinstance(global_ranks_mapping, dist.Store):  # the older positional order
+        global_ranks_mapping, prefix_store = prefix_store, global_ranks_mapping
     register_backend(backend_str)
     group_name = _c10d.GroupName(group_name) if hasattr(_c10d, "GroupName") else group_name
     pg = _BackendWrapper(comm, store=prefix_store)
@@ -88,12 +94,56 @@ def _create_torchcomm_process_group(
     _c10d._register_pg_in_world(
         pg,
         backend_name=backend_str,
-        store=prefix_store,
+        store=pg.get_group_store(),
         group_name=group_name,
         backend_config=str(backend_config),
         rank_mapping=dict(global_ranks_mapping),
     )
     return pg
+
+
+def _flatten_with_comm(
+    mesh: dist.DeviceMesh,
+    mesh_dim_name: str,
+    comm: TorchComm,
+    global_ranks: list[int],
+    layout: Any,
+) -> dist.DeviceMesh:
+    """Registers `comm` (over the global ranks `global_ranks`, in its rank
+    order) as the flattened dimension `mesh_dim_name` of `mesh`'s root mesh,
+    whose layout is `layout` (a _MeshLayout over the dimensions flattened),
+    and returns the flattened 1-D mesh: afterwards ``mesh[mesh_dim_name]``
+    and ``mesh[mesh_dim_name].get_group()`` find it, as after
+    ``mesh._flatten(mesh_dim_name)``, without creating a communicator."""
+    from torch.distributed._mesh_layout import _MeshLayout
+
+    global_ranks = [int(r) for r in global_ranks]
+    if len(global_ranks) != comm.get_size():
+        raise ValueError(f"_flatten_with_comm: {len(global_ranks)} global ranks for a "
+                         f"communicator of {comm.get_size()} ranks")
+    root = mesh._get_root_mesh()
+    if mesh_dim_name in (root.mesh_dim_names or ()):
+        raise ValueError(f"_flatten_with_comm: {mesh_dim_name!r} is a dimension of the mesh "
+                         f"already ({root.mesh_dim_names})")
+    pg = _create_torchcomm_process_group(
+        comm, _free_group_name(mesh_dim_name), _MESH_BACKEND,
+        {g: i for i, g in enumerate(global_ranks)})
+    name = pg.group_name
+    flat_layout = layout.coalesce() if hasattr(layout, "coalesce") else \
+        _MeshLayout([layout.collapse()])
+    flat = dist.DeviceMesh(
+        root.device_type,
+        mesh_dim_names=(mesh_dim_name,),
+        _init_backend=False,
+        _rank=root.get_rank(),
+        _layout=flat_layout,
+        _rank_map=root._rank_map,
+        _root_mesh=root,
+    )
+    flat._dim_group_names = [name]
+    flat._pg_registry[name] = _c10d._resolve_process_group(name)
+    root._flatten_mapping[mesh_dim_name] = flat
+    return flat
 
 
 def _free_group_name(name: str) -> str:
@@ -150,7 +200,7 @@ def init_device_mesh(
     if _global_comm is not None:
         global_pg = _create_torchcomm_process_group(
             _global_comm, _free_group_name(_global_comm.get_name()), _MESH_BACKEND,
-            dist.PrefixStore("world/", store), None)
+            prefix_store=dist.PrefixStore("world/", store))
 
     group_names = []
     for idx, (comm, dim_name) in enumerate(zip(mesh_dim_comms, mesh_dim_names)):
@@ -162,8 +212,8 @@ def init_device_mesh(
         if comm.get_rank() != ranks.index(global_rank):
             raise AssertionError("init_device_mesh: inconsistent ranks")
         pg = _create_torchcomm_process_group(
-            comm, name, _MESH_BACKEND, dist.PrefixStore(f"dim{idx}/", store),
-            {g: j for j, g in enumerate(ranks)})
+            comm, name, _MESH_BACKEND, {g: j for j, g in enumerate(ranks)},
+            prefix_store=dist.PrefixStore(f"dim{idx}/", store))
         if global_pg is None and idx == 0:
             global_pg = pg
         group_names.append(name)
