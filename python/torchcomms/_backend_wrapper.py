@@ -73,6 +73,9 @@ from torchcomms._comms import new_comm as _new_comm
 __all__ = ["_BackendWrapper", "_WorkWrapper", "register_backend", "BACKEND_NAME"]
 
 BACKEND_NAME = "torchcomms"
+# the c10d backend names register_backend registered (lower case, as
+# torch.distributed.get_backend gives them)
+_OUR_BACKEND_NAMES = set()
 
 
 # --------------------------------------------------------------------------
@@ -734,9 +737,47 @@ def register_backend(name=BACKEND_NAME):
     import torch.distributed as dist
 
     plugin = dist.Backend._plugins.get(name.upper())
-    if plugin is not None and plugin.creator_fn is _create_backend:
+    if plugin is None or plugin.creator_fn is not _create_backend:
+        dist.Backend.register_backend(name, _create_backend, extended_api=True,
+                                      devices=["cpu"])
+    _OUR_BACKEND_NAMES.add(name.lower())
+    _accept_monitored_barrier()
+
+
+def _accept_monitored_barrier():
+    """torch's dist.monitored_barrier refuses every group whose backend is
+    not "gloo" before it reaches the group. Groups of our c10d backend
+    implement it with gloo's protocol and messages (_BackendWrapper.
+    monitored_barrier), so dist.monitored_barrier is wrapped once: a group
+    whose backend is ours goes to its monitored_barrier with torch's own
+    argument handling; every other group goes to torch's function unchanged
+    (its ValueError included). Groups from torch's own torchcomms path are
+    "gloo" groups and never needed this."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    orig = c10d.monitored_barrier
+    if getattr(orig, "_torchcomms_wrapped", False):
         return
-    dist.Backend.register_backend(name, _create_backend, extended_api=True, devices=["cpu"])
+
+    def monitored_barrier(group=c10d.GroupMember.WORLD, timeout=None, wait_all_ranks=False):
+        if c10d._rank_not_in_group(group) or \
+                str(c10d.get_backend(group)) not in _OUR_BACKEND_NAMES:
+            return orig(group, timeout, wait_all_ranks)
+        pg = c10d._get_default_group() if group is None else group
+        if timeout is None:
+            timeout = c10d._get_default_timeout(c10d.get_backend(group))
+        elif isinstance(timeout, (int, float)):
+            timeout = timedelta(seconds=timeout)
+        c10d._check_valid_timeout(timeout)
+        return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+    monitored_barrier.__doc__ = orig.__doc__
+    monitored_barrier.__wrapped__ = orig
+    monitored_barrier._torchcomms_wrapped = True
+    c10d.monitored_barrier = monitored_barrier
+    if getattr(dist, "monitored_barrier", None) is orig:
+        dist.monitored_barrier = monitored_barrier
 
 
 def _repair_torch_probe():

@@ -15,7 +15,7 @@ dist.init_process_group(backend="torchcomms"); parts:
   share memory ([buf] * n): the last rank's chunk wins, exactly;
 - monitored_barrier: every rank arrives; a rank that does not (rank 0 names
   it, fast-fail); several that do not (wait_all_ranks: all named); the
-  ranks that did arrive are told; dist.monitored_barrier's gloo-only check;
+  ranks that did arrive are told; dist.monitored_barrier takes our groups;
 - shutdown_abort: shutdown twice, abort twice, destroy_process_group after
   either, _abort_process_group, operations afterwards fail clearly;
 - mesh_create_pg, mesh_flatten: torchcomms.device_mesh's
@@ -202,13 +202,16 @@ def _(c):
     g.monitored_barrier(timeout=None)  # the group's timeout
     g.monitored_barrier(30.0, wait_all_ranks=False)  # seconds
     dist.destroy_process_group(g)
-    # torch's entry point takes gloo groups only
-    with c.raises(ValueError, "^monitored_barrier is only implemented for GLOO backend.$"):
-        dist.monitored_barrier(WORLD)
+    # torch's entry point accepts groups of our c10d backend (it refuses any
+    # other non-gloo backend before reaching the group)
+    dist.monitored_barrier(WORLD, timeout=timedelta(seconds=30), wait_all_ranks=True)
+    dist.monitored_barrier()
+    c.eq("torch.distributed's name is the wrapped one", dist.monitored_barrier,
+         dist.distributed_c10d.monitored_barrier)
 
     # fast-fail: the first absent rank is named; the others are not probed
     s = 1 if N == 2 else 2
-    every = straggle(c, "fast", {s}, lambda g: g.monitored_barrier(MB_TIMEOUT))
+    every = straggle(c, "fast", {s}, lambda g: dist.monitored_barrier(g, timeout=MB_TIMEOUT))
     head = f"RuntimeError: [Rank 0]: Rank {s} failed to pass monitoredBarrier in 500 ms"
     c.true(f"rank 0 names rank {s}: {every[0]!r}",
            every[0].startswith(head + "\n Original exception: \n"))
