@@ -271,6 +271,11 @@ PyDoc_STRVAR(tcpy_new_comm_doc,
 static PyMethodDef tcpy_module_methods[] = {
     {"new_comm", (PyCFunction)(void (*)(void))tcpy_new_comm,
      METH_VARARGS | METH_KEYWORDS, tcpy_new_comm_doc},
+    {"get_mem_allocator", (PyCFunction)(void (*)(void))tcpy_get_mem_allocator,
+     METH_VARARGS | METH_KEYWORDS,
+     "get_mem_allocator(backend) -> MemAllocator: the memory allocator of "
+     "`backend` (one per backend). cpu (and its c10d names gloo, "
+     "torchcomms): a MemAllocator; other backends: RuntimeError."},
     {"_store_call", tcpy_store_call, METH_VARARGS,
      "_store_call(store, op, key_or_keys, arg=None, timeout=1.0): one call "
      "of the C store API (set/get/add/check/wait/delete) on a Python store "
@@ -300,7 +305,8 @@ static const char *tcpy_all_names[] = {
     "AllGatherSingleOptions", "ReduceScatterOptions",
     "ReduceScatterSingleOptions", "AllToAllOptions", "AllToAllSingleOptions",
     "AllToAllvSingleOptions", "BarrierOptions", "ScatterOptions",
-    "GatherOptions", "Timeout", "OpName", "RemovableHandle", NULL};
+    "GatherOptions", "Timeout", "OpName", "RemovableHandle",
+    "get_mem_allocator", "MemAllocator", NULL};
 
 PyMODINIT_FUNC PyInit__comms(void) {
   PyObject *m = PyModule_Create(&tcpy_moduledef);
