@@ -248,10 +248,18 @@ static int tcpy_parse_device(PyObject *device, tcpy_device_t *dev,
 
 PyObject *tcpy_new_comm(PyObject *module, PyObject *args, PyObject *kw) {
   static const char *fn = "new_comm";
-  static char *kwlist[] = {"backend", "device",
+  /* torchcomms' signature: new_comm(backend, device, name, ...) */
+  static char *kwlist[] = {"backend", "device", "name",
                            "abort_process_on_timeout_or_error", "timeout",
-                           "store", "name", "enable_reconfigure", "hints",
-                           "high_priority_stream", "rank", "size", NULL};
+                           "high_priority_stream", "store",
+                           "enable_reconfigure", "hints", "rank", "size",
+                           NULL};
+  /* its earlier one, name after store: taken when the third positional
+   * argument is not a str */
+  static char *kwlist_old[] = {"backend", "device",
+                               "abort_process_on_timeout_or_error", "timeout",
+                               "store", "name", "enable_reconfigure", "hints",
+                               "high_priority_stream", "rank", "size", NULL};
   PyObject *backend, *device, *abort_obj = Py_None, *timeout = Py_None,
                               *store = Py_None, *name = Py_None,
                               *reconf = Py_False, *hints = Py_None,
@@ -260,15 +268,21 @@ PyObject *tcpy_new_comm(PyObject *module, PyObject *args, PyObject *kw) {
   /* rank / size (keyword-only, ours): explicit rank and world size instead of
    * the environment's, for communicators over a subset of the job's
    * processes (torch.distributed.new_group over our c10d backend). */
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOOOOO$OO:new_comm", kwlist,
-                                   &backend, &device, &abort_obj, &timeout,
-                                   &store, &name, &reconf, &hints, &hps,
-                                   &rank_obj, &size_obj))
+  int positional_name = PyTuple_GET_SIZE(args) >= 3 &&
+                        (PyUnicode_Check(PyTuple_GET_ITEM(args, 2)) ||
+                         PyTuple_GET_ITEM(args, 2) == Py_None);
+  if (positional_name || PyTuple_GET_SIZE(args) < 3) {
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOOOOO$OO:new_comm", kwlist,
+                                     &backend, &device, &name, &abort_obj,
+                                     &timeout, &hps, &store, &reconf, &hints,
+                                     &rank_obj, &size_obj))
+      return NULL;
+  } else if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOOOOO$OO:new_comm",
+                                          kwlist_old, &backend, &device,
+                                          &abort_obj, &timeout, &store, &name,
+                                          &reconf, &hints, &hps, &rank_obj,
+                                          &size_obj)) {
     return NULL;
-  /* upstream's newer signature: new_comm(backend, device, name, ...) */
-  if (PyUnicode_Check(abort_obj) && name == Py_None) {
-    name = abort_obj;
-    abort_obj = Py_None;
   }
   if (!PyUnicode_Check(backend)) {
     PyErr_Format(PyExc_TypeError, "new_comm: argument 'backend' must be a "

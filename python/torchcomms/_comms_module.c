@@ -255,10 +255,13 @@ static int tcpy_intern_names(void) {
 /* ---- module ---- */
 
 PyDoc_STRVAR(tcpy_new_comm_doc,
-"new_comm(backend, device, abort_process_on_timeout_or_error=None,\n"
-"         timeout=None, store=None, name=None, enable_reconfigure=False,\n"
-"         hints=None, high_priority_stream=None, *, rank=None, size=None)\n"
+"new_comm(backend, device, name=None, abort_process_on_timeout_or_error=None,\n"
+"         timeout=None, high_priority_stream=None, store=None,\n"
+"         enable_reconfigure=False, hints=None, *, rank=None, size=None)\n"
 "         -> TorchComm\n\n"
+"torchcomms' argument order (name third). Its earlier order, name after\n"
+"store (new_comm(backend, device, abort, timeout, store, name, ...)), is\n"
+"taken when the third positional argument is not a str.\n"
 "Creates a communicator over every rank of the job (collective). Rank and\n"
 "world size come from the environment (TORCHCOMM_RANK/TORCHCOMM_SIZE,\n"
 "torchrun's RANK/WORLD_SIZE, ...) unless `rank` and `size` are given\n"

@@ -515,47 +515,52 @@ static uint64_t hash_ranks(const int *ranks, size_t n) {
  * (as -reason) so that every rank fails together. */
 enum {
   SPLIT_OK = 0,
-  SPLIT_TOO_MANY = 1,
+  SPLIT_NOMEM = 1,
   SPLIT_BAD_NAME = 2,
   SPLIT_OUT_OF_RANGE = 3,
   SPLIT_DUPLICATE = 4,
   SPLIT_NOT_MEMBER = 5
 };
 
-/* Checks the caller's list and name: SPLIT_OK (and *me, the caller's index
- * in the list, or -1 for an empty list) or the reason, with the text of the
- * caller's own error in msg and the offending value in *detail. */
+/* Checks the caller's list and name, in torchcomms' order (each entry in
+ * range, no duplicates, then the caller present): SPLIT_OK (and *me, the
+ * caller's index in the list, or -1 for an empty list) or the reason, with
+ * the text of the caller's own error in msg and the offending value in
+ * *detail. A list longer than the communicator stops at its first repeated
+ * or out-of-range entry, within size + 1 entries. */
 static int split_check(const tc_comm_t *c, const int *ranks, size_t nranks,
                        const char *name, int *me, int64_t *detail, char *msg,
                        size_t len) {
   *me = -1;
-  if (nranks > (size_t)c->size) {
-    *detail = (int64_t)nranks;
-    snprintf(msg, len, "argument 'ranks' has %zu entries but the "
-             "communicator has %d ranks", nranks, c->size);
-    return SPLIT_TOO_MANY;
-  }
   if (nranks > 0 && (!name || !*name || strlen(name) >= sizeof c->name ||
                      strchr(name, '/'))) {
     snprintf(msg, len, "argument 'name' must be 1..127 characters without "
              "'/'");
     return SPLIT_BAD_NAME;
   }
+  unsigned char *seen = nranks ? calloc((size_t)c->size, 1) : NULL;
+  if (nranks && !seen) {
+    snprintf(msg, len, "out of memory");
+    return SPLIT_NOMEM;
+  }
   for (size_t i = 0; i < nranks; i++) {
     *detail = ranks[i];
     if (ranks[i] < 0 || ranks[i] >= c->size) {
+      free(seen);
       snprintf(msg, len, "ranks[%zu] = %d is out of range [0, %d) (invalid "
                "rank in ranks)", i, ranks[i], c->size);
       return SPLIT_OUT_OF_RANGE;
     }
-    for (size_t j = 0; j < i; j++)
-      if (ranks[j] == ranks[i]) {
-        snprintf(msg, len, "rank %d appears twice in 'ranks' (duplicate ranks "
-                 "found in ranks list)", ranks[i]);
-        return SPLIT_DUPLICATE;
-      }
+    if (seen[ranks[i]]) {
+      free(seen);
+      snprintf(msg, len, "rank %d appears twice in 'ranks' (duplicate ranks "
+               "found in ranks list)", ranks[i]);
+      return SPLIT_DUPLICATE;
+    }
+    seen[ranks[i]] = 1;
     if (ranks[i] == c->rank) *me = (int)i;
   }
+  free(seen);
   if (nranks > 0 && *me < 0) {
     *detail = c->rank;
     snprintf(msg, len, "'ranks' does not contain the caller's rank %d (pass "
@@ -569,7 +574,7 @@ static int split_check(const tc_comm_t *c, const int *ranks, size_t nranks,
 static void split_reason(int why, int64_t detail, char *out, size_t len) {
   long long d = (long long)detail;
   switch (why) {
-  case SPLIT_TOO_MANY: snprintf(out, len, "%lld entries", d); break;
+  case SPLIT_NOMEM: snprintf(out, len, "it ran out of memory checking it"); break;
   case SPLIT_BAD_NAME: snprintf(out, len, "an invalid 'name'"); break;
   case SPLIT_OUT_OF_RANGE: snprintf(out, len, "rank %lld is out of range", d); break;
   case SPLIT_DUPLICATE: snprintf(out, len, "rank %lld appears twice", d); break;
@@ -618,7 +623,9 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
   uint64_t seq = c->split_seq++;
   if (bad) {
     free(all);
-    return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn, "%s", why);
+    return tc__comm_error(c, bad == SPLIT_NOMEM ? TC_ERR_NOMEM
+                                               : TC_ERR_INVALID_ARGUMENT,
+                          fn, "%s", why);
   }
   for (int r = 0; r < c->size; r++) {
     if (all[2 * r] >= 0) continue;
