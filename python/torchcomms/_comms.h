@@ -95,6 +95,9 @@ typedef struct TorchCommObject {
   tcpy_device_t dev;
   int high_priority_stream;
   int enable_reconfigure;
+  /* tensor_register's records: {data_ptr: [nbytes, count]}, or NULL when
+   * none yet (_comms_mem.c); dropped at finalize and abort */
+  PyObject *registered;
   PyObject *weakreflist;
 } TorchCommObject;
 
@@ -294,5 +297,16 @@ TCPY_HIDDEN void tcpy_hooks_run_split(TorchCommObject *self, PyObject *child);
 /* Dealloc / GC: drops every hook (clear_c: unregisters the C abort hook
  * too, releasing the GIL meanwhile). */
 TCPY_HIDDEN void tcpy_hooks_clear(TorchCommObject *self, int clear_c);
+
+/* ---- memory (_comms_mem.c) ---- */
+/* TorchComm's tensor_register, tensor_deregister, get_mem_allocator (and
+ * the mem_allocator property), added to the type by tcpy_types_ready. */
+TCPY_HIDDEN extern PyMethodDef tcpy_comm_mem_methods[];
+TCPY_HIDDEN extern PyGetSetDef tcpy_comm_mem_getset[];
+/* get_mem_allocator(backend): the module function. */
+TCPY_HIDDEN PyObject *tcpy_get_mem_allocator(PyObject *module, PyObject *args,
+                                             PyObject *kw);
+/* Readies MemAllocator and adds it to the module; 0 or -1. */
+TCPY_HIDDEN int tcpy_mem_ready(PyObject *module);
 
 #endif /* TORCHCOMMS_PY_COMMS_H */

@@ -61,6 +61,9 @@ class CommOptions:
     store: Any
     enable_reconfigure: bool
     hints: Dict[str, str]
+    # the communicator's name (torchcomms' earlier field): "" here, the name
+    # given to new_comm / split in TorchComm.get_options()
+    name: str
     def __init__(
         self,
         abort_process_on_timeout_or_error: bool = False,
@@ -69,6 +72,7 @@ class CommOptions:
         store: Any = None,
         enable_reconfigure: bool = False,
         hints: Dict[str, str] | None = None,
+        name: str = "",
     ) -> None: ...
 
 class _OpOptions:
@@ -100,8 +104,31 @@ class TorchWork:
         """True once the operation finished (also when it failed)."""
     def wait(self) -> None:
         """Blocks with the GIL released; RuntimeError if the operation failed."""
-    def wait_blocking(self) -> None: ...
+    def wait_blocking(self) -> None:
+        """RuntimeError "[TorchWork]: waitBlocking not implemented for this
+        work type", as torchcomms for a backend without fault tolerance; the
+        work is untouched (wait() still works)."""
+    def _set_status(self, status: WorkStatus) -> None:
+        """RuntimeError "_set_status is only supported on Python-created work
+        objects" (every TorchWork here is the library's); TypeError for a
+        non-WorkStatus."""
     def status(self) -> WorkStatus: ...
+
+class MemAllocator:
+    """The cpu backend's allocator (get_mem_allocator): torch.cuda.MemPool
+    does not take it (CPU has no memory pools)."""
+    @property
+    def backend(self) -> str: ...
+    @property
+    def device(self) -> Any: ...
+    def empty(self, size: int | Sequence[int], dtype: Any = None) -> Any:
+        """A CPU tensor over page-aligned, zero-filled memory of its own
+        (released with the tensor's storage)."""
+
+def get_mem_allocator(backend: str) -> MemAllocator:
+    """One allocator per backend: "cpu" (and "gloo", "torchcomms") ->
+    MemAllocator; others: RuntimeError "No allocator factory registered for
+    backend: <name>"."""
 
 class P2POp:
     type: P2POpType
@@ -374,7 +401,20 @@ class TorchComm:
     def split(
         self, ranks: Sequence[int], name: str, hints: _Hints = None,
         timeout: _Timeout = None,
-    ) -> TorchComm | None: ...
+    ) -> TorchComm | None:
+        """Collective over every rank. RuntimeError on every rank when any
+        rank's list is refused (duplicates, out of range, the caller missing
+        from a non-empty list) or members pass different lists."""
+    def tensor_register(self, tensor: Any) -> None:
+        """Validates and records the tensor's memory (nothing is pinned on
+        the cpu backend); counted, until tensor_deregister or finalize."""
+    def tensor_deregister(self, tensor: Any) -> None:
+        """Undoes one tensor_register; RuntimeError if not registered."""
+    def _registered(self) -> Dict[int, tuple]: ...
+    def get_mem_allocator(self) -> MemAllocator: ...
+    @property
+    def mem_allocator(self) -> MemAllocator:
+        """Deprecated alias of get_mem_allocator() (as in torchcomms)."""
     def batch_op_create(self) -> BatchSendRecv: ...
     def register_pre_hook(
         self, callback: Callable[[OpName, int, PreHookArgs], None]
@@ -412,13 +452,13 @@ class TorchComm:
 def new_comm(
     backend: str,
     device: Any,
+    name: str | None = None,
     abort_process_on_timeout_or_error: bool | None = None,
     timeout: timedelta | float | None = None,
+    high_priority_stream: bool | None = None,
     store: Any | None = None,
-    name: str | None = None,
     enable_reconfigure: bool = False,
     hints: Dict[str, str] | None = None,
-    high_priority_stream: bool | None = None,
     *,
     rank: int | None = None,
     size: int | None = None,
@@ -428,8 +468,9 @@ def new_comm(
     some of the job's processes (torch.distributed.new_group over the
     "torchcomms" c10d backend). On device cpu, the c10d backend names "gloo"
     and "torchcomms" select the native "cpu" backend (torch.distributed's
-    use_torchcomms path passes them). For compatibility with upstream's newer
-    signature, a str third positional argument is taken as `name`."""
+    use_torchcomms path passes them). torchcomms' argument order; its
+    earlier order (abort, timeout, store, name, ... after device) is taken
+    when the third positional argument is not a str."""
 
 def _store_call(
     store: Any, op: str, key: str | Sequence[str], arg: Any = None, timeout: float = 1.0

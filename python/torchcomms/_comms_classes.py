@@ -83,20 +83,24 @@ del _n
 
 
 class CommOptions:
-    '''Options of a communicator (see TorchComm.get_options()).'''
+    '''Options of a communicator (see TorchComm.get_options()). ``name``
+    is the communicator's name (torchcomms' earlier CommOptions field;
+    "" in a CommOptions made here, the name given to new_comm or split in
+    get_options()).'''
     __slots__ = ('abort_process_on_timeout_or_error', 'timeout',
                  'high_priority_stream', 'store', 'enable_reconfigure',
-                 'hints')
+                 'hints', 'name')
 
     def __init__(self, abort_process_on_timeout_or_error=False,
                  timeout=None, high_priority_stream=False, store=None,
-                 enable_reconfigure=False, hints=None):
+                 enable_reconfigure=False, hints=None, name=''):
         self.abort_process_on_timeout_or_error = abort_process_on_timeout_or_error
         self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout
         self.high_priority_stream = high_priority_stream
         self.store = store
         self.enable_reconfigure = enable_reconfigure
         self.hints = {} if hints is None else dict(hints)
+        self.name = name
 
     def __repr__(self):
         return ('CommOptions(' + ', '.join(f'{k}={getattr(self, k)!r}'

@@ -173,6 +173,7 @@ static PyObject *tcpy_comm_wrap(tc_comm_t *comm, const tcpy_device_t *dev,
   self->device_obj = Py_XNewRef(device_obj);
   self->high_priority_stream = high_priority_stream;
   self->enable_reconfigure = enable_reconfigure;
+  self->registered = NULL;
   self->weakreflist = NULL;
   self->hooked = 0;
   self->fr_stack = tc__fr_stacks_wanted(comm);
@@ -247,10 +248,18 @@ static int tcpy_parse_device(PyObject *device, tcpy_device_t *dev,
 
 PyObject *tcpy_new_comm(PyObject *module, PyObject *args, PyObject *kw) {
   static const char *fn = "new_comm";
-  static char *kwlist[] = {"backend", "device",
+  /* torchcomms' signature: new_comm(backend, device, name, ...) */
+  static char *kwlist[] = {"backend", "device", "name",
                            "abort_process_on_timeout_or_error", "timeout",
-                           "store", "name", "enable_reconfigure", "hints",
-                           "high_priority_stream", "rank", "size", NULL};
+                           "high_priority_stream", "store",
+                           "enable_reconfigure", "hints", "rank", "size",
+                           NULL};
+  /* its earlier one, name after store: taken when the third positional
+   * argument is not a str */
+  static char *kwlist_old[] = {"backend", "device",
+                               "abort_process_on_timeout_or_error", "timeout",
+                               "store", "name", "enable_reconfigure", "hints",
+                               "high_priority_stream", "rank", "size", NULL};
   PyObject *backend, *device, *abort_obj = Py_None, *timeout = Py_None,
                               *store = Py_None, *name = Py_None,
                               *reconf = Py_False, *hints = Py_None,
@@ -259,15 +268,21 @@ PyObject *tcpy_new_comm(PyObject *module, PyObject *args, PyObject *kw) {
   /* rank / size (keyword-only, ours): explicit rank and world size instead of
    * the environment's, for communicators over a subset of the job's
    * processes (torch.distributed.new_group over our c10d backend). */
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOOOOO$OO:new_comm", kwlist,
-                                   &backend, &device, &abort_obj, &timeout,
-                                   &store, &name, &reconf, &hints, &hps,
-                                   &rank_obj, &size_obj))
+  int positional_name = PyTuple_GET_SIZE(args) >= 3 &&
+                        (PyUnicode_Check(PyTuple_GET_ITEM(args, 2)) ||
+                         PyTuple_GET_ITEM(args, 2) == Py_None);
+  if (positional_name || PyTuple_GET_SIZE(args) < 3) {
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOOOOO$OO:new_comm", kwlist,
+                                     &backend, &device, &name, &abort_obj,
+                                     &timeout, &hps, &store, &reconf, &hints,
+                                     &rank_obj, &size_obj))
+      return NULL;
+  } else if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOOOOO$OO:new_comm",
+                                          kwlist_old, &backend, &device,
+                                          &abort_obj, &timeout, &store, &name,
+                                          &reconf, &hints, &hps, &rank_obj,
+                                          &size_obj)) {
     return NULL;
-  /* upstream's newer signature: new_comm(backend, device, name, ...) */
-  if (PyUnicode_Check(abort_obj) && name == Py_None) {
-    name = abort_obj;
-    abort_obj = Py_None;
   }
   if (!PyUnicode_Check(backend)) {
     PyErr_Format(PyExc_TypeError, "new_comm: argument 'backend' must be a "
@@ -381,6 +396,7 @@ static PyObject *tcpy_comm_finalize(TorchCommObject *self, PyObject *u) {
     PyErr_Format(PyExc_RuntimeError, "%s", text[0] ? text : tc_strerror(rc));
     return NULL;
   }
+  Py_CLEAR(self->registered); /* registrations end with the communicator */
   if (hooked) tcpy_hooks_run_post(self, TCPY_HOOK_OP_FINALIZE,
                                   TCPY_FINALIZE_OP_ID);
   Py_RETURN_NONE;
@@ -396,6 +412,7 @@ static PyObject *tcpy_comm_abort(TorchCommObject *self, PyObject *u) {
   TCPY_SAVE_ERROR(text, rc);
   Py_END_ALLOW_THREADS
   tcpy_comm_reap(self);
+  Py_CLEAR(self->registered);
   if (rc != TC_OK) {
     PyErr_Format(PyExc_RuntimeError, "%s", text[0] ? text : tc_strerror(rc));
     return NULL;
@@ -486,13 +503,13 @@ static PyObject *tcpy_comm_get_options(TorchCommObject *self, PyObject *u) {
   if (!(td = PyObject_CallFunction(tcpy_timedelta, "(id)", 0, o.timeout_s)))
     goto out;
   if (!(args = PyTuple_New(0))) goto out;
-  kw = Py_BuildValue("{sOsOsOsOsOsO}", "abort_process_on_timeout_or_error",
+  kw = Py_BuildValue("{sOsOsOsOsOsOss}", "abort_process_on_timeout_or_error",
                      o.abort_process_on_timeout_or_error > 0 ? Py_True : Py_False,
                      "timeout", td, "high_priority_stream",
                      self->high_priority_stream ? Py_True : Py_False, "store",
                      self->store, "enable_reconfigure",
                      self->enable_reconfigure ? Py_True : Py_False, "hints",
-                     hints);
+                     hints, "name", tc_comm_name(self->comm));
   if (kw) res = PyObject_Call(tcpy_CommOptions, args, kw);
 out:
   Py_XDECREF(kw);
@@ -574,7 +591,11 @@ static PyObject *tcpy_comm_split(TorchCommObject *self, PyObject *args,
   TCPY_SAVE_ERROR(text, rc);
   Py_END_ALLOW_THREADS
   if (rc != TC_OK) {
-    tcpy_raise(rc, text);
+    /* torchcomms' split raises RuntimeError for every refusal (duplicate
+     * ranks, the caller missing from a non-empty list, ...); the library
+     * has already failed it on every rank together */
+    if (rc == TC_ERR_NOMEM) tcpy_raise(rc, text);
+    else PyErr_Format(PyExc_RuntimeError, "%s", text[0] ? text : tc_strerror(rc));
     goto out;
   }
   if (!child) {
@@ -617,6 +638,7 @@ static int tcpy_comm_traverse(TorchCommObject *self, visitproc visit,
   Py_VISIT(self->pending);
   Py_VISIT(self->store);
   Py_VISIT(self->device_obj);
+  Py_VISIT(self->registered);
   for (int k = 0; k < TCPY_HOOK_KINDS; k++) Py_VISIT(self->hooks[k]);
   return 0;
 }
@@ -643,6 +665,7 @@ static void tcpy_comm_dealloc(TorchCommObject *self) {
   Py_CLEAR(self->pending);
   Py_CLEAR(self->store);
   Py_CLEAR(self->device_obj);
+  Py_CLEAR(self->registered);
   PyObject_GC_Del(self);
 }
 
@@ -688,7 +711,10 @@ static PyMethodDef tcpy_comm_methods[] = {
     TCPY_KWARGS("split", tcpy_comm_split,
                 "split(ranks, name, hints=None, timeout=None) -> TorchComm | "
                 "None: a communicator over `ranks` (collective over every "
-                "rank; ranks == [] joins none and returns None)."),
+                "rank; ranks == [] joins none and returns None). A refused "
+                "list (duplicate ranks, a rank out of range, the caller "
+                "missing from a non-empty list, members passing different "
+                "lists) raises RuntimeError on every rank."),
     TCPY_NOARGS("batch_op_create", tcpy_comm_batch_op_create,
                 "A new BatchSendRecv."),
     {NULL, NULL, 0, NULL},

@@ -255,10 +255,13 @@ static int tcpy_intern_names(void) {
 /* ---- module ---- */
 
 PyDoc_STRVAR(tcpy_new_comm_doc,
-"new_comm(backend, device, abort_process_on_timeout_or_error=None,\n"
-"         timeout=None, store=None, name=None, enable_reconfigure=False,\n"
-"         hints=None, high_priority_stream=None, *, rank=None, size=None)\n"
+"new_comm(backend, device, name=None, abort_process_on_timeout_or_error=None,\n"
+"         timeout=None, high_priority_stream=None, store=None,\n"
+"         enable_reconfigure=False, hints=None, *, rank=None, size=None)\n"
 "         -> TorchComm\n\n"
+"torchcomms' argument order (name third). Its earlier order, name after\n"
+"store (new_comm(backend, device, abort, timeout, store, name, ...)), is\n"
+"taken when the third positional argument is not a str.\n"
 "Creates a communicator over every rank of the job (collective). Rank and\n"
 "world size come from the environment (TORCHCOMM_RANK/TORCHCOMM_SIZE,\n"
 "torchrun's RANK/WORLD_SIZE, ...) unless `rank` and `size` are given\n"
@@ -271,6 +274,11 @@ PyDoc_STRVAR(tcpy_new_comm_doc,
 static PyMethodDef tcpy_module_methods[] = {
     {"new_comm", (PyCFunction)(void (*)(void))tcpy_new_comm,
      METH_VARARGS | METH_KEYWORDS, tcpy_new_comm_doc},
+    {"get_mem_allocator", (PyCFunction)(void (*)(void))tcpy_get_mem_allocator,
+     METH_VARARGS | METH_KEYWORDS,
+     "get_mem_allocator(backend) -> MemAllocator: the memory allocator of "
+     "`backend` (one per backend). cpu (and its c10d names gloo, "
+     "torchcomms): a MemAllocator; other backends: RuntimeError."},
     {"_store_call", tcpy_store_call, METH_VARARGS,
      "_store_call(store, op, key_or_keys, arg=None, timeout=1.0): one call "
      "of the C store API (set/get/add/check/wait/delete) on a Python store "
@@ -300,7 +308,8 @@ static const char *tcpy_all_names[] = {
     "AllGatherSingleOptions", "ReduceScatterOptions",
     "ReduceScatterSingleOptions", "AllToAllOptions", "AllToAllSingleOptions",
     "AllToAllvSingleOptions", "BarrierOptions", "ScatterOptions",
-    "GatherOptions", "Timeout", "OpName", "RemovableHandle", NULL};
+    "GatherOptions", "Timeout", "OpName", "RemovableHandle",
+    "get_mem_allocator", "MemAllocator", NULL};
 
 PyMODINIT_FUNC PyInit__comms(void) {
   PyObject *m = PyModule_Create(&tcpy_moduledef);

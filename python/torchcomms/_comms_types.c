@@ -225,6 +225,38 @@ static PyObject *tcpy_work_wait(TorchWorkObject *self, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
+/* torchcomms' TorchWork::waitBlocking for a backend without fault
+ * tolerance: not implemented. The work is untouched (wait() still works). */
+static PyObject *tcpy_work_wait_blocking(TorchWorkObject *self, PyObject *u) {
+  PyErr_SetString(PyExc_RuntimeError,
+                  "[TorchWork]: waitBlocking not implemented for this work "
+                  "type (the cpu backend has no fault tolerance; wait() "
+                  "blocks the calling thread until the operation finishes)");
+  return NULL;
+}
+
+/* torchcomms accepts _set_status only on works a Python backend created;
+ * every TorchWork here comes from the library. */
+static PyObject *tcpy_work_set_status(TorchWorkObject *self, PyObject *args,
+                                      PyObject *kw) {
+  static char *kwlist[] = {"status", NULL};
+  PyObject *status;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O:_set_status", kwlist, &status))
+    return NULL;
+  int ok = PyObject_IsInstance(status, tcpy_WorkStatus);
+  if (ok < 0) return NULL;
+  if (!ok) {
+    PyErr_Format(PyExc_TypeError, "_set_status: argument 'status' must be a "
+                 "WorkStatus, not %.100s", Py_TYPE(status)->tp_name);
+    return NULL;
+  }
+  PyErr_SetString(PyExc_RuntimeError, "_set_status is only supported on "
+                  "Python-created work objects (this TorchWork belongs to an "
+                  "operation of the library; its status follows the "
+                  "operation)");
+  return NULL;
+}
+
 static PyObject *tcpy_work_is_completed(TorchWorkObject *self, PyObject *u) {
   return PyBool_FromLong(tcpy_work_done(self));
 }
@@ -276,8 +308,14 @@ static PyMethodDef tcpy_work_methods[] = {
     {"wait", (PyCFunction)tcpy_work_wait, METH_NOARGS,
      "Blocks (GIL released) until the operation finishes; raises "
      "RuntimeError if it failed or timed out."},
-    {"wait_blocking", (PyCFunction)tcpy_work_wait, METH_NOARGS,
-     "Same as wait() (CPU operations have no stream to wait on)."},
+    {"wait_blocking", (PyCFunction)tcpy_work_wait_blocking, METH_NOARGS,
+     "torchcomms' fault-tolerance wait: RuntimeError ('waitBlocking not "
+     "implemented'), as for every torchcomms backend without fault "
+     "tolerance; use wait(), which blocks the calling thread here."},
+    {"_set_status", (PyCFunction)(void (*)(void))tcpy_work_set_status,
+     METH_VARARGS | METH_KEYWORDS,
+     "_set_status(status: WorkStatus): for works a Python backend created; "
+     "RuntimeError on this library's works (TypeError for a non-WorkStatus)."},
     {"is_completed", (PyCFunction)tcpy_work_is_completed, METH_NOARGS,
      "True once the operation finished (successfully or not; wait() "
      "raises for a failure). Never blocks."},
@@ -615,8 +653,9 @@ int tcpy_types_ready(PyObject *m) {
   if (!(tcpy_done_work = tcpy_work_new(NULL, NULL))) return -1;
   /* TorchComm's operations (_comms_ops.c) and hook methods
    * (_comms_hooks.c) join its own methods */
-  PyMethodDef *tables[] = {tcpy_comm_op_methods, tcpy_comm_hook_methods};
-  for (size_t k = 0; k < 2; k++)
+  PyMethodDef *tables[] = {tcpy_comm_op_methods, tcpy_comm_hook_methods,
+                           tcpy_comm_mem_methods};
+  for (size_t k = 0; k < sizeof tables / sizeof tables[0]; k++)
     for (PyMethodDef *d = tables[k]; d->ml_name; d++) {
       PyObject *descr = PyDescr_NewMethod(&TcPy_TorchComm_Type, d);
       if (!descr) return -1;
@@ -625,7 +664,15 @@ int tcpy_types_ready(PyObject *m) {
       Py_DECREF(descr);
       if (rc < 0) return -1;
     }
+  for (PyGetSetDef *g = tcpy_comm_mem_getset; g->name; g++) {
+    PyObject *descr = PyDescr_NewGetSet(&TcPy_TorchComm_Type, g);
+    if (!descr) return -1;
+    int rc = PyDict_SetItemString(TcPy_TorchComm_Type.tp_dict, g->name, descr);
+    Py_DECREF(descr);
+    if (rc < 0) return -1;
+  }
   PyType_Modified(&TcPy_TorchComm_Type);
+  if (tcpy_mem_ready(m) < 0) return -1;
   /* ReduceOp.SUM ... as class attributes */
   static const tc_redop_type_t plain[] = {TC_SUM,  TC_PRODUCT, TC_MIN,
                                           TC_MAX,  TC_BAND,    TC_BOR,

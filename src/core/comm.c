@@ -511,6 +511,80 @@ static uint64_t hash_ranks(const int *ranks, size_t n) {
   return h;
 }
 
+/* Why a rank's 'ranks' list is refused: published in the split's exchange
+ * (as -reason) so that every rank fails together. */
+enum {
+  SPLIT_OK = 0,
+  SPLIT_NOMEM = 1,
+  SPLIT_BAD_NAME = 2,
+  SPLIT_OUT_OF_RANGE = 3,
+  SPLIT_DUPLICATE = 4,
+  SPLIT_NOT_MEMBER = 5
+};
+
+/* Checks the caller's list and name, in torchcomms' order (each entry in
+ * range, no duplicates, then the caller present): SPLIT_OK (and *me, the
+ * caller's index in the list, or -1 for an empty list) or the reason, with
+ * the text of the caller's own error in msg and the offending value in
+ * *detail. A list longer than the communicator stops at its first repeated
+ * or out-of-range entry, within size + 1 entries. */
+static int split_check(const tc_comm_t *c, const int *ranks, size_t nranks,
+                       const char *name, int *me, int64_t *detail, char *msg,
+                       size_t len) {
+  *me = -1;
+  if (nranks > 0 && (!name || !*name || strlen(name) >= sizeof c->name ||
+                     strchr(name, '/'))) {
+    snprintf(msg, len, "argument 'name' must be 1..127 characters without "
+             "'/'");
+    return SPLIT_BAD_NAME;
+  }
+  unsigned char *seen = nranks ? calloc((size_t)c->size, 1) : NULL;
+  if (nranks && !seen) {
+    snprintf(msg, len, "out of memory");
+    return SPLIT_NOMEM;
+  }
+  for (size_t i = 0; i < nranks; i++) {
+    *detail = ranks[i];
+    if (ranks[i] < 0 || ranks[i] >= c->size) {
+      free(seen);
+      snprintf(msg, len, "ranks[%zu] = %d is out of range [0, %d) (invalid "
+               "rank in ranks)", i, ranks[i], c->size);
+      return SPLIT_OUT_OF_RANGE;
+    }
+    if (seen[ranks[i]]) {
+      free(seen);
+      snprintf(msg, len, "rank %d appears twice in 'ranks' (duplicate ranks "
+               "found in ranks list)", ranks[i]);
+      return SPLIT_DUPLICATE;
+    }
+    seen[ranks[i]] = 1;
+    if (ranks[i] == c->rank) *me = (int)i;
+  }
+  free(seen);
+  if (nranks > 0 && *me < 0) {
+    *detail = c->rank;
+    snprintf(msg, len, "'ranks' does not contain the caller's rank %d (pass "
+             "an empty list to join no group)", c->rank);
+    return SPLIT_NOT_MEMBER;
+  }
+  return SPLIT_OK;
+}
+
+/* A peer's refused list, in a few words (see split_check). */
+static void split_reason(int why, int64_t detail, char *out, size_t len) {
+  long long d = (long long)detail;
+  switch (why) {
+  case SPLIT_NOMEM: snprintf(out, len, "it ran out of memory checking it"); break;
+  case SPLIT_BAD_NAME: snprintf(out, len, "an invalid 'name'"); break;
+  case SPLIT_OUT_OF_RANGE: snprintf(out, len, "rank %lld is out of range", d); break;
+  case SPLIT_DUPLICATE: snprintf(out, len, "rank %lld appears twice", d); break;
+  case SPLIT_NOT_MEMBER:
+    snprintf(out, len, "it does not contain rank %lld itself", d);
+    break;
+  default: snprintf(out, len, "reason %d", why); break;
+  }
+}
+
 int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
                   const char *name, const tc_op_options_t *opts,
                   tc_comm_t **out) {
@@ -524,33 +598,20 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
   if (nranks > 0 && !ranks)
     return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
                           "argument 'ranks' is NULL but nranks is %zu", nranks);
-  if (nranks > (size_t)c->size)
-    return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
-                          "argument 'ranks' has %zu entries but the "
-                          "communicator has %d ranks", nranks, c->size);
-  if (nranks > 0 && (!name || !*name || strlen(name) >= sizeof c->name ||
-                     strchr(name, '/')))
-    return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
-                          "argument 'name' must be 1..127 characters without "
-                          "'/'");
+  /* Every rank takes part in the exchange below even when its own list is
+   * refused, so that a refused list fails the split on every rank at once
+   * instead of leaving the others waiting for it. */
+  char why[256] = "";
+  int64_t detail = 0;
   int me = -1;
-  for (size_t i = 0; i < nranks; i++) {
-    if (ranks[i] < 0 || ranks[i] >= c->size)
-      return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
-                            "ranks[%zu] = %d is out of range [0, %d)", i,
-                            ranks[i], c->size);
-    for (size_t j = 0; j < i; j++)
-      if (ranks[j] == ranks[i])
-        return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
-                              "rank %d appears twice in 'ranks'", ranks[i]);
-    if (ranks[i] == c->rank) me = (int)i;
-  }
-  if (nranks > 0 && me < 0)
-    return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
-                          "'ranks' does not contain the caller's rank %d "
-                          "(pass an empty list to join no group)", c->rank);
-  /* Agree on the groups: every rank publishes (nranks, hash of its list). */
+  int bad = split_check(c, ranks, nranks, name, &me, &detail, why, sizeof why);
+  /* Agree on the groups: every rank publishes (nranks, hash of its list),
+   * or (-reason, detail) for a refused list. */
   int64_t mine[2] = {(int64_t)nranks, (int64_t)hash_ranks(ranks, nranks)};
+  if (bad) {
+    mine[0] = -(int64_t)bad;
+    mine[1] = detail;
+  }
   int64_t *all = calloc((size_t)c->size * 2, sizeof *all);
   if (!all) return tc__comm_error(c, TC_ERR_NOMEM, fn, "out of memory");
   int rc = tc_all_gather_single(handle, all, mine, 2, TC_INT64, opts, NULL);
@@ -558,18 +619,56 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
     free(all);
     return rc;
   }
+  /* every rank counts this split, refused or not */
   uint64_t seq = c->split_seq++;
+  if (bad) {
+    free(all);
+    return tc__comm_error(c, bad == SPLIT_NOMEM ? TC_ERR_NOMEM
+                                               : TC_ERR_INVALID_ARGUMENT,
+                          fn, "%s", why);
+  }
+  for (int r = 0; r < c->size; r++) {
+    if (all[2 * r] >= 0) continue;
+    char theirs[128];
+    split_reason((int)-all[2 * r], all[2 * r + 1], theirs, sizeof theirs);
+    free(all);
+    return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
+                          "rank %d passed an invalid 'ranks' list (%s), so "
+                          "the split fails on every rank; fix that rank's "
+                          "list", r, theirs);
+  }
+  /* Members of one group must pass the same list. A rank only sees the
+   * lists of its own group's members, so a second exchange tells every
+   * rank whether any rank found a mismatch. */
+  int64_t mismatch[2] = {-1, 0};
   for (size_t i = 0; i < nranks; i++) {
     int r = ranks[i];
     if (all[2 * r] != mine[0] || all[2 * r + 1] != mine[1]) {
-      long long theirs = (long long)all[2 * r];
-      free(all);
+      mismatch[0] = r;
+      mismatch[1] = all[2 * r];
+      break;
+    }
+  }
+  rc = tc_all_gather_single(handle, all, mismatch, 2, TC_INT64, opts, NULL);
+  if (rc != TC_OK) {
+    free(all);
+    return rc;
+  }
+  for (int r = 0; r < c->size; r++) {
+    if (all[2 * r] < 0) continue;
+    int peer = (int)all[2 * r];
+    long long count = (long long)all[2 * r + 1];
+    free(all);
+    if (r == c->rank)
       return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
                             "rank %d passed a different rank list (%lld "
                             "ranks) for this group; every member must pass "
-                            "the same list in the same order",
-                            r, theirs);
-    }
+                            "the same list in the same order", peer, count);
+    return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn,
+                          "rank %d found that rank %d passed a different "
+                          "rank list for their group, so the split fails on "
+                          "every rank; every member must pass the same list "
+                          "in the same order", r, peer);
   }
   free(all);
   if (nranks == 0) {

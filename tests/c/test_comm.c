@@ -181,6 +181,60 @@ static void split_mismatch_rank(tc_ctx_t *ctx) {
 
 TC_TEST(comm_split_mismatch) { tc_spawn(2, split_mismatch_rank, NULL, 60); }
 
+/* One rank's refused list fails the split on every rank, at once (no rank
+ * is left waiting), and so does a mismatch only one rank can see; the
+ * parent stays usable and a later split succeeds. */
+static void split_refused_rank(tc_ctx_t *ctx) {
+  tc_comm_t *c = tc_ctx_comm(ctx, "parent", NULL);
+  int me = ctx->rank;
+  tc_comm_t *s = NULL;
+  char want[256];
+  int dup[2] = {0, 0}, all[3] = {0, 1, 2}, mine = me;
+  /* rank 0 passes a duplicate, the others valid lists */
+  if (me == 0) {
+    TC_ASSERT_ERR(tc_comm_split(c, dup, 2, "bad", NULL, &s), TC_ERR_INVALID_ARGUMENT,
+                  "rank 0 appears twice in 'ranks' (duplicate ranks found in ranks list)");
+  } else {
+    TC_ASSERT_ERR(tc_comm_split(c, all, 3, "bad", NULL, &s), TC_ERR_INVALID_ARGUMENT,
+                  "rank 0 passed an invalid 'ranks' list (rank 0 appears twice), so the "
+                  "split fails on every rank");
+  }
+  TC_ASSERT(s == NULL);
+  /* rank 2 leaves itself out */
+  int others[2] = {0, 1};
+  snprintf(want, sizeof want, "'ranks' does not contain the caller's rank 2");
+  if (me == 2)
+    TC_ASSERT_ERR(tc_comm_split(c, others, 2, "bad", NULL, &s), TC_ERR_INVALID_ARGUMENT, want);
+  else
+    TC_ASSERT_ERR(tc_comm_split(c, all, 3, "bad", NULL, &s), TC_ERR_INVALID_ARGUMENT,
+                  "rank 2 passed an invalid 'ranks' list (it does not contain rank 2 itself)");
+  /* rank 0 lists {0, 1}, rank 1 only itself: only rank 0 sees the
+   * mismatch; rank 2 (joining none) fails too */
+  if (me == 0) {
+    TC_ASSERT_ERR(tc_comm_split(c, others, 2, "bad", NULL, &s), TC_ERR_INVALID_ARGUMENT,
+                  "rank 1 passed a different rank list (1 ranks) for this group");
+  } else if (me == 1) {
+    TC_ASSERT_ERR(tc_comm_split(c, &mine, 1, "bad", NULL, &s), TC_ERR_INVALID_ARGUMENT,
+                  "rank 0 found that rank 1 passed a different rank list for their group");
+  } else {
+    TC_ASSERT_ERR(tc_comm_split(c, NULL, 0, "bad", NULL, &s), TC_ERR_INVALID_ARGUMENT,
+                  "rank 0 found that rank 1 passed a different rank list");
+  }
+  TC_ASSERT(s == NULL);
+  /* still usable: a valid split works */
+  TC_ASSERT_OK(tc_comm_split(c, all, 3, "good", NULL, &s));
+  TC_ASSERT_EQ(tc_comm_rank(s), me);
+  int64_t v = me + 1;
+  TC_ASSERT_OK(tc_all_reduce(s, &v, 1, TC_INT64, TC_OP(TC_SUM), NULL, NULL));
+  TC_ASSERT_EQ(v, 6);
+  TC_ASSERT_OK(tc_comm_finalize(s));
+  TC_ASSERT_OK(tc_comm_destroy(s));
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(comm_split_refused_everywhere) { tc_spawn(3, split_refused_rank, NULL, 60); }
+
 /* ---- getters, options, reuse of a name ---- */
 
 static void options_rank(tc_ctx_t *ctx) {

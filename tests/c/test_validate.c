@@ -796,7 +796,7 @@ TC_TEST(validate_split_world1) {
                 "ranks[0] = -1 is out of range [0, 1)");
   r[0] = 0;
   TC_ASSERT_ERR(tc_comm_split(c, r, 2, "g", NULL, &child), TC_ERR_INVALID_ARGUMENT,
-                "argument 'ranks' has 2 entries but the communicator has 1 ranks");
+                "rank 0 appears twice in 'ranks' (duplicate ranks found in ranks list)");
   TC_ASSERT_ERR(tc_comm_split(c, NULL, 1, "g", NULL, &child), TC_ERR_INVALID_ARGUMENT,
                 "argument 'ranks' is NULL but nranks is 1");
   TC_ASSERT_ERR(tc_comm_split(c, r, 1, NULL, NULL, &child), TC_ERR_INVALID_ARGUMENT,

@@ -497,7 +497,9 @@ def test_api_surface():
     t = torch.zeros(2)
     op = tc.P2POp(tc.P2POpType.SEND, t, 3)
     assert op.type == tc.P2POpType.SEND and op.tensor is t and op.peer == 3
-    assert not hasattr(tc.TorchWork, "_set_status")
+    # torchcomms' _set_status exists; it accepts only works a Python
+    # backend made (tests/py/compat/test_compat_contract.py checks the error)
+    assert callable(tc.TorchWork._set_status)
 
 
 def test_new_comm_arguments():
