@@ -423,3 +423,11 @@ def _fr_dump_file(path: str | None = None) -> str:
     """Writes the flight recorder trace of every live communicator (torch's
     pickled dump) to path (None: <TORCH_FR_DUMP_TEMP_FILE><global rank>);
     returns the path written."""
+
+# torchcomms.functional (python/torchcomms/functional/, imports torch; loaded
+# on `import torchcomms.functional` or first attribute access): every
+# collective <m> of TorchComm as torch.ops.torchcomms.torchcomm_<m> (functional)
+# and torchcomm_<m>_ (in place), torchcomm_wait_tensors(_); Python functions
+# F.<m>(comm, *method_args) -> new tensor(s) and F.<m>_(comm, ...) -> written
+# tensor(s); TorchCommsAsyncTensor, FakeWork, wait_tensors, comm_key. See
+# docs/functional.md.
