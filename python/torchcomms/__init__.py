@@ -4,7 +4,7 @@ Everything public lives in the C extension ``torchcomms._comms`` and is
 re-exported here. This module must stay cheap and side-effect free:
 ``torch.distributed`` imports it while torch itself is still importing, so it
 never imports torch or torch.distributed, and it raises only ImportError.
-Submodules (``objcol``, ``perf``, ``device_mesh``, ``hooks``) and
+Submodules (``objcol``, ``perf``, ``device_mesh``, ``hooks``, ``functional``) and
 ``register_c10d_backend`` load on first attribute access.
 """
 
@@ -18,7 +18,7 @@ except Exception as _e:  # pragma: no cover - a broken build
 
 __all__ = list(_comms_all) + ["__version__"]
 
-_SUBMODULES = frozenset({"objcol", "perf", "device_mesh", "hooks"})
+_SUBMODULES = frozenset({"objcol", "perf", "device_mesh", "hooks", "functional"})
 
 
 # Loaded on first use (they import torch.distributed): register_c10d_backend()

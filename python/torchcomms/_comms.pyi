@@ -507,3 +507,11 @@ class _WorkWrapper:
     def is_completed(self) -> bool: ...
     def result(self) -> List[Any]: ...
     def get_future(self) -> Any: ...
+
+# torchcomms.functional (python/torchcomms/functional/, imports torch; loaded
+# on `import torchcomms.functional` or first attribute access): every
+# collective <m> of TorchComm as torch.ops.torchcomms.torchcomm_<m> (functional)
+# and torchcomm_<m>_ (in place), torchcomm_wait_tensors(_); Python functions
+# F.<m>(comm, *method_args) -> new tensor(s) and F.<m>_(comm, ...) -> written
+# tensor(s); TorchCommsAsyncTensor, FakeWork, wait_tensors, comm_key. See
+# docs/functional.md.
