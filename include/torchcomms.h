@@ -323,6 +323,14 @@ TC_API const char *tc_comm_device(const tc_comm_t *comm);   /* NULL if bad */
 TC_API int tc_comm_get_options(const tc_comm_t *comm, tc_comm_options_t *out);
 /* Changes the default timeout of later operations. */
 TC_API int tc_comm_set_timeout(tc_comm_t *comm, double timeout_s);
+/* Sets the communicator's hints (as given to tc_comm_init): each given key
+ * is added or takes the given value (the last one when a key repeats);
+ * the other keys keep theirs. tc_comm_get_options reports them and later
+ * splits without hints of their own inherit them. The cpu backend reads no
+ * hint after init. Pointers an earlier tc_comm_get_options returned stay
+ * valid. Copied; thread-safe. */
+TC_API int tc_comm_set_hints(tc_comm_t *comm, const tc_hint_t *hints,
+                             size_t num_hints);
 /* Full text of this communicator's last error ("" if none). */
 TC_API const char *tc_comm_last_error(const tc_comm_t *comm);
 

@@ -444,6 +444,29 @@ static PyObject *tcpy_comm_set_timeout(TorchCommObject *self, PyObject *args,
   Py_RETURN_NONE;
 }
 
+static PyObject *tcpy_comm_set_hints(TorchCommObject *self, PyObject *args,
+                                     PyObject *kw) {
+  static char *kwlist[] = {"hints", NULL};
+  PyObject *hints, *keep = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O:set_hints", kwlist, &hints))
+    return NULL;
+  if (tcpy_comm_live(self, "set_hints") < 0) return NULL;
+  if (hints == Py_None) {
+    PyErr_SetString(PyExc_TypeError, "set_hints: argument 'hints' must be a "
+                    "dict[str, str], not None");
+    return NULL;
+  }
+  tc_hint_t small[8], *h;
+  size_t nh;
+  if (tcpy_hints(hints, "set_hints", small, 8, &h, &nh, &keep) < 0)
+    return NULL;
+  int rc = tc_comm_set_hints(self->comm, h, nh);
+  if (h && h != small) PyMem_Free(h);
+  Py_XDECREF(keep);
+  if (rc != TC_OK) return tcpy_raise(rc, tc_last_error());
+  Py_RETURN_NONE;
+}
+
 static PyObject *tcpy_comm_get_rank(TorchCommObject *self, PyObject *u) {
   if (tcpy_comm_live(self, "get_rank") < 0) return NULL;
   return PyLong_FromLong(tc_comm_rank(self->comm));
@@ -699,6 +722,10 @@ static PyMethodDef tcpy_comm_methods[] = {
     TCPY_NOARGS("is_aborted", tcpy_comm_is_aborted, "True once aborted."),
     TCPY_KWARGS("set_timeout", tcpy_comm_set_timeout,
                 "set_timeout(timeout): default timeout of later operations."),
+    TCPY_KWARGS("set_hints", tcpy_comm_set_hints,
+                "set_hints(hints): adds or replaces the communicator's hints "
+                "(dict[str, str]; other keys kept): get_options().hints and "
+                "later splits see them."),
     TCPY_NOARGS("get_rank", tcpy_comm_get_rank, "This process's rank."),
     TCPY_NOARGS("get_size", tcpy_comm_get_size, "The number of ranks."),
     TCPY_NOARGS("get_name", tcpy_comm_get_name, "The communicator's name."),

@@ -194,6 +194,21 @@ static void free_hints(tc_hint_t *h, size_t n) {
   free(h);
 }
 
+struct tc_old_hints {
+  struct tc_old_hints *next;
+  tc_hint_t *hints;
+  size_t n;
+};
+
+static void free_old_hints(struct tc_old_hints *o) {
+  while (o) {
+    struct tc_old_hints *next = o->next;
+    free_hints(o->hints, o->n);
+    free(o);
+    o = next;
+  }
+}
+
 /* 1 if the backend has a native split (and its table is that long). */
 static int has_split(const tc_backend_ops_t *ops) {
   return ops->size >= offsetof(tc_backend_ops_t, split) + sizeof ops->split &&
@@ -243,6 +258,7 @@ static tc_comm_t *comm_new(void) {
   if (c) { /* the slot's earlier communicator is gone: nothing refers to it */
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->err_mu);
+    pthread_mutex_destroy(&c->hints_mu);
     memset(c, 0, sizeof *c);
   } else if ((c = calloc(1, sizeof *c))) {
     tc__htable_set(&comms, idx, c); /* kept for the slot's later lives */
@@ -252,6 +268,7 @@ static tc_comm_t *comm_new(void) {
   }
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->err_mu, NULL);
+  pthread_mutex_init(&c->hints_mu, NULL);
   tc__hooks_init(c);
   tc__fr_init(c);
   atomic_store(&c->last_progress_ns, (int64_t)(tc__now() * 1e9));
@@ -281,6 +298,8 @@ static void comm_release(tc_comm_t *c) {
   free_hints(c->hints, c->num_hints);
   c->hints = NULL;
   c->num_hints = 0;
+  free_old_hints(c->old_hints);
+  c->old_hints = NULL;
   c->magic = TC_COMM_DEAD;
   tc__comm_unref(c);
 }
@@ -477,8 +496,10 @@ int tc_comm_get_options(const tc_comm_t *h, tc_comm_options_t *out) {
   o.name = c->name;
   o.timeout_s = c->timeout_s;
   o.abort_process_on_timeout_or_error = c->abort_process;
+  pthread_mutex_lock(&c->hints_mu);
   o.hints = c->hints;
   o.num_hints = c->num_hints;
+  pthread_mutex_unlock(&c->hints_mu);
   o.store = c->root_store;
   o.rank = c->rank;
   o.world_size = c->size;
@@ -494,6 +515,58 @@ int tc_comm_set_timeout(tc_comm_t *c, double timeout_s) {
                           "argument 'timeout_s' must be a positive number of "
                           "seconds");
   c->timeout_s = timeout_s;
+  return TC_OK;
+}
+
+int tc_comm_set_hints(tc_comm_t *c, const tc_hint_t *hints, size_t num_hints) {
+  static const char *fn = "tc_comm_set_hints";
+  TC_CHECK(tc__comm_enter(&c, fn));
+  tc_hint_t *add;
+  int rc = copy_hints(hints, num_hints, &add, fn);
+  if (rc != TC_OK) return rc;
+  struct tc_old_hints *old = calloc(1, sizeof *old);
+  pthread_mutex_lock(&c->hints_mu);
+  size_t n = c->num_hints + num_hints;
+  tc_hint_t *h = n && old ? calloc(n, sizeof *h) : NULL;
+  if (n && !h) {
+    pthread_mutex_unlock(&c->hints_mu);
+    free(old);
+    free_hints(add, num_hints);
+    return tc__comm_error(c, TC_ERR_NOMEM, fn, "out of memory");
+  }
+  /* the kept hints (keys not given again, first occurrence), then the given
+   * ones (a key given twice: the last value wins) */
+  size_t k = 0;
+  for (size_t i = 0; i < c->num_hints; i++) {
+    int given = 0;
+    for (size_t j = 0; j < num_hints && !given; j++)
+      given = strcmp(c->hints[i].key, add[j].key) == 0;
+    if (!given) {
+      h[k].key = strdup(c->hints[i].key);
+      h[k++].value = strdup(c->hints[i].value);
+    }
+  }
+  for (size_t j = 0; j < num_hints; j++) {
+    size_t i = 0;
+    while (i < k && strcmp(h[i].key, add[j].key) != 0) i++;
+    if (i < k) { /* repeated within `hints` */
+      free((void *)h[i].value);
+      h[i].value = add[j].value;
+      free((void *)add[j].key);
+    } else {
+      h[k++] = add[j];
+    }
+  }
+  free(add);
+  if (old) {
+    old->hints = c->hints;
+    old->n = c->num_hints;
+    old->next = c->old_hints;
+    c->old_hints = old;
+  }
+  c->hints = h;
+  c->num_hints = k;
+  pthread_mutex_unlock(&c->hints_mu);
   return TC_OK;
 }
 
@@ -702,14 +775,14 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
     child->granks[i] = c->granks ? c->granks[ranks[i]] : ranks[i];
   child->timeout_s = c->timeout_s;
   child->abort_process = c->abort_process;
-  rc = copy_hints(c->hints, c->num_hints, &child->hints, fn);
-  if (rc == TC_OK && opts && opts->num_hints) {
-    /* per-split hints replace the parent's */
-    free_hints(child->hints, c->num_hints);
+  if (opts && opts->num_hints) { /* per-split hints replace the parent's */
     rc = copy_hints(opts->hints, opts->num_hints, &child->hints, fn);
     child->num_hints = rc == TC_OK ? opts->num_hints : 0;
   } else {
+    pthread_mutex_lock(&c->hints_mu);
+    rc = copy_hints(c->hints, c->num_hints, &child->hints, fn);
     child->num_hints = rc == TC_OK ? c->num_hints : 0;
+    pthread_mutex_unlock(&c->hints_mu);
   }
   if (rc != TC_OK) {
     comm_release(child);

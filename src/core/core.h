@@ -36,8 +36,12 @@ struct tc_comm {
   int size;
   double timeout_s;
   int abort_process;
-  tc_hint_t *hints; /* owned copies */
+  tc_hint_t *hints; /* owned copies; read and replaced under hints_mu */
   size_t num_hints;
+  /* hint arrays tc_comm_set_hints replaced, kept until the communicator is
+   * released (tc_comm_get_options hands out pointers into them) */
+  struct tc_old_hints *old_hints;
+  pthread_mutex_t hints_mu;
   tc_store_t *root_store; /* the job's store (a reference) */
   tc_store_t *store;      /* prefixed for this communicator */
   char prefix[256];

@@ -260,6 +260,26 @@ static void options_rank(tc_ctx_t *ctx) {
     TC_ASSERT_OK(tc_comm_set_timeout(c, 7));
     TC_ASSERT_OK(tc_comm_get_options(c, &got));
     TC_ASSERT_DBL_NEAR(got.timeout_s, 7, 0);
+    /* set_hints: given keys added or replaced (the last of a repeated key
+     * wins), the others kept; earlier get_options pointers stay valid */
+    const tc_hint_t *before = got.hints;
+    tc_hint_t more[] = {{"x", "2"}, {"new", "a"}, {"new", "b"}};
+    TC_ASSERT_OK(tc_comm_set_hints(c, more, 3));
+    TC_ASSERT_STR_EQ(before[1].value, "1");
+    TC_ASSERT_OK(tc_comm_get_options(c, &got));
+    TC_ASSERT_EQ(got.num_hints, 3);
+    TC_ASSERT_STR_EQ(got.hints[0].key, "algo");
+    TC_ASSERT_STR_EQ(got.hints[0].value, "ring");
+    TC_ASSERT_STR_EQ(got.hints[1].key, "x");
+    TC_ASSERT_STR_EQ(got.hints[1].value, "2");
+    TC_ASSERT_STR_EQ(got.hints[2].key, "new");
+    TC_ASSERT_STR_EQ(got.hints[2].value, "b");
+    tc_hint_t bad[] = {{"k", NULL}};
+    TC_ASSERT_ERR(tc_comm_set_hints(c, bad, 1), TC_ERR_INVALID_ARGUMENT, "NULL key or value");
+    TC_ASSERT_ERR(tc_comm_set_hints(c, NULL, 1), TC_ERR_INVALID_ARGUMENT, "'hints' is NULL");
+    TC_ASSERT_OK(tc_comm_set_hints(c, NULL, 0));
+    TC_ASSERT_OK(tc_comm_get_options(c, &got));
+    TC_ASSERT_EQ(got.num_hints, 3);
     int32_t v = round;
     TC_ASSERT_OK(tc_all_reduce(c, &v, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL));
     TC_ASSERT_EQ(v, round * ctx->size);

@@ -27,6 +27,11 @@ import pytest
 HERE = Path(__file__).resolve().parent
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 SIZES = [2, 4]
+# Areas whose launches `make test-py-tcp` (TORCHCOMMS_CPU_TRANSPORT=tcp) skips:
+# torch.compile tracing does not depend on the transport, and the collectives
+# its ops call are checked on TCP by the other suites; the shared-memory pass
+# runs them (it keeps `make test` within its time).
+TRANSPORT_INDEPENDENT = {"functional"}
 # the launcher's and our own settings that must not leak in from the caller
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
               "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
@@ -64,6 +69,8 @@ class Compat:
     def run(self, area, n, env=None, timeout=300, args=()):
         """The launch of workers/<area>_worker.py on n ranks (once per session,
         per distinct env/args): (returncode, per-rank results, log, seconds)."""
+        if area in TRANSPORT_INDEPENDENT and os.environ.get("TORCHCOMMS_CPU_TRANSPORT") == "tcp":
+            pytest.skip(f"{area}: transport-independent, run in the shared-memory pass")
         key = (area, n, tuple(sorted((env or {}).items())), tuple(args))
         if key not in self.results:
             d = self.root / f"{area}-{n}-{len(self.results)}"

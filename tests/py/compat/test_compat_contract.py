@@ -45,6 +45,11 @@ def test_comm_options_complete(n, compat):
 
 
 @pytest.mark.parametrize("n", SIZES)
+def test_set_hints(n, compat):
+    compat.part(AREA, n, "set_hints")
+
+
+@pytest.mark.parametrize("n", SIZES)
 def test_tensor_register(n, compat):
     compat.part(AREA, n, "tensor_register")
 

@@ -186,6 +186,30 @@ def _(c):
     c2.finalize()
 
 
+@w.part("set_hints")
+def _(c):
+    c2 = torchcomms.new_comm("cpu", torch.device("cpu"), "hints_comm", timeout=T,
+                             hints={"a": "1", "b": "2"})
+    c2.set_hints({"b": "3", "c": "4"})
+    c.eq("get_options().hints after set_hints", c2.get_options().hints,
+         {"a": "1", "b": "3", "c": "4"})
+    c2.set_hints({})
+    c.eq("an empty dict changes nothing", c2.get_options().hints,
+         {"a": "1", "b": "3", "c": "4"})
+    with c.raises(TypeError, "set_hints: argument 'hints' must map str to str"):
+        c2.set_hints({"d": 5})
+    with c.raises(TypeError, "not None"):
+        c2.set_hints(None)
+    child = c2.split(list(range(N)), "hints_child")
+    c.eq("a split without hints inherits them", child.get_options().hints,
+         {"a": "1", "b": "3", "c": "4"})
+    t = torch.ones(2)
+    child.all_reduce(t, ReduceOp.SUM, False)
+    c.eq("the child works", t, torch.full((2,), float(N)))
+    child.finalize()
+    c2.finalize()
+
+
 @w.part("tensor_register")
 def _(c):
     # RegisterTensorTest._cpu_broadcast_with_tensor_register
