@@ -216,6 +216,11 @@ class FinalizePostHookArgs:
 __all__ += ["CollectivePostHookArgs", "SplitPostHookArgs", "NewWindowPostHookArgs",
             "BatchOpIssuePostHookArgs", "FinalizePostHookArgs"]
 
+# Backends written in Python (_backend_base.py).
+from torchcomms._backend_base import (  # noqa: E402
+    TorchCommBackend, _NativeBackend, _BackendNotFoundError)
+__all__ += ["TorchCommBackend", "_NativeBackend", "_BackendNotFoundError"]
+
 
 # They are torchcomms._comms's classes (pickling, reprs, the stub).
 for _n in __all__:
