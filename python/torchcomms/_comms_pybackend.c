@@ -20,9 +20,13 @@
  *  - split: the core agrees on the groups with an all_gather_single (no
  *    Python arguments: the buffers are wrapped as tensors), then the
  *    table's split calls the parent instance's split(ranks, name, options).
+ *  - deadlines: a watchdog thread fails the running operation with
+ *    TC_ERR_TIMEOUT once it passes start + timeout, as a backend must (the
+ *    Python call cannot be interrupted: it goes on, and later operations
+ *    wait behind it until the communicator is aborted).
  *  - abort fails every queued operation at once; finalize waits for the
- *    queue, then calls finalize(); destroy stops the thread (it is left to
- *    finish on its own when a Python call never returns).
+ *    queue, then calls finalize(); destroy stops the threads (the worker is
+ *    left to finish on its own when a Python call never returns).
  *
  * The thread never calls the core's host functions while it holds the
  * GIL, and post / abort never take it: the core calls them under its own
@@ -57,6 +61,8 @@ typedef struct pyb_item {
   tc_work_t *work;
   int holding; /* the thread holds the call's arguments: abort may complete it */
   int done;    /* completed (work_complete called once, by whoever set this) */
+  double deadline; /* CLOCK_MONOTONIC seconds, once started */
+  double timeout_s;
 } pyb_item_t;
 
 typedef struct pyb_state {
@@ -64,7 +70,7 @@ typedef struct pyb_state {
   pthread_cond_t cv; /* queue changed, or the thread went idle / exited */
   pyb_item_t *head, *tail, *running;
   int stop, aborted, orphan;
-  pthread_t thread;
+  pthread_t thread, watch;
   PyObject *obj; /* the instance (touched with the GIL only) */
   const tc_backend_host_t *host;
   char comm_name[128];
@@ -80,6 +86,12 @@ static void pyb_deadline(struct timespec *ts, double secs) {
     ts->tv_sec++;
     ts->tv_nsec -= 1000000000L;
   }
+}
+
+static double pyb_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static void pyb_free(pyb_state_t *s) {
@@ -172,7 +184,10 @@ static int pyb_run(pyb_state_t *s, pyb_item_t *it, int size, char *reason,
   PyObject *obj = Py_XNewRef(s->obj);
   pthread_mutex_lock(&s->mu);
   it->holding = 1;
+  it->timeout_s = op->timeout_s;
+  it->deadline = pyb_now() + op->timeout_s;
   int aborted = s->aborted || !obj;
+  pthread_cond_broadcast(&s->cv); /* the watchdog's new deadline */
   pthread_mutex_unlock(&s->mu);
   int rc = TC_OK;
   const char *name = tc_op_name(op->type);
@@ -270,6 +285,37 @@ static void *pyb_thread(void *arg) {
   return NULL;
 }
 
+/* The watchdog: fails the running operation at its deadline. */
+static void *pyb_watch(void *arg) {
+  pyb_state_t *s = arg;
+  pthread_mutex_lock(&s->mu);
+  while (!s->stop) {
+    pyb_item_t *it = s->running;
+    struct timespec ts;
+    if (it && it->holding && !it->done) {
+      double left = it->deadline - pyb_now();
+      if (left <= 0) {
+        it->done = 1;
+        char why[256];
+        snprintf(why, sizeof why, "the Python backend did not return within the "
+                 "timeout of %.1f s (its call goes on; later operations wait "
+                 "behind it: abort the communicator)", it->timeout_s);
+        tc_work_t *work = it->work;
+        pthread_mutex_unlock(&s->mu);
+        s->host->work_complete(work, TC_ERR_TIMEOUT, why);
+        pthread_mutex_lock(&s->mu);
+        continue;
+      }
+      pyb_deadline(&ts, left < 1.0 ? left : 1.0);
+    } else {
+      pyb_deadline(&ts, 1.0);
+    }
+    pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
 /* A communicator's state around obj (a reference the state takes over,
  * GIL not held) and its thread. */
 static int pyb_start(PyObject *obj, const tc_backend_init_args_t *a,
@@ -289,9 +335,19 @@ static int pyb_start(PyObject *obj, const tc_backend_init_args_t *a,
   snprintf(s->comm_name, sizeof s->comm_name, "%s", a->comm_name);
   sa->s = s;
   sa->size = a->world_size;
-  int rc = pthread_create(&s->thread, NULL, pyb_thread, sa);
+  int rc = pthread_create(&s->watch, NULL, pyb_watch, s);
+  if (rc == 0) {
+    rc = pthread_create(&s->thread, NULL, pyb_thread, sa);
+    if (rc != 0) {
+      pthread_mutex_lock(&s->mu);
+      s->stop = 1;
+      pthread_cond_broadcast(&s->cv);
+      pthread_mutex_unlock(&s->mu);
+      pthread_join(s->watch, NULL);
+    }
+  }
   if (rc != 0) {
-    snprintf(err, len, "cannot start the communicator's thread: %s", strerror(rc));
+    snprintf(err, len, "cannot start the communicator's threads: %s", strerror(rc));
     s->obj = NULL;
     pyb_free(s);
     free(sa);
@@ -422,6 +478,7 @@ static void pyb_destroy(void *b) {
   if (busy) s->orphan = 1; /* a call that has not returned: the thread frees s */
   pthread_cond_broadcast(&s->cv);
   pthread_mutex_unlock(&s->mu);
+  pthread_join(s->watch, NULL); /* it never waits long */
   if (busy) {
     pthread_detach(s->thread);
   } else {
@@ -495,7 +552,6 @@ static int pyb_split(void *parent, const int *ranks, size_t nranks,
                      size_t len) {
   pyb_state_t *p = parent;
   *child = NULL;
-  if (nranks == 0) return TC_OK; /* in no group */
   if (TCPY_FINALIZING()) {
     snprintf(err, len, "the Python interpreter is shutting down");
     return TC_ERR_ABORTED;
@@ -508,12 +564,21 @@ static int pyb_split(void *parent, const int *ranks, size_t nranks,
     if (!v) Py_CLEAR(list);
     else PyList_SET_ITEM(list, (Py_ssize_t)i, v);
   }
-  if (list && (opts = pyb_child_options(a)) && p->obj)
-    res = PyObject_CallMethod(p->obj, "split", "(OsO)", list, a->comm_name, opts);
+  /* every rank of the parent calls it (a backend's split may be collective
+   * over its own transport): ranks == [] for a rank in no group, which
+   * gets no communicator whatever it returns */
+  const char *cname = a ? a->comm_name : "";
+  if (list && (opts = a ? pyb_child_options(a) : Py_NewRef(Py_None)) && p->obj)
+    res = PyObject_CallMethod(p->obj, "split", "(OsO)", list, cname, opts);
   if (!res) {
     char text[768];
     Py_XDECREF(pyb_take_exception(text, sizeof text));
     snprintf(err, len, "the Python backend's split raised %s", text);
+    goto out;
+  }
+  if (nranks == 0) {
+    rc = TC_OK;
+    Py_CLEAR(res);
     goto out;
   }
   int ok = PyObject_IsInstance(res, tcpy_TorchCommBackend);
@@ -540,7 +605,7 @@ out:
   Py_XDECREF(list);
   Py_XDECREF(opts);
   PyGILState_Release(g);
-  if (rc != TC_OK) {
+  if (rc != TC_OK || !res) {
     if (res) {
       g = PyGILState_Ensure();
       Py_DECREF(res);
