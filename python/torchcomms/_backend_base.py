@@ -61,7 +61,10 @@ class TorchCommBackend:
     (a returned work object is waited on before the next operation starts);
     an exception fails the operation (a synchronous call re-raises it).
     ``TorchComm.split`` first agrees on the groups with an
-    ``all_gather_single`` of int64 tensors, then calls ``split``. Batches
+    ``all_gather_single`` of int64 tensors, then calls ``split`` on every
+    rank of the parent (``ranks == []`` on a rank in no group, whose return
+    value is ignored). A backend that does not return within an operation's
+    timeout has that operation failed (its call goes on). Batches
     (``batch_op_create().issue``) are not supported.
     """
 
