@@ -357,11 +357,19 @@ struct tc_op_options {
   size_t num_hints;
   /* Device stream for device backends (cudaStream_t), NULL: default. */
   void *stream;
+  /* Appended. An opaque pointer handed unchanged to the backend's post in
+   * tc_backend_op_t.backend_arg, for an in-process backend registered with
+   * tc_backend_register (torchcomms_backend.h) that needs more than the
+   * buffers (the Python extension passes the call's Python arguments to a
+   * Python backend this way). The caller keeps what it points to alive
+   * until the operation completes. NULL: none. */
+  const void *backend_arg;
 };
 #define TC_OP_OPTIONS_INIT                                                     \
   {                                                                            \
     .size = sizeof(tc_op_options_t), .version = TC_OP_OPTIONS_VERSION,         \
-    .timeout_s = 0.0, .hints = NULL, .num_hints = 0, .stream = NULL            \
+    .timeout_s = 0.0, .hints = NULL, .num_hints = 0, .stream = NULL,           \
+    .backend_arg = NULL                                                        \
   }
 
 typedef enum tc_work_status {

@@ -146,6 +146,10 @@ typedef struct tc_backend_op {
   size_t num_hints;       /* what the backend needs before returning */
   void *stream; /* device stream, or NULL */
   uint64_t seq; /* 1, 2, ... in issue order on this communicator */
+  /* Appended (read it when `size` covers it): the caller's
+   * tc_op_options_t.backend_arg, or NULL (always NULL for the operations
+   * the core issues itself, such as split's all_gather_single). */
+  const void *backend_arg;
 } tc_backend_op_t;
 
 /* The caller holds a work object (asynchronous call); without it the core
@@ -295,6 +299,19 @@ typedef struct tc_backend_ops {
    * init summary of tc_comm_create (TORCHCOMMS_LOG=info, subsystem init). */
   void (*describe)(void *bcomm, char *buf, size_t len);
 } tc_backend_ops_t;
+
+/* Registers an in-process backend: tc_comm_create(ops->name, ...) then
+ * uses `ops` before looking for a plugin file or a built-in backend of that
+ * name (and before the c10d aliases "gloo" / "torchcomms" on CPU). The
+ * table is checked as a plugin's is (abi_version, size, the required
+ * entries) and must stay valid for the life of the process; the name must
+ * be lower-case letters, digits, '_' or '-'. Registering the same table
+ * again is harmless; another table under a name already registered is
+ * refused with TC_ERR_INVALID_USAGE (the first registration stays). Used
+ * by the Python extension for torchcomms.register_backend (a backend
+ * written in Python) and by C programs that bring their own backend
+ * without a shared object. */
+TC_API int tc_backend_register(const tc_backend_ops_t *ops);
 
 /* The symbol a plugin exports. */
 #define TC_BACKEND_SYMBOL "tc_backend_table"

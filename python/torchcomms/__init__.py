@@ -4,19 +4,21 @@ Everything public lives in the C extension ``torchcomms._comms`` and is
 re-exported here. This module must stay cheap and side-effect free:
 ``torch.distributed`` imports it while torch itself is still importing, so it
 never imports torch or torch.distributed, and it raises only ImportError.
-Submodules (``objcol``, ``perf``, ``device_mesh``, ``hooks``, ``functional``) and
-``register_c10d_backend`` load on first attribute access.
+Submodules (``objcol``, ``perf``, ``device_mesh``, ``hooks``, ``functional``),
+``register_c10d_backend``, ``is_backend_built`` and ``built_backends`` load on
+first attribute access.
 """
 
 try:
     from torchcomms._comms import *  # noqa: F401,F403
     from torchcomms._comms import __all__ as _comms_all, __version__
+    from torchcomms._comms import _is_backend_registered  # noqa: F401
 except ImportError:
     raise
 except Exception as _e:  # pragma: no cover - a broken build
     raise ImportError(f"torchcomms: cannot load the extension module: {_e}") from _e
 
-__all__ = list(_comms_all) + ["__version__"]
+__all__ = list(_comms_all) + ["__version__", "is_backend_built", "built_backends"]
 
 _SUBMODULES = frozenset({"objcol", "perf", "device_mesh", "hooks", "functional"})
 
@@ -25,7 +27,12 @@ _SUBMODULES = frozenset({"objcol", "perf", "device_mesh", "hooks", "functional"}
 # registers the "torchcomms" c10d backend, so that
 # torch.distributed.init_process_group(backend="torchcomms") and
 # new_group(..., backend="torchcomms") make groups over TorchComms.
-_LAZY = {"register_c10d_backend": ("_backend_wrapper", "register_backend")}
+_LAZY = {"register_c10d_backend": ("_backend_wrapper", "register_backend"),
+         # which backends exist (_backends.py: scans the installed packages'
+         # "torchcomms.backends" entry points, so only when asked)
+         "is_backend_built": ("_backends", "is_backend_built"),
+         "built_backends": ("_backends", "built_backends"),
+         "_load_backend": ("_backends", "_load_backend")}
 
 
 # torch.distributed imports `from torchcomms._comms import _BackendWrapper`

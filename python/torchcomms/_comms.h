@@ -16,6 +16,8 @@
  *   _comms_ops.c     TorchComm's operations (argument parsing, checks)
  *   _comms_hooks.c   pre/post/abort hooks (RemovableHandle, the hook
  *                    argument objects) and the flight recorder's methods
+ *   _comms_pybackend.c  backends written in Python (register_backend, the
+ *                    backend table that runs them, get_backend_impl)
  */
 #ifndef TORCHCOMMS_PY_COMMS_H
 #define TORCHCOMMS_PY_COMMS_H
@@ -98,6 +100,11 @@ typedef struct TorchCommObject {
   /* tensor_register's records: {data_ptr: [nbytes, count]}, or NULL when
    * none yet (_comms_mem.c); dropped at finalize and abort */
   PyObject *registered;
+  /* get_backend_impl(): the TorchCommBackend instance of a backend written
+   * in Python (pyb = 1: its operations carry their Python arguments), or
+   * the description of a C backend, made on first use (pyb = 0). */
+  PyObject *backend_impl;
+  int pyb;
   PyObject *weakreflist;
 } TorchCommObject;
 
@@ -206,6 +213,8 @@ TCPY_HIDDEN PyObject *tcpy_work_new(tc_work_t *work, PyObject *refs);
 TCPY_HIDDEN int tcpy_work_done(TorchWorkObject *w);
 /* A new BatchSendRecv on comm. */
 TCPY_HIDDEN PyObject *tcpy_batch_new(TorchCommObject *comm);
+/* A new ReduceOp of op. */
+TCPY_HIDDEN PyObject *tcpy_redop_make(tc_redop_t op);
 /* op argument: ReduceOp, RedOpType member or None (-> SUM). */
 TCPY_HIDDEN int tcpy_redop(PyObject *obj, const char *op, tc_redop_t *out);
 
@@ -233,6 +242,10 @@ typedef struct tcpy_call {
   tc_redop_t op;
   int root; /* root or peer */
   tc_batch_t *batch;
+  /* Python backends only (TorchCommObject.pyb): the method's arguments in
+   * torchcomms' order, before async_op (a new reference the operation's
+   * tcpy_finish drops), NULL otherwise. */
+  PyObject *pyargs;
 } tcpy_call_t;
 
 /* Runs `call` on the communicator: reaps finished works, releases the GIL,
@@ -258,6 +271,43 @@ TCPY_HIDDEN extern PyMethodDef tcpy_comm_op_methods[];
  * released). */
 TCPY_HIDDEN int tcpy_call_run(tc_comm_t *c, const tcpy_call_t *call,
                               const tc_op_options_t *o, tc_work_t **w);
+
+/* ---- backends written in Python (_comms_pybackend.c) ---- */
+/* _backend_base.py's TorchCommBackend, _NativeBackend, _BackendNotFoundError */
+TCPY_HIDDEN extern PyObject *tcpy_TorchCommBackend, *tcpy_NativeBackend,
+    *tcpy_BackendNotFound;
+/* Module init: the registry and the classes above (after the classes were
+ * imported); 0 or -1 with an exception. */
+TCPY_HIDDEN int tcpy_pyb_init(PyObject *module);
+/* register_backend(name, backend_class), _is_backend_registered(name),
+ * _registered_backend(name) -> class or None. */
+TCPY_HIDDEN PyObject *tcpy_register_backend(PyObject *m, PyObject *args,
+                                            PyObject *kw);
+TCPY_HIDDEN PyObject *tcpy_is_backend_registered(PyObject *m, PyObject *args,
+                                                 PyObject *kw);
+TCPY_HIDDEN PyObject *tcpy_registered_backend(PyObject *m, PyObject *name);
+/* new_comm: *cls = the class registered for backend (a str), after loading
+ * its entry point if it has one (new reference), or NULL when the C loader
+ * is to find it. 0, or -1 with an exception. */
+TCPY_HIDDEN int tcpy_pyb_lookup(PyObject *backend, PyObject **cls);
+/* new_comm: cls(), init(device, name, options), rank and size into o. The
+ * instance (new reference) or NULL with an exception. */
+TCPY_HIDDEN PyObject *tcpy_pyb_prepare(PyObject *cls, PyObject *device,
+                                       const char *name, PyObject *options,
+                                       tc_comm_options_t *o);
+/* The instance the table's init takes on this thread (set right before
+ * tc_comm_create; cleared after it, whatever happened). */
+TCPY_HIDDEN void tcpy_pyb_handoff_set(PyObject *obj);
+TCPY_HIDDEN void tcpy_pyb_handoff_clear(void);
+/* After a split of a Python-backed communicator on this thread: the child's
+ * instance (new reference) or NULL. */
+TCPY_HIDDEN PyObject *tcpy_pyb_take_made(void);
+/* The backend_arg of an operation: [method, args + (async_op,), None]; the
+ * third slot receives the exception the method raised. */
+TCPY_HIDDEN PyObject *tcpy_pyb_payload(const char *method, PyObject *args,
+                                       int async_op);
+/* TorchComm.get_backend_impl and unsafe_get_backend. */
+TCPY_HIDDEN extern PyMethodDef tcpy_comm_backend_methods[];
 
 /* ---- hooks (_comms_hooks.c) ---- */
 TCPY_HIDDEN extern PyTypeObject TcPy_RemovableHandle_Type;

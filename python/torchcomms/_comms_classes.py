@@ -236,6 +236,10 @@ for _op, (_n, _f) in _PRE_HOOK_ARGS.items():
     POST_HOOK_ARGS_BY_OP[_op] = _cls
     __all__.append(_n)
 del _op, _n, _f, _cls
+# Backends written in Python (_backend_base.py).
+from torchcomms._backend_base import (  # noqa: E402
+    TorchCommBackend, _NativeBackend, _BackendNotFoundError)
+__all__ += ["TorchCommBackend", "_NativeBackend", "_BackendNotFoundError"]
 
 
 # They are torchcomms._comms's classes (pickling, reprs, the stub).

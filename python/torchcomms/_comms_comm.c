@@ -119,6 +119,18 @@ PyObject *tcpy_issue_opts(TorchCommObject *self, const char *op,
     if (pre && tcpy_hooks_run_pre(self, (int)call->type, op_id, pre) < 0)
       return NULL;
   }
+  /* a Python backend gets the call's Python arguments (_comms_pybackend.c);
+   * an async operation's TorchWork keeps them alive with the tensors */
+  PyObject *payload = NULL, *keep = NULL;
+  if (call->pyargs) {
+    if (!(payload = tcpy_pyb_payload(op, call->pyargs, async_op))) return NULL;
+    opts->o.backend_arg = payload;
+    if (async_op && !(keep = PyTuple_Pack(2, refs ? refs : Py_None, payload))) {
+      Py_DECREF(payload);
+      return NULL;
+    }
+    if (keep) refs = keep;
+  }
   tc_work_t *work = NULL;
   char text[TCPY_ERRBUF];
   char frames[8192];
@@ -132,8 +144,18 @@ PyObject *tcpy_issue_opts(TorchCommObject *self, const char *op,
   TCPY_SAVE_ERROR(text, rc);
   Py_END_ALLOW_THREADS
   if (self->fr_stack) tc__fr_set_caller_frames(NULL);
-  if (rc != TC_OK) return tcpy_raise(rc, text);
+  if (rc != TC_OK) {
+    /* a synchronous call re-raises what the Python backend raised */
+    PyObject *exc = payload ? PyList_GET_ITEM(payload, 2) : NULL;
+    if (exc && exc != Py_None) PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    else tcpy_raise(rc, text);
+    Py_XDECREF(payload);
+    Py_XDECREF(keep);
+    return NULL;
+  }
   PyObject *w = tcpy_work_new(work, refs);
+  Py_XDECREF(payload);
+  Py_XDECREF(keep);
   if (!w) return NULL;
   if (work && !tcpy_work_done((TorchWorkObject *)w) &&
       PyList_Append(self->pending, w) < 0) {
@@ -174,6 +196,8 @@ static PyObject *tcpy_comm_wrap(tc_comm_t *comm, const tcpy_device_t *dev,
   self->high_priority_stream = high_priority_stream;
   self->enable_reconfigure = enable_reconfigure;
   self->registered = NULL;
+  self->backend_impl = NULL;
+  self->pyb = 0;
   self->weakreflist = NULL;
   self->hooked = 0;
   self->fr_stack = tc__fr_stacks_wanted(comm);
@@ -334,7 +358,8 @@ PyObject *tcpy_new_comm(PyObject *module, PyObject *args, PyObject *kw) {
   if (!cbackend) return NULL;
   if (name != Py_None && !(o.name = PyUnicode_AsUTF8(name))) return NULL;
   tcpy_device_t dev;
-  PyObject *device_obj = NULL, *hint_keep = NULL, *result = NULL;
+  PyObject *device_obj = NULL, *hint_keep = NULL, *result = NULL, *cls = NULL,
+           *pyobj = NULL;
   tc_hint_t small[8], *h = NULL;
   size_t nh = 0;
   tc_store_t *cstore = NULL;
@@ -349,6 +374,39 @@ PyObject *tcpy_new_comm(PyObject *module, PyObject *args, PyObject *kw) {
     if (tcpy_store_wrap(store, &cstore) < 0) goto out;
     o.store = cstore;
   }
+  /* a backend written in Python (registered, or from an entry point):
+   * its instance is made and initialised here (_comms_pybackend.c) */
+  if (tcpy_pyb_lookup(backend, &cls) < 0) goto out;
+  if (cls) {
+    if (!device_obj && !(device_obj = tcpy_torch_device(dev.type, dev.index)))
+      goto out;
+    PyObject *ckw = Py_BuildValue(
+        "{sOsOsOsOsOsO}", "abort_process_on_timeout_or_error",
+        o.abort_process_on_timeout_or_error > 0 ? Py_True : Py_False, "timeout",
+        timeout, "high_priority_stream", high_priority ? Py_True : Py_False,
+        "store", store, "enable_reconfigure",
+        enable_reconfigure ? Py_True : Py_False, "hints",
+        hints == Py_None ? Py_None : hints);
+    PyObject *cargs = PyTuple_New(0), *copts = NULL;
+    if (ckw && cargs) copts = PyObject_Call(tcpy_CommOptions, cargs, ckw);
+    Py_XDECREF(ckw);
+    Py_XDECREF(cargs);
+    if (!copts) goto out;
+    pyobj = tcpy_pyb_prepare(cls, device_obj, o.name ? o.name : "main", copts, &o);
+    Py_DECREF(copts);
+    if (!pyobj) goto out;
+    /* the core's own bookkeeping needs a store; the backend does its own
+     * rendezvous, so without one an in-process store serves */
+    if (!cstore) {
+      int src = tc_store_memory(&cstore);
+      if (src != TC_OK) {
+        tcpy_raise(src, tc_last_error());
+        goto out;
+      }
+      o.store = cstore;
+    }
+    tcpy_pyb_handoff_set(pyobj);
+  }
   tc_comm_t *comm = NULL;
   char text[TCPY_ERRBUF];
   int rc;
@@ -356,13 +414,30 @@ PyObject *tcpy_new_comm(PyObject *module, PyObject *args, PyObject *kw) {
   rc = tc_comm_create(cbackend, dev.type, &o, &comm);
   TCPY_SAVE_ERROR(text, rc);
   Py_END_ALLOW_THREADS
+  tcpy_pyb_handoff_clear();
+  if (rc == TC_ERR_BACKEND_NOT_FOUND && !cls) {
+    /* torchcomms raises ModuleNotFoundError; ours is also a RuntimeError */
+    PyErr_Format(tcpy_BackendNotFound,
+                 "%s; or install a package declaring it in the "
+                 "'torchcomms.backends' entry points, or register a "
+                 "TorchCommBackend subclass with torchcomms.register_backend "
+                 "(failed to find backend %s, is it registered via "
+                 "entry_points.txt?)", text, cbackend);
+    goto out;
+  }
   if (rc != TC_OK) {
     tcpy_raise(rc, text);
     goto out;
   }
   result = tcpy_comm_wrap(comm, &dev, store, device_obj, high_priority,
                           enable_reconfigure);
+  if (result && pyobj) {
+    ((TorchCommObject *)result)->backend_impl = Py_NewRef(pyobj);
+    ((TorchCommObject *)result)->pyb = 1;
+  }
 out:
+  Py_XDECREF(cls);
+  Py_XDECREF(pyobj);
   if (cstore) tc_store_release(cstore); /* the communicator holds its own */
   if (h && h != small) PyMem_Free(h);
   Py_XDECREF(hint_keep);
@@ -441,6 +516,8 @@ static PyObject *tcpy_comm_set_timeout(TorchCommObject *self, PyObject *args,
   if (tcpy_seconds(timeout, "set_timeout", "timeout", 0, &s) < 0) return NULL;
   int rc = tc_comm_set_timeout(self->comm, s);
   if (rc != TC_OK) return tcpy_raise(rc, tc_last_error());
+  if (self->pyb) /* a Python backend hears of it too (torchcomms' setTimeout) */
+    return PyObject_CallMethod(self->backend_impl, "set_timeout", "(O)", timeout);
   Py_RETURN_NONE;
 }
 
@@ -613,7 +690,9 @@ static PyObject *tcpy_comm_split(TorchCommObject *self, PyObject *args,
   rc = tc_comm_split(c, r, (size_t)n, cname, &opts.o, &child);
   TCPY_SAVE_ERROR(text, rc);
   Py_END_ALLOW_THREADS
+  PyObject *made = tcpy_pyb_take_made(); /* a Python backend's child */
   if (rc != TC_OK) {
+    Py_XDECREF(made);
     /* torchcomms' split raises RuntimeError for every refusal (duplicate
      * ranks, the caller missing from a non-empty list, ...); the library
      * has already failed it on every rank together */
@@ -622,11 +701,18 @@ static PyObject *tcpy_comm_split(TorchCommObject *self, PyObject *args,
     goto out;
   }
   if (!child) {
+    Py_XDECREF(made);
     result = Py_NewRef(Py_None);
     goto out;
   }
   result = tcpy_comm_wrap(child, &self->dev, self->store, self->device_obj,
                           self->high_priority_stream, self->enable_reconfigure);
+  if (result && made) {
+    ((TorchCommObject *)result)->backend_impl = made;
+    ((TorchCommObject *)result)->pyb = 1;
+  } else {
+    Py_XDECREF(made);
+  }
   if (result && hooked) tcpy_hooks_run_post(self, TCPY_HOOK_OP_SPLIT, op_id);
   if (result) tcpy_hooks_run_split(self, result);
 out:
@@ -662,6 +748,7 @@ static int tcpy_comm_traverse(TorchCommObject *self, visitproc visit,
   Py_VISIT(self->store);
   Py_VISIT(self->device_obj);
   Py_VISIT(self->registered);
+  Py_VISIT(self->backend_impl);
   for (int k = 0; k < TCPY_HOOK_KINDS; k++) Py_VISIT(self->hooks[k]);
   return 0;
 }
@@ -689,6 +776,7 @@ static void tcpy_comm_dealloc(TorchCommObject *self) {
   Py_CLEAR(self->store);
   Py_CLEAR(self->device_obj);
   Py_CLEAR(self->registered);
+  Py_CLEAR(self->backend_impl);
   PyObject_GC_Del(self);
 }
 

@@ -283,6 +283,22 @@ static PyMethodDef tcpy_module_methods[] = {
      "_store_call(store, op, key_or_keys, arg=None, timeout=1.0): one call "
      "of the C store API (set/get/add/check/wait/delete) on a Python store "
      "through the adapter. For tests."},
+    {"register_backend", (PyCFunction)(void (*)(void))tcpy_register_backend,
+     METH_VARARGS | METH_KEYWORDS,
+     "register_backend(name, backend_class): new_comm(name, ...) then creates "
+     "communicators whose operations run backend_class's methods (a subclass "
+     "of TorchCommBackend, instantiated with no arguments for each "
+     "communicator). The first registration of a name stays: registering "
+     "the same class again does nothing, another class warns "
+     "(RuntimeWarning) and is ignored. A registration wins over an entry "
+     "point and a C plugin of the same name (docs/backends.md)."},
+    {"_is_backend_registered", (PyCFunction)(void (*)(void))tcpy_is_backend_registered,
+     METH_VARARGS | METH_KEYWORDS,
+     "_is_backend_registered(name) -> bool: True once a class is registered "
+     "under name in this process (register_backend, or an entry point "
+     "loaded by new_comm)."},
+    {"_registered_backend", tcpy_registered_backend, METH_O,
+     "_registered_backend(name) -> the class registered under name, or None."},
     {"_fr_dump_file", (PyCFunction)(void (*)(void))tcpy_fr_dump_file,
      METH_VARARGS | METH_KEYWORDS,
      "_fr_dump_file(path=None) -> str: writes the flight recorder trace of "
@@ -309,14 +325,15 @@ static const char *tcpy_all_names[] = {
     "ReduceScatterSingleOptions", "AllToAllOptions", "AllToAllSingleOptions",
     "AllToAllvSingleOptions", "BarrierOptions", "ScatterOptions",
     "GatherOptions", "Timeout", "OpName", "RemovableHandle",
-    "get_mem_allocator", "MemAllocator", NULL};
+    "get_mem_allocator", "MemAllocator", "TorchCommBackend", "register_backend",
+    NULL};
 
 PyMODINIT_FUNC PyInit__comms(void) {
   PyObject *m = PyModule_Create(&tcpy_moduledef);
   if (!m) return NULL;
   tcpy_module = m;
   if (tcpy_intern_names() < 0 || tcpy_import_classes(m) < 0 ||
-      tcpy_types_ready(m) < 0)
+      tcpy_types_ready(m) < 0 || tcpy_pyb_init(m) < 0)
     goto fail;
   if (PyModule_AddStringConstant(m, "__version__", tc_version()) < 0)
     goto fail;

@@ -80,8 +80,14 @@ static PyObject *tcpy_finish(TorchCommObject *self, const char *fn,
 out:
   Py_XDECREF(pre);
   Py_XDECREF(refs);
+  Py_CLEAR(c->pyargs);
   return r;
 }
+
+/* A Python backend's arguments (Py_BuildValue format and values) into
+ * c.pyargs; true on failure (an exception is set). */
+#define TCPY_PYARGS(self, c, ...)                                              \
+  ((self)->pyb && !((c).pyargs = Py_BuildValue(__VA_ARGS__)))
 
 /* ---- point to point, broadcast, reductions ---- */
 
@@ -106,6 +112,10 @@ static PyObject *tcpy_p2p(TorchCommObject *self, PyObject *args, PyObject *kw,
                    .dtype = t.dtype, .root = p};
   if (send) c.sendbuf = t.ptr;
   else c.recvbuf = t.ptr;
+  if (TCPY_PYARGS(self, c, "(Oi)", tensor, p)) {
+    Py_XDECREF(refs);
+    return NULL;
+  }
   return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "Oi", tensor,
                      p);
 }
@@ -135,6 +145,10 @@ static PyObject *tcpy_op_broadcast(TorchCommObject *self, PyObject *args,
     return NULL;
   tcpy_call_t c = {.type = TC_OP_BROADCAST, .recvbuf = t.ptr, .count = t.numel,
                    .dtype = t.dtype, .root = r};
+  if (TCPY_PYARGS(self, c, "(Oi)", tensor, r)) {
+    Py_XDECREF(refs);
+    return NULL;
+  }
   return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "Oi", tensor,
                      r);
 }
@@ -157,6 +171,10 @@ static PyObject *tcpy_op_all_reduce(TorchCommObject *self, PyObject *args,
     return NULL;
   tcpy_call_t c = {.type = TC_OP_ALL_REDUCE, .recvbuf = t.ptr, .count = t.numel,
                    .dtype = t.dtype, .op = rop};
+  if (TCPY_PYARGS(self, c, "(ON)", tensor, tcpy_redop_make(rop))) {
+    Py_XDECREF(refs);
+    return NULL;
+  }
   return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "O", tensor);
 }
 
@@ -181,6 +199,10 @@ static PyObject *tcpy_op_reduce(TorchCommObject *self, PyObject *args,
     return NULL;
   tcpy_call_t c = {.type = TC_OP_REDUCE, .recvbuf = t.ptr, .count = t.numel,
                    .dtype = t.dtype, .op = rop, .root = r};
+  if (TCPY_PYARGS(self, c, "(OiN)", tensor, r, tcpy_redop_make(rop))) {
+    Py_XDECREF(refs);
+    return NULL;
+  }
   return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "Oi", tensor,
                      r);
 }
@@ -224,6 +246,10 @@ static PyObject *tcpy_gather_list(TorchCommObject *self, PyObject *args,
   tcpy_call_t c = {.type = v ? TC_OP_ALL_GATHER_V : TC_OP_ALL_GATHER,
                    .recvbufs = ptrs, .recvcounts = v ? counts : NULL,
                    .sendbuf = t.ptr, .count = t.numel, .dtype = t.dtype};
+  if (TCPY_PYARGS(self, c, "(OO)", list, tensor)) {
+    Py_XDECREF(refs);
+    goto out;
+  }
   res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "OL", tensor,
                     list);
 out:
@@ -305,6 +331,11 @@ static PyObject *tcpy_pair(TorchCommObject *self, PyObject *args, PyObject *kw,
   if (tcpy_refs(async_op, &refs, 2, out, in) < 0) return NULL;
   tcpy_call_t c = {.type = kind, .recvbuf = o.ptr, .sendbuf = i.ptr,
                    .count = count, .dtype = o.dtype, .op = rop};
+  if (with_op ? TCPY_PYARGS(self, c, "(OON)", out, in, tcpy_redop_make(rop))
+              : TCPY_PYARGS(self, c, "(OO)", out, in)) {
+    Py_XDECREF(refs);
+    return NULL;
+  }
   return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "OO", in,
                      out);
 }
@@ -363,6 +394,10 @@ static PyObject *tcpy_scatter_list(TorchCommObject *self, PyObject *args,
                    .recvbuf = o.ptr, .sendbufs = ptrs,
                    .sendcounts = v ? counts : NULL, .count = o.numel,
                    .recvcount = o.numel, .dtype = o.dtype, .op = rop};
+  if (TCPY_PYARGS(self, c, "(OON)", out, list, tcpy_redop_make(rop))) {
+    Py_XDECREF(refs);
+    goto out;
+  }
   res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "LO", list,
                     out);
 out:
@@ -476,6 +511,10 @@ static PyObject *tcpy_op_all_to_all_v_single(TorchCommObject *self,
   tcpy_call_t c = {.type = TC_OP_ALL_TO_ALL_V_SINGLE, .recvbuf = o.ptr,
                    .recvcounts = rc, .sendbuf = i.ptr, .sendcounts = rc + n,
                    .dtype = o.dtype};
+  if (TCPY_PYARGS(self, c, "(OOOO)", out, in, osp, isp)) {
+    Py_XDECREF(refs);
+    goto out;
+  }
   res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "OOLL", in,
                     out, isp, osp);
 out:
@@ -509,6 +548,10 @@ static PyObject *tcpy_op_all_to_all(TorchCommObject *self, PyObject *args,
   tcpy_call_t c = {.type = TC_OP_ALL_TO_ALL, .recvbufs = optr,
                    .recvcounts = ocnt, .sendbufs = iptr, .sendcounts = icnt,
                    .dtype = odt};
+  if (TCPY_PYARGS(self, c, "(OO)", ol, il)) {
+    Py_XDECREF(refs);
+    goto out;
+  }
   res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "LL", il, ol);
 out:
   PyMem_Free(optr);
@@ -529,6 +572,7 @@ static PyObject *tcpy_op_barrier(TorchCommObject *self, PyObject *args,
                                    &hints, &timeout))
     return NULL;
   tcpy_call_t c = {.type = TC_OP_BARRIER};
+  if (TCPY_PYARGS(self, c, "()")) return NULL;
   return tcpy_finish(self, "barrier", &c, async_op, hints, timeout, NULL, "");
 }
 
@@ -583,6 +627,12 @@ static PyObject *tcpy_rooted_list(TorchCommObject *self, PyObject *args,
     c.recvbuf = t.ptr;
     c.sendbufs = ptrs;
   }
+  /* torchcomms' order: scatter(output_tensor, input_tensor_list, root),
+   * gather(output_tensor_list, input_tensor, root) */
+  if (TCPY_PYARGS(self, c, "(OOi)", a0, a1, r)) {
+    Py_XDECREF(refs);
+    goto out;
+  }
   /* gather: input tensor, output list; scatter: output tensor, input list */
   res = tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "OLi", tensor,
                     list, r);
@@ -628,6 +678,10 @@ static PyObject *tcpy_op_gather_single(TorchCommObject *self, PyObject *args,
   tcpy_call_t c = {.type = TC_OP_GATHER_SINGLE, .recvbuf = o.ptr,
                    .sendbuf = i.ptr, .count = i.numel, .dtype = i.dtype,
                    .root = r};
+  if (TCPY_PYARGS(self, c, "(OOi)", out, in, r)) {
+    Py_XDECREF(refs);
+    return NULL;
+  }
   return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "OOi", in,
                      out, r);
 }

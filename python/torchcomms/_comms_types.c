@@ -15,7 +15,7 @@ static const char *const tcpy_redop_names[TC_REDOP_COUNT] = {
     [TC_BXOR] = "BXOR", [TC_AVG] = "AVG",         [TC_PREMUL_SUM] = "PREMUL_SUM",
 };
 
-static PyObject *tcpy_redop_make(tc_redop_t op) {
+PyObject *tcpy_redop_make(tc_redop_t op) {
   ReduceOpObject *r = PyObject_New(ReduceOpObject, &TcPy_ReduceOp_Type);
   if (r) r->op = op;
   return (PyObject *)r;
@@ -654,7 +654,7 @@ int tcpy_types_ready(PyObject *m) {
   /* TorchComm's operations (_comms_ops.c) and hook methods
    * (_comms_hooks.c) join its own methods */
   PyMethodDef *tables[] = {tcpy_comm_op_methods, tcpy_comm_hook_methods,
-                           tcpy_comm_mem_methods};
+                           tcpy_comm_mem_methods, tcpy_comm_backend_methods};
   for (size_t k = 0; k < sizeof tables / sizeof tables[0]; k++)
     for (PyMethodDef *d = tables[k]; d->ml_name; d++) {
       PyObject *descr = PyDescr_NewMethod(&TcPy_TorchComm_Type, d);

@@ -1,7 +1,8 @@
-/* loader.c -- finds a backend by name: $TORCHCOMMS_BACKEND_LIB_PATH_<NAME>
- * (a file or a directory), then libtorchcomms-<name>.so beside libtorchcomms,
- * then the built-ins; checks the ABI version and size of the table. Also
- * maps torch's c10d names to ours (tc__backend_alias). */
+/* loader.c -- finds a backend by name: the in-process registrations
+ * (tc_backend_register), then $TORCHCOMMS_BACKEND_LIB_PATH_<NAME> (a file or
+ * a directory), then libtorchcomms-<name>.so beside libtorchcomms, then the
+ * built-ins; checks the ABI version and size of the table. Also maps
+ * torch's c10d names to ours (tc__backend_alias). */
 #include "core.h"
 
 #include <ctype.h>
@@ -23,6 +24,19 @@ static struct {
 } tc__plugins[TC_MAX_PLUGINS];
 static int nplugins;
 static pthread_mutex_t loader_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* In-process registrations (tc_backend_register), looked up first; never
+ * removed. */
+#define TC_MAX_REGISTERED 64
+static const tc_backend_ops_t *tc__registered[TC_MAX_REGISTERED];
+static int nregistered;
+
+/* The registered table of `name`, or NULL (loader_mu held). */
+static const tc_backend_ops_t *registered_locked(const char *name) {
+  for (int i = 0; i < nregistered; i++)
+    if (!strcmp(tc__registered[i]->name, name)) return tc__registered[i];
+  return NULL;
+}
 
 /* Minimum table size of ABI version 2: everything up to `split`. */
 #define TC_BACKEND_MIN_SIZE                                                    \
@@ -101,6 +115,36 @@ static int valid_name(const char *name) {
   return 1;
 }
 
+int tc_backend_register(const tc_backend_ops_t *ops) {
+  static const char *fn = "tc_backend_register";
+  if (!ops)
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: %s: argument 'ops' is NULL", fn);
+  if (!ops->name || !valid_name(ops->name))
+    return tc__set_error(TC_ERR_INVALID_ARGUMENT,
+                         "torchcomms: %s: backend name '%s' is invalid "
+                         "(lower-case letters, digits, '_' and '-', at most "
+                         "47 characters)", fn, ops->name ? ops->name : "(null)");
+  TC_CHECK(check_table(ops->name, "tc_backend_register", ops));
+  pthread_mutex_lock(&loader_mu);
+  const tc_backend_ops_t *old = registered_locked(ops->name);
+  int rc = TC_OK;
+  if (old && old != ops)
+    rc = tc__set_error(TC_ERR_INVALID_USAGE,
+                       "torchcomms: %s: backend '%s' is already registered "
+                       "with another table (the first registration stays; "
+                       "choose another name)", fn, ops->name);
+  else if (!old && nregistered == TC_MAX_REGISTERED)
+    rc = tc__set_error(TC_ERR_INVALID_USAGE,
+                       "torchcomms: %s: cannot register backend '%s': %d "
+                       "backends are registered already (the limit)", fn,
+                       ops->name, TC_MAX_REGISTERED);
+  else if (!old)
+    tc__registered[nregistered++] = ops;
+  pthread_mutex_unlock(&loader_mu);
+  return rc;
+}
+
 const char *tc__backend_alias(const char *name, const char *device) {
   /* torch.distributed's own switch to torchcomms (use_torchcomms) asks for
    * its c10d backend name: "gloo" for CPU tensors, or the name a c10d
@@ -108,6 +152,10 @@ const char *tc__backend_alias(const char *name, const char *device) {
    * "cpu" serves both, unless a gloo plugin is named explicitly through
    * TORCHCOMMS_BACKEND_LIB_PATH_GLOO. */
   if (!name || !device || strcmp(device, "cpu") != 0) return name;
+  pthread_mutex_lock(&loader_mu); /* a registration of the name wins */
+  const tc_backend_ops_t *reg = registered_locked(name);
+  pthread_mutex_unlock(&loader_mu);
+  if (reg) return name;
   if (!strcmp(name, "torchcomms")) return "cpu";
   if (!strcmp(name, "gloo") && !tc__env_str("TORCHCOMMS_BACKEND_LIB_PATH_GLOO"))
     return "cpu";
@@ -125,6 +173,12 @@ int tc__backend_find(const char *name, const tc_backend_ops_t **out) {
                          "invalid (lower-case letters, digits, '_' and '-')",
                          name);
   pthread_mutex_lock(&loader_mu);
+  const tc_backend_ops_t *reg = registered_locked(name);
+  if (reg) {
+    *out = reg;
+    pthread_mutex_unlock(&loader_mu);
+    return TC_OK;
+  }
   for (int i = 0; i < nplugins; i++)
     if (!strcmp(tc__plugins[i].name, name)) {
       *out = tc__plugins[i].ops;

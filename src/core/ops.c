@@ -250,11 +250,14 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
   tc__op_describe(a, c->rank, c->size, arrays, op);
   op->timeout_s = timeout;
   if (work) op->flags |= TC_BACKEND_OP_ASYNC;
+  op->backend_arg = NULL;
   if (opts) {
     op->hints = opts->hints; /* borrowed for the post call only */
     op->num_hints = opts->num_hints;
     if (opts->size >= offsetof(tc_op_options_t, stream) + sizeof(void *))
       op->stream = opts->stream;
+    if (opts->size >= offsetof(tc_op_options_t, backend_arg) + sizeof(void *))
+      op->backend_arg = opts->backend_arg;
   }
   atomic_fetch_add(&w->refs, 1); /* the backend's reference */
   char why[768] = "";
