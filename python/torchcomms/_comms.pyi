@@ -561,7 +561,7 @@ class _BackendWrapper:
     """torch.distributed's process group over a TorchComm (what torch 2.13
     imports as ``from torchcomms._comms import _BackendWrapper``). Defined in
     torchcomms._backend_wrapper (a torch ProcessGroup subclass) and resolved
-    here on first access, which imports torch; see docs/compat_c10d.md."""
+    here on first access, which imports torch; see docs/python_api.md ("The c10d wrapper")."""
     def __init__(self, comm: TorchComm, store: Any | None = None) -> None: ...
     def get_comm(self) -> TorchComm: ...
     @property

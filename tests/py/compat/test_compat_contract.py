@@ -3,7 +3,7 @@ point 4): split refusals, TorchWork.wait_blocking / _set_status, CommOptions
 (name, get_options), tensor_register / tensor_deregister, get_mem_allocator,
 and the names and keywords of TorchComm / TorchWork / CommOptions. The
 worker (workers/contract_worker.py) runs under torchrun at 2 and 4 ranks;
-docs/compat_contract.md is the name table."""
+docs/python_api.md ("Name by name against torchcomms") is the name table."""
 import subprocess
 import sys
 
