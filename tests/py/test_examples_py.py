@@ -36,9 +36,12 @@ RUNS = [
     ("SendRecvAsync.py", 4), ("AllGather.py", 4), ("Broadcast.py", 4),
     ("ObjectCollectives.py", 4), ("BatchSendRecv.py", 4), ("TrainingLoop.py", 2),
     ("train_ddp.py", 2), ("train_ddp.py", 4), ("train_fsdp.py", 2), ("train_fsdp.py", 4),
+    ("compiled_tp.py", 2),
 ]
 # ours, over torch.distributed (DDP, FSDP2): not upstream's seed examples
 TORCH_TRAINING = {"train_ddp.py", "train_fsdp.py"}
+# ours too: torch.compile over torchcomms.functional
+OURS = TORCH_TRAINING | {"compiled_tp.py"}
 PARALLEL = 3
 TIMEOUT = 180
 
@@ -102,6 +105,8 @@ def test_example(finished, script, n):
         verdict = (f"parameters identical on all {n} ranks" if script == "train_ddp.py"
                    else f"matches the unsharded reference on {n} ranks")
         assert verdict in out, out
+    elif script == "compiled_tp.py":
+        assert f"matches the unsharded reference on {n} ranks" in out, out
     elif script != "AllReduceSync.py":
         for r in range(n):
             assert f"Rank {r}:" in out, out
@@ -134,9 +139,10 @@ def test_every_example_is_tested():
 def test_examples_only_change_backend_and_device():
     """The examples are upstream's with the backend and device changed: they
     create their communicator as new_comm("cpu", device, name="main_comm").
-    (Not the DDP / FSDP2 training examples: ours, over torch.distributed.)"""
+    (Not our own: the DDP / FSDP2 training examples, over torch.distributed,
+    and the compiled tensor-parallel MLP.)"""
     for p in EXAMPLES.glob("*.py"):
-        if p.name in TORCH_TRAINING:
+        if p.name in OURS:
             continue
         src = p.read_text()
         assert 'new_comm("cpu", device, name="main_comm")' in src, p.name
