@@ -96,10 +96,11 @@ def test_launch_exit(results):
 def test_op_ids_agree_across_ranks(results):
     """op_ids are per communicator and the same on both ranks for the same
     operations (the direct part ran on a fresh communicator whose first
-    operation was a split: its op_ids start at 2)."""
+    operation was a split, which takes two numbers (its two all_gather_single
+    exchanges): its op_ids start at 3)."""
     _, ranks, _ = results
     d0, d1 = (r["data"] for r in ranks)
-    assert d0["direct_op_ids"] == d1["direct_op_ids"] == list(range(2, 20))
+    assert d0["direct_op_ids"] == d1["direct_op_ids"] == list(range(3, 21))
     assert d0["c10d_op_ids"] == d1["c10d_op_ids"] == list(range(1, 7))
     # after rank 0's refused all_reduce, both ranks' next all_reduce has the
     # same op_id and collective sequence number

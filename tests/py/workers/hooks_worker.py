@@ -263,15 +263,18 @@ def part_direct(comm):
     got = [names.get(i, "?").split(":")[1].split(" ")[0] for i in ids]
     eq("the C flight recorder's names at the hooks' op_ids", got, expected)
 
-    # split: pre gets ranks and name; the op_id is that of the split's
-    # all_gather_single; post gets a SplitPostHookArgs
+    # split: pre gets ranks and name; the op_id is that of the split's first
+    # all_gather_single (the groups; a second one tells every rank whether
+    # any member saw a different list); post gets a SplitPostHookArgs
     expected = comm._next_op_id()
     child = comm.split([0, 1], "hooks_child")
     sid = expect_op(rec, "split", OpName.split,
                     ["SplitPreHookArgs", ("ranks", [0, 1]), ("name", "hooks_child")],
                     post_cls="SplitPostHookArgs", op_id=expected)
     eq("split's op_id in the flight recorder", fr_ops(comm).get(sid), "gloo:all_gather_single")
-    eq("split took one number", comm._next_op_id(), expected + 1)
+    eq("split took two numbers", comm._next_op_id(), expected + 2)
+    eq("its second exchange in the flight recorder", fr_ops(comm).get(sid + 1),
+       "gloo:all_gather_single")
     # the child has no hooks of its parent
     child.barrier()
     eq("the child's operations call the parent's hooks", rec.take(), [])
@@ -560,8 +563,9 @@ def part_fr(comm, outdir):
     eq("merged pg_config", sorted(d["pg_config"]), ["fr_child", "fr_sub"])
     eq("merged entries (pg_id: registration order)",
        [(e["pg_id"], e["process_group"][0], e["profiling_name"]) for e in d["entries"]],
-       [(0, "fr_sub", "gloo:all_gather_single"), (1, "fr_child", "gloo:all_reduce")])
-    eq("size() counts both", rec.size(), 2)
+       [(0, "fr_sub", "gloo:all_gather_single"), (0, "fr_sub", "gloo:all_gather_single"),
+        (1, "fr_child", "gloo:all_reduce")])
+    eq("size() counts both", rec.size(), 3)
     # dump_file: TORCHCOMM_FR_DUMP_TEMP_FILE + rank, a pickle torch's analyser reads
     os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"] = os.path.join(outdir, "fr_trace_")
     path = rec.dump_file(r)

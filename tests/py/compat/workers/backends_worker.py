@@ -232,8 +232,10 @@ def _(c):
     t = torch.full((2,), float(R))
     child.all_reduce(t, ReduceOp.SUM, async_op=False)
     c.eq("all_reduce on the child", t, torch.full((2,), float(sum(half))))
-    c.eq("the parent agreed on the groups through its all_gather_single, then split",
-         impl.calls, [("all_gather_single", False), ("split", half)])
+    c.eq("the parent agreed on the groups through its all_gather_single (the lists, "
+         "then whether any member saw a different one), then split",
+         impl.calls, [("all_gather_single", False), ("all_gather_single", False),
+                      ("split", half)])
     impl.calls.clear()
     pair = comm.split([0, 1] if R < 2 else [], "pair")
     c.eq("in no group: None", pair is None, R >= 2)
