@@ -36,8 +36,11 @@ RUNS = [
     ("SendRecvAsync.py", 4), ("AllGather.py", 4), ("Broadcast.py", 4),
     ("ObjectCollectives.py", 4), ("BatchSendRecv.py", 4), ("TrainingLoop.py", 2),
     ("train_ddp.py", 2), ("train_ddp.py", 4), ("train_fsdp.py", 2), ("train_fsdp.py", 4),
-    ("compiled_tp.py", 2),
 ]
+# torch.compile's tracing does not depend on the transport: the TCP pass of
+# make test leaves it out (tests/py/compat/conftest.py says why)
+if os.environ.get("TORCHCOMMS_CPU_TRANSPORT") != "tcp":
+    RUNS.append(("compiled_tp.py", 2))
 # ours, over torch.distributed (DDP, FSDP2): not upstream's seed examples
 TORCH_TRAINING = {"train_ddp.py", "train_fsdp.py"}
 # ours too: torch.compile over torchcomms.functional
@@ -133,7 +136,8 @@ def test_quick_start_output(finished, n):
 
 def test_every_example_is_tested():
     scripts = {p.name for p in EXAMPLES.glob("*.py")}
-    assert scripts == {s for s, _ in RUNS}, scripts ^ {s for s, _ in RUNS}
+    tested = {s for s, _ in RUNS} | {"compiled_tp.py"}
+    assert scripts == tested, scripts ^ tested
 
 
 def test_examples_only_change_backend_and_device():

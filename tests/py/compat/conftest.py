@@ -27,11 +27,29 @@ import pytest
 HERE = Path(__file__).resolve().parent
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 SIZES = [2, 4]
-# Areas whose launches `make test-py-tcp` (TORCHCOMMS_CPU_TRANSPORT=tcp) skips:
-# torch.compile tracing does not depend on the transport, and the collectives
-# its ops call are checked on TCP by the other suites; the shared-memory pass
-# runs them (it keeps `make test` within its time).
-TRANSPORT_INDEPENDENT = {"functional"}
+# Areas whose tests `make test-py-tcp` (TORCHCOMMS_CPU_TRANSPORT=tcp) skips
+# (the shared-memory pass runs them; skipping keeps `make test` within its
+# time): what they check does not depend on the transport: torch.compile
+# tracing and autograd (functional), a Python backend's dispatch through the
+# core (backends), argument checks, options and the split's agreement
+# (contract). The collectives under them run on TCP in the other suites
+# (tc_test's split refusals included). The c10d area (batches of MiB
+# messages, monitored_barrier) runs on both.
+TRANSPORT_INDEPENDENT = {"functional", "backends", "contract"}
+
+
+def _tcp_pass():
+    return os.environ.get("TORCHCOMMS_CPU_TRANSPORT") == "tcp"
+
+
+def pytest_collection_modifyitems(config, items):
+    if not _tcp_pass():
+        return
+    skip = pytest.mark.skip(reason="transport-independent: run in the shared-memory pass")
+    for item in items:
+        name = Path(str(item.fspath)).name
+        if name.startswith("test_compat_") and name[12:-3] in TRANSPORT_INDEPENDENT:
+            item.add_marker(skip)
 # the launcher's and our own settings that must not leak in from the caller
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
               "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
@@ -69,7 +87,7 @@ class Compat:
     def run(self, area, n, env=None, timeout=300, args=()):
         """The launch of workers/<area>_worker.py on n ranks (once per session,
         per distinct env/args): (returncode, per-rank results, log, seconds)."""
-        if area in TRANSPORT_INDEPENDENT and os.environ.get("TORCHCOMMS_CPU_TRANSPORT") == "tcp":
+        if area in TRANSPORT_INDEPENDENT and _tcp_pass():
             pytest.skip(f"{area}: transport-independent, run in the shared-memory pass")
         key = (area, n, tuple(sorted((env or {}).items())), tuple(args))
         if key not in self.results:
