@@ -111,13 +111,13 @@ static int shm_block(struct tc_shm *s, shm_waiter_t *w, double spin_s, int may_s
   if (!may_sleep) return SHM_NOT_YET;
   if (now >= w->next_live) {
     int rc = check ? check(s, arg, op) : TC_OK;
-    if (rc == TC_OK) {
-      rc = tc__mesh_check_alive(s->mesh, op);
-      /* a peer that wrote its last message (a goodbye) and exited between
-       * the caller's look and this check: take the message first; the next
-       * wait reports the death if something is still missing */
-      if (rc != TC_OK && ready(s, arg)) return SHM_RETRY;
-    }
+    if (rc == TC_OK) rc = tc__mesh_check_alive(s->mesh, op);
+    /* a peer that wrote its last message for this operation and then moved
+     * on to the next one (the mismatch check) or exited (a goodbye; the
+     * liveness check) between the caller's look and this check: take the
+     * message first; the next wait reports the failure if something is
+     * still missing */
+    if (rc != TC_OK && ready(s, arg)) return SHM_RETRY;
     if (rc != TC_OK) return rc;
     w->next_live = now + SHM_LIVE_S;
   }
