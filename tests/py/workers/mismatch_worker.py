@@ -1,11 +1,24 @@
 """Ranks calling different collectives: every rank raises at once with a
 message naming both sides, nobody gets a result (run under torchrun -n 2 or
 3; the last rank is the odd one)."""
+import os
 import sys
 import time
+from datetime import timedelta
 
 import torch
 from torchcomms import ReduceOp, new_comm
+
+
+def all_read(n):
+    """Waits (through torchrun's store, 30 s at most) until every rank has
+    read its own error."""
+    import torch.distributed as dist
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timedelta(seconds=30))
+    if store.add("mismatch_worker/read", 1) == n:
+        store.set("mismatch_worker/all_read", "1")
+    store.wait(["mismatch_worker/all_read"])
 
 
 def main() -> int:
@@ -36,6 +49,7 @@ def main() -> int:
         msg = str(e)
         ok = "mismatched collectives" in msg and want in msg and took < 10
         print(f"rank {r}: {'OK' if ok else 'BAD'} {took:.3f}s {msg}", flush=True)
+        all_read(n)  # nobody exits (closing its connections) before every rank read its error
         comm.abort()
         return 0 if ok else 1
 
