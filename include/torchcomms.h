@@ -254,7 +254,7 @@ TC_API void tc_store_server_stop(tc_store_server_t *server);
 typedef struct tc_comm tc_comm_t;
 typedef struct tc_work tc_work_t;
 
-#define TC_COMM_OPTIONS_VERSION 1
+#define TC_COMM_OPTIONS_VERSION 2
 typedef struct tc_comm_options {
   uint32_t size;    /* sizeof(tc_comm_options_t) */
   uint32_t version; /* TC_COMM_OPTIONS_VERSION */
@@ -277,6 +277,11 @@ typedef struct tc_comm_options {
   int world_size;
   /* Device index for device backends (-1: none / the default). */
   int device_index;
+  /* Version 2. 1: a reconfigurable communicator (fault tolerance, see
+   * tc_comm_reconfigure): created without members (rank and world_size are
+   * ignored, nothing is connected) and configured by reconfigure. Only
+   * backends that can run it accept it (cpu; not nccl). 0: an ordinary one. */
+  int enable_reconfigure;
 } tc_comm_options_t;
 
 #define TC_COMM_OPTIONS_INIT                                                   \
@@ -284,7 +289,7 @@ typedef struct tc_comm_options {
     .size = sizeof(tc_comm_options_t), .version = TC_COMM_OPTIONS_VERSION,     \
     .name = NULL, .timeout_s = 0.0, .abort_process_on_timeout_or_error = -1,   \
     .hints = NULL, .num_hints = 0, .store = NULL, .rank = -1,                  \
-    .world_size = -1, .device_index = -1                                       \
+    .world_size = -1, .device_index = -1, .enable_reconfigure = 0              \
   }
 
 /* Creates a communicator (collective over all ranks): loads `backend`
@@ -333,6 +338,74 @@ TC_API int tc_comm_set_hints(tc_comm_t *comm, const tc_hint_t *hints,
                              size_t num_hints);
 /* Full text of this communicator's last error ("" if none). */
 TC_API const char *tc_comm_last_error(const tc_comm_t *comm);
+
+/* ---- Fault tolerance: reconfigurable communicators ----
+ *
+ * A communicator created with enable_reconfigure = 1 has no members until
+ * tc_comm_reconfigure gives it some: rank -1, size 0, and every operation
+ * fails ("not configured yet") until then. Each such communicator listens
+ * on its own endpoint (TORCHCOMMS_SOCKET_ADDR, else the address it reaches
+ * its store from, else 127.0.0.1; any free port) and its init handle names
+ * it. The application gathers the handles of the processes that should
+ * form the group (its own coordination: a store, a lighthouse) and every
+ * one of them calls tc_comm_reconfigure with the same uuid and the same
+ * list; the list's order gives the ranks. Reconfigure drops whatever the
+ * communicator was connected to before (pending operations fail as
+ * aborted), so survivors of a failure call it after tc_comm_abort, and it
+ * may be called again and again with new uuids (shrink, grow, replace). */
+
+/* Writes this communicator's init handle (a NUL-terminated string of at
+ * most TC_INIT_HANDLE_MAX bytes with the NUL) into buf. TC_ERR_INVALID_USAGE
+ * unless created with enable_reconfigure. */
+#define TC_INIT_HANDLE_MAX 256
+TC_API int tc_comm_get_init_handle(const tc_comm_t *comm, char *buf, size_t len);
+
+#define TC_RECONFIGURE_OPTIONS_VERSION 1
+typedef struct tc_reconfigure_options {
+  uint32_t size;    /* sizeof(tc_reconfigure_options_t) */
+  uint32_t version; /* TC_RECONFIGURE_OPTIONS_VERSION */
+  /* Identifies this reconfiguration: every member passes the same value,
+   * and a value is used for one reconfiguration only. */
+  int64_t uuid;
+  /* The members' init handles; rank i is init_handles[i]. Must contain the
+   * caller's own handle exactly once, and no handle twice. */
+  const char *const *init_handles;
+  size_t num_handles;
+  /* Deadline of the whole reconfiguration, seconds; <= 0: the
+   * communicator's timeout. */
+  double timeout_s;
+  const tc_hint_t *hints; /* none are read by the cpu backend today */
+  size_t num_hints;
+} tc_reconfigure_options_t;
+#define TC_RECONFIGURE_OPTIONS_INIT                                            \
+  {                                                                            \
+    .size = sizeof(tc_reconfigure_options_t),                                  \
+    .version = TC_RECONFIGURE_OPTIONS_VERSION, .uuid = 0,                      \
+    .init_handles = NULL, .num_handles = 0, .timeout_s = 0.0, .hints = NULL,  \
+    .num_hints = 0                                                             \
+  }
+
+/* Makes the communicator the group of opts->init_handles (collective over
+ * those processes, which all call it with the same uuid and list; blocks
+ * until every member is connected or the deadline passes). Afterwards it
+ * has the new rank and size, a new epoch (nothing of an earlier
+ * configuration can reach it), operation numbers start again at 1, and
+ * every operation works. Members that pass a different uuid or a different
+ * list never form a group with this one: each reports which member
+ * disagrees, or which handles it could not reach by the deadline (a dead
+ * process). On failure the communicator is left unconfigured and
+ * reconfigure may be tried again with a new uuid. work (may be NULL)
+ * receives a completed work, as torchcomms returns one. Errors:
+ * TC_ERR_NOT_SUPPORTED for a backend that cannot reconfigure ("reconfigure
+ * not implemented"), TC_ERR_INVALID_USAGE without enable_reconfigure or
+ * after finalize, TC_ERR_INVALID_ARGUMENT for a bad list, TC_ERR_TIMEOUT,
+ * TC_ERR_PROTOCOL (disagreeing members). */
+TC_API int tc_comm_reconfigure(tc_comm_t *comm, const tc_reconfigure_options_t *opts,
+                               tc_work_t **work);
+/* 1 if tc_comm_abort can stop this communicator's operations at once and
+ * leave the process usable (true for cpu and nccl), 0 if not, -1 for a bad
+ * handle. */
+TC_API int tc_comm_is_abort_supported(const tc_comm_t *comm);
 
 /* Splits (collective over every rank of `comm`): each rank passes the ranks
  * (in `comm`) of its own new group; the new communicator's ranks follow that

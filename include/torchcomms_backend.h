@@ -258,6 +258,13 @@ typedef struct tc_backend_init_args {
   const char *advertise_addr; /* address peers should connect to */
   const tc_hint_t *hints;
   size_t num_hints;
+  /* Appended; read only when `size` covers it. The configuration of the
+   * communicator this init builds: 0 for one made by tc_comm_create or a
+   * split, a value every member shares (derived from the uuid and the
+   * member list) for one made by tc_comm_reconfigure. A backend with
+   * TC_BACKEND_CAP_RECONFIGURE puts it in every message header and
+   * connection greeting and drops what carries another epoch. */
+  uint32_t epoch;
 } tc_backend_init_args_t;
 
 typedef struct tc_backend_ops {
@@ -298,7 +305,20 @@ typedef struct tc_backend_ops {
    * algorithm thresholds, the waiting policy. The core logs it in the
    * init summary of tc_comm_create (TORCHCOMMS_LOG=info, subsystem init). */
   void (*describe)(void *bcomm, char *buf, size_t len);
+  /* Appended, optional (0, or past the table's `size`: none): what the
+   * backend can do beyond the required entries, TC_BACKEND_CAP_* bits. */
+  uint64_t caps;
 } tc_backend_ops_t;
+
+/* init may build the same communicator again, after its previous state
+ * was aborted and destroyed, for a new membership and epoch
+ * (tc_comm_reconfigure); the backend keeps nothing per process that two
+ * configurations of one communicator would share. */
+#define TC_BACKEND_CAP_RECONFIGURE 0x1u
+/* 1 when the table t has the capability bit cap. */
+#define TC_BACKEND_HAS_CAP(t, cap)                                            \
+  ((t)->size >= offsetof(tc_backend_ops_t, caps) + sizeof((t)->caps) &&       \
+   ((t)->caps & (cap)) != 0)
 
 /* Registers an in-process backend: tc_comm_create(ops->name, ...) then
  * uses `ops` before looking for a plugin file or a built-in backend of that

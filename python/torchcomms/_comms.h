@@ -225,6 +225,11 @@ TCPY_HIDDEN PyObject *tcpy_new_comm(PyObject *self, PyObject *args,
 TCPY_HIDDEN int tcpy_comm_live(TorchCommObject *self, const char *op);
 /* Drops finished works from the pending list. */
 TCPY_HIDDEN void tcpy_comm_reap(TorchCommObject *self);
+/* ---- fault tolerance (_comms_ft.c) ---- */
+TCPY_HIDDEN PyObject *tcpy_comm_get_init_handle(TorchCommObject *self, PyObject *u);
+TCPY_HIDDEN PyObject *tcpy_comm_is_abort_supported(TorchCommObject *self, PyObject *u);
+TCPY_HIDDEN PyObject *tcpy_comm_reconfigure(TorchCommObject *self, PyObject *args,
+                                            PyObject *kw);
 
 /* One call into the library, described by value so that it can run with the
  * GIL released; `type` is the operation (TC_OP_MAP, torchcomms.h). */

@@ -353,6 +353,7 @@ PyObject *tcpy_new_comm(PyObject *module, PyObject *args, PyObject *kw) {
   int enable_reconfigure = PyObject_IsTrue(reconf);
   int high_priority = hps == Py_None ? 0 : PyObject_IsTrue(hps);
   if (enable_reconfigure < 0 || high_priority < 0) return NULL;
+  o.enable_reconfigure = enable_reconfigure;
   if (tcpy_seconds(timeout, fn, "timeout", 0.0, &o.timeout_s) < 0) return NULL;
   const char *cbackend = PyUnicode_AsUTF8(backend);
   if (!cbackend) return NULL;
@@ -808,6 +809,23 @@ static PyMethodDef tcpy_comm_methods[] = {
     TCPY_NOARGS("abort", tcpy_comm_abort,
                 "Aborts: pending and later operations fail at once (local)."),
     TCPY_NOARGS("is_aborted", tcpy_comm_is_aborted, "True once aborted."),
+    TCPY_NOARGS("is_abort_supported", tcpy_comm_is_abort_supported,
+                "True when abort() stops the communicator's operations at once "
+                "and leaves the process usable (cpu: yes)."),
+    TCPY_NOARGS("get_init_handle", tcpy_comm_get_init_handle,
+                "get_init_handle() -> InitHandle (str): this communicator's "
+                "endpoint, for reconfigure. Only a communicator created with "
+                "enable_reconfigure=True has one (RuntimeError otherwise)."),
+    TCPY_KWARGS("reconfigure", tcpy_comm_reconfigure,
+                "reconfigure(uuid, init_handles, timeout=None, hints=None) -> "
+                "TorchWork: makes this communicator the group of init_handles "
+                "(a list: rank i = the i-th handle; a set: sorted; a dict "
+                "{handle: rank}). Every member calls it with the same uuid and "
+                "handles; it blocks until the group is connected (or raises "
+                "RuntimeError naming the member that disagrees or could not be "
+                "reached) and returns a completed work. Pending operations of "
+                "the previous configuration fail as aborted. Requires "
+                "enable_reconfigure=True."),
     TCPY_KWARGS("set_timeout", tcpy_comm_set_timeout,
                 "set_timeout(timeout): default timeout of later operations."),
     TCPY_KWARGS("set_hints", tcpy_comm_set_hints,

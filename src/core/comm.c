@@ -146,6 +146,29 @@ void tc__comm_message(const tc_comm_t *c, const char *fn, const char *detail, ch
            c ? c->rank : -1, c ? c->size : 0, detail);
 }
 
+const char *tc__comm_state_refusal(const tc_comm_t *c, int state, int *rc) {
+  *rc = TC_ERR_INVALID_USAGE;
+  switch (state) {
+  case TC_STATE_FINALIZED:
+    return "the communicator was finalized (create a new one)";
+  case TC_STATE_ABORTED:
+    *rc = TC_ERR_ABORTED;
+    return c->reconfigurable
+               ? "the communicator was aborted (reconfigure it into a new group, or "
+                 "create a new one)"
+               : "the communicator was aborted (create a new one)";
+  case TC_STATE_UNCONFIGURED:
+    return "the communicator has no members: it was created with "
+           "enable_reconfigure=True and is configured by reconfigure(uuid, "
+           "init_handles), which has not succeeded yet";
+  case TC_STATE_RECONFIGURING:
+    return "the communicator is being reconfigured (by another thread); wait for "
+           "reconfigure to return";
+  default:
+    return "the communicator is not usable";
+  }
+}
+
 int tc__comm_error(tc_comm_t *c, int rc, const char *fn, const char *fmt, ...) {
   char detail[768], full[1024];
   va_list ap;
@@ -215,21 +238,27 @@ static int has_split(const tc_backend_ops_t *ops) {
          ops->split != NULL;
 }
 
-/* Common tail of create and split: backend init on a prefixed store. */
-static int comm_start(tc_comm_t *c, const tc_comm_t *parent,
-                          const int *ranks, size_t nranks) {
+const char *tc__comm_advertise_addr(tc_store_t *store) {
+  const char *addr = tc__setting_str(TC_SET_SOCKET_ADDR);
+  if (!addr && store) addr = tc_store_local_addr(store);
+  return addr ? addr : "127.0.0.1";
+}
+
+/* Common tail of create, split and reconfigure: backend init on a prefixed
+ * store (c->root_store + c->prefix), for c->rank of c->size. */
+int tc__comm_start(tc_comm_t *c, const tc_comm_t *parent, const int *ranks,
+                   size_t nranks, const char *fn, double timeout_s) {
+  if (c->store) tc_store_release(c->store);
+  c->store = NULL;
   int rc = tc_store_prefix(c->root_store, c->prefix, &c->store);
   if (rc != TC_OK) return rc;
-  const char *fn = parent ? "tc_comm_split" : "tc_comm_create";
   TC_CHECK(tc__comm_arrive(c, fn));
-  const char *addr = tc__setting_str(TC_SET_SOCKET_ADDR);
-  if (!addr) addr = tc_store_local_addr(c->root_store);
-  if (!addr) addr = "127.0.0.1";
   tc_backend_init_args_t args = {
       .size = sizeof args, .host = &tc__host, .comm_name = c->name,
       .device = c->device, .device_index = c->device_index, .rank = c->rank,
-      .world_size = c->size, .timeout_s = c->timeout_s, .store = c->store,
-      .advertise_addr = addr, .hints = c->hints, .num_hints = c->num_hints};
+      .world_size = c->size, .timeout_s = timeout_s, .store = c->store,
+      .advertise_addr = tc__comm_advertise_addr(c->root_store), .hints = c->hints,
+      .num_hints = c->num_hints, .epoch = c->epoch};
   char err[512] = "";
   void *keys;
   tc__comm_record_begin(c, &keys);
@@ -290,6 +319,7 @@ static tc_comm_t *comm_publish(tc_comm_t *c) {
  * had one, must be closed already); the struct and its slot are reused once
  * no work refers to them any more. */
 static void comm_release(tc_comm_t *c) {
+  tc__reconfig_close(c);
   if (c->bcomm) c->ops->destroy(c->bcomm);
   c->bcomm = NULL;
   if (c->store) tc_store_release(c->store);
@@ -340,7 +370,10 @@ int tc_comm_create(const char *backend, const char *device,
                          "torchcomms: %s: option 'name' must be 1..127 "
                          "characters without '/'", fn);
   int rank = o.rank, size = o.world_size;
-  if (rank < 0 || size <= 0) {
+  if (o.enable_reconfigure) { /* no members until reconfigure */
+    rank = -1;
+    size = 0;
+  } else if (rank < 0 || size <= 0) {
     const char *src;
     TC_CHECK(tc_env_rank_size(&rank, &size, &src));
   } else if (rank >= size) {
@@ -351,6 +384,12 @@ int tc_comm_create(const char *backend, const char *device,
   const tc_backend_ops_t *ops;
   backend = tc__backend_alias(backend, device); /* "gloo" -> "cpu" */
   TC_CHECK(tc__backend_find(backend, &ops));
+  if (o.enable_reconfigure && !TC_BACKEND_HAS_CAP(ops, TC_BACKEND_CAP_RECONFIGURE))
+    return tc__set_error(TC_ERR_NOT_SUPPORTED,
+                         "torchcomms: %s: backend '%s' does not support "
+                         "enable_reconfigure=True (reconfigure not implemented); "
+                         "create the communicator without it, or use backend 'cpu'",
+                         fn, backend);
   tc_comm_t *c = comm_new();
   if (!c) return tc__set_error(TC_ERR_NOMEM, "torchcomms: %s: out of memory", fn);
   snprintf(c->name, sizeof c->name, "%s", name);
@@ -370,9 +409,17 @@ int tc_comm_create(const char *backend, const char *device,
   if (o.store) {
     tc_store_retain(o.store);
     c->root_store = o.store;
-  } else {
+  } else if (!o.enable_reconfigure) {
     rc = tc__default_store(rank, size, c->timeout_s, &c->root_store);
     if (rc != TC_OK) goto fail;
+  }
+  if (o.enable_reconfigure) {
+    c->reconfigurable = 1;
+    c->state = TC_STATE_UNCONFIGURED;
+    rc = tc__reconfig_open(c, fn);
+    if (rc != TC_OK) goto fail;
+    *out = comm_publish(c);
+    return TC_OK;
   }
   uint64_t gen;
   if (name_generation(c->name, &gen)) {
@@ -380,7 +427,7 @@ int tc_comm_create(const char *backend, const char *device,
     goto fail;
   }
   tc__comm_scope_prefix(c->prefix, sizeof c->prefix, c->name, gen);
-  rc = comm_start(c, NULL, NULL, 0);
+  rc = tc__comm_start(c, NULL, NULL, 0, fn, c->timeout_s);
   if (rc != TC_OK) goto fail;
   tc__fr_set_global_rank(c->rank); /* the first communicator's: the job's ranks */
   *out = comm_publish(c);
@@ -397,8 +444,16 @@ int tc_comm_finalize(tc_comm_t *c) {
   TC_CHECK(tc__comm_enter(&c, "tc_comm_finalize"));
   pthread_mutex_lock(&c->mu);
   int state = c->state;
-  if (state == TC_STATE_ACTIVE) c->state = TC_STATE_FINALIZED;
+  if (state == TC_STATE_ACTIVE || state == TC_STATE_UNCONFIGURED ||
+      (state == TC_STATE_ABORTED && c->reconfigurable))
+    c->state = TC_STATE_FINALIZED;
   pthread_mutex_unlock(&c->mu);
+  if (state == TC_STATE_RECONFIGURING)
+    return tc__comm_error(c, TC_ERR_INVALID_USAGE, "finalize",
+                          "the communicator is being reconfigured by another thread; "
+                          "finalize it after reconfigure returned");
+  if (c->reconfigurable && state != TC_STATE_FINALIZED)
+    tc__reconfig_close(c); /* its endpoint: no reconfigure after finalize */
   if (state != TC_STATE_ACTIVE) return TC_OK; /* twice is harmless */
   tc__board_state(c, TC_STATE_FINALIZED);
   char why[768] = "";
@@ -413,7 +468,8 @@ int tc_comm_finalize(tc_comm_t *c) {
 static void comm_abort(tc_comm_t *c) {
   pthread_mutex_lock(&c->mu);
   int state = c->state;
-  if (state == TC_STATE_ACTIVE) c->state = TC_STATE_ABORTED;
+  if (state == TC_STATE_ACTIVE || state == TC_STATE_UNCONFIGURED)
+    c->state = TC_STATE_ABORTED;
   pthread_mutex_unlock(&c->mu);
   if (state != TC_STATE_ACTIVE) return;
   c->ops->abort(c->bcomm);
@@ -504,6 +560,7 @@ int tc_comm_get_options(const tc_comm_t *h, tc_comm_options_t *out) {
   o.rank = c->rank;
   o.world_size = c->size;
   o.device_index = c->device_index;
+  o.enable_reconfigure = c->reconfigurable;
   *out = o;
   return TC_OK;
 }
@@ -796,7 +853,7 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
   snprintf(child->prefix, sizeof child->prefix, "tc/split/%016llx/%llu/%016llx",
            (unsigned long long)ph, (unsigned long long)seq,
            (unsigned long long)mine[1]);
-  rc = comm_start(child, c, ranks, nranks);
+  rc = tc__comm_start(child, c, ranks, nranks, "tc_comm_split", child->timeout_s);
   if (rc != TC_OK) {
     char saved[1024];
     snprintf(saved, sizeof saved, "%s", tc_last_error());

@@ -17,7 +17,16 @@
 #define TC_BATCH_MAGIC 0x74626174u /* 'tbat' */
 #define TC_BATCH_FREED 0x62667265u
 
-enum { TC_STATE_ACTIVE = 0, TC_STATE_FINALIZED, TC_STATE_ABORTED };
+/* UNCONFIGURED: a reconfigurable communicator without members (before its
+ * first reconfigure, or after one failed); RECONFIGURING: while
+ * tc_comm_reconfigure replaces its backend state. */
+enum {
+  TC_STATE_ACTIVE = 0,
+  TC_STATE_FINALIZED,
+  TC_STATE_ABORTED,
+  TC_STATE_UNCONFIGURED,
+  TC_STATE_RECONFIGURING
+};
 
 /* A communicator lives in a slot of the communicator table (comm.c): users
  * hold the slot's handle (handles.h), the core and the backends' callbacks
@@ -76,6 +85,13 @@ struct tc_comm {
   _Atomic int hang_reported;
   _Atomic uint64_t done_coll; /* the last collective completed (with or without a board) */
   _Atomic int done_type;
+  /* fault tolerance (reconfig.c) */
+  int reconfigurable;           /* created with enable_reconfigure */
+  struct tc_store_server *rc_server; /* the endpoint its init handle names */
+  char init_handle[256];        /* TC_INIT_HANDLE_MAX */
+  uint32_t epoch;               /* of the current configuration (0: none) */
+  int64_t uuid;                 /* of the last successful reconfigure */
+  uint64_t reconfigures;        /* successful reconfigures */
 };
 
 /* A work lives in a slot of the work table (work.c), reused after its last
@@ -156,6 +172,21 @@ TC_INTERNAL int tc__comm_error(tc_comm_t *c, int rc, const char *fn,
                                const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 TC_INTERNAL void tc__comm_record_error(tc_comm_t *c, const char *text);
+/* The address peers should connect to: TORCHCOMMS_SOCKET_ADDR, else the
+ * local address of store's connection (store may be NULL), else 127.0.0.1. */
+TC_INTERNAL const char *tc__comm_advertise_addr(tc_store_t *store);
+/* Backend init (or native split) for c->rank of c->size on c->root_store
+ * + c->prefix, then the status board; fn names the caller in messages. */
+TC_INTERNAL int tc__comm_start(tc_comm_t *c, const tc_comm_t *parent, const int *ranks,
+                               size_t nranks, const char *fn, double timeout_s);
+/* reconfig.c: a reconfigurable communicator's endpoint and handle, made at
+ * creation (TC_OK or the error set); stopped at finalize and release. */
+TC_INTERNAL int tc__reconfig_open(tc_comm_t *c, const char *fn);
+TC_INTERNAL void tc__reconfig_close(tc_comm_t *c);
+/* The text of a state that refuses operations, for messages. */
+/* Why c's state refuses operations (c->state != ACTIVE), for messages;
+ * *rc receives the error code (TC_ERR_ABORTED for an aborted one). */
+TC_INTERNAL const char *tc__comm_state_refusal(const tc_comm_t *c, int state, int *rc);
 
 /* An operation as the user called it (one of its forms: one buffer, a list
  * of buffers, counts per rank), validated but not yet normalised. */

@@ -14,12 +14,12 @@
 int tc__v_comm(tc_comm_t **cp, const char *fn, const tc_op_options_t *o) {
   TC_CHECK(tc__comm_enter(cp, fn));
   tc_comm_t *c = *cp;
-  if (c->state == TC_STATE_FINALIZED)
-    TC_FAIL(c, fn, TC_ERR_INVALID_USAGE,
-            "the communicator was finalized (create a new one)");
-  if (c->state == TC_STATE_ABORTED)
-    TC_FAIL(c, fn, TC_ERR_ABORTED,
-            "the communicator was aborted (create a new one)");
+  int state = c->state;
+  if (state != TC_STATE_ACTIVE) {
+    int rc;
+    const char *why = tc__comm_state_refusal(c, state, &rc);
+    TC_FAIL(c, fn, rc, "%s", why);
+  }
   if (o) {
     if (o->size < offsetof(tc_op_options_t, stream) || o->version < 1 ||
         o->version > TC_OP_OPTIONS_VERSION)
@@ -264,9 +264,7 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
   pthread_mutex_lock(&c->mu);
   int rc;
   if (c->state != TC_STATE_ACTIVE) {
-    rc = c->state == TC_STATE_ABORTED ? TC_ERR_ABORTED : TC_ERR_INVALID_USAGE;
-    snprintf(why, sizeof why, "the communicator was %s",
-             c->state == TC_STATE_ABORTED ? "aborted" : "finalized");
+    snprintf(why, sizeof why, "%s", tc__comm_state_refusal(c, c->state, &rc));
   } else {
     /* numbers are taken only by operations that are posted: a refused one
      * leaves every rank's numbering as it was */

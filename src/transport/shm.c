@@ -173,10 +173,10 @@ static int flag_check(struct tc_shm *s, void *arg, const tc_tp_op_t *op) {
   uint32_t head = atomic_load_explicit(&shm_rctl(s, p, s->rank)->head, memory_order_acquire);
   if (head == s->in_tail[p]) return TC_OK;
   const char *h = shm_rdata(s, p, s->rank) + (s->in_tail[p] & (s->ring_bytes - 1));
-  uint32_t magic, kind;
+  uint32_t magic, word;
   memcpy(&magic, h, 4);
-  memcpy(&kind, h + 4, 4);
-  if (magic == SHM_MSG_MAGIC && kind == TC_XFER_GOODBYE)
+  memcpy(&word, h + 4, 4);
+  if (magic == SHM_MSG_MAGIC && word == TC_XFER_WORD(TC_XFER_GOODBYE, s->epoch))
     return tc__shm_fail(s, op, TC_ERR_PROTOCOL,
                         "peer %d is already in finalize while this rank is in %s "
                         "(mismatched operations between ranks?)", p, op->opname);
@@ -247,10 +247,10 @@ static inline size_t al_unit(size_t n) { return (n + SHM_UNIT - 1) & ~(size_t)(S
 /* Ring footprint of a transfer: header unit + padded payload. */
 static inline size_t xf_total(const tc_xfer_t *x) { return SHM_UNIT + al_unit(x->len); }
 
-static void put_hdr(char *h, uint32_t kind, uint64_t len) {
-  uint32_t magic = SHM_MSG_MAGIC;
+static void put_hdr(char *h, uint32_t kind, uint32_t epoch, uint64_t len) {
+  uint32_t magic = SHM_MSG_MAGIC, word = TC_XFER_WORD(kind, epoch);
   memcpy(h, &magic, 4);
-  memcpy(h + 4, &kind, 4);
+  memcpy(h + 4, &word, 4);
   memcpy(h + 8, &len, 8);
 }
 
@@ -258,7 +258,7 @@ static void put_hdr(char *h, uint32_t kind, uint64_t len) {
 static int check_hdr(struct tc_shm *s, const tc_tp_op_t *op, const tc_xfer_t *x,
                      const char *h) {
   char why[256];
-  if (tc__xfer_hdr_problem(h, SHM_MSG_MAGIC, x, op->opname, why, sizeof why))
+  if (tc__xfer_hdr_problem(h, SHM_MSG_MAGIC, s->epoch, x, op->opname, why, sizeof why))
     return tc__shm_fail(s, op, TC_ERR_PROTOCOL, "%s", why);
   return TC_OK;
 }
@@ -299,7 +299,7 @@ static void ring_send(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining
     tc_xfer_t *xf = &x[*hi];
     size_t total = xf_total(xf);
     if (xf->done == 0) {
-      put_hdr(data + (head & mask), xf->kind, xf->len);
+      put_hdr(data + (head & mask), xf->kind, s->epoch, xf->len);
       head += SHM_UNIT;
       space -= SHM_UNIT;
       xf->done = SHM_UNIT;

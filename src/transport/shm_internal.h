@@ -80,6 +80,7 @@ struct tc_shm {
   int cma;          /* every rank can read every rank's memory (process_vm_readv) */
   int *pids;        /* [size] every rank's process id, for process_vm_readv */
   tc_shm_owner_t *owners; /* [size] every segment's creator: its name */
+  uint32_t epoch;   /* the configuration, in every message header */
 };
 
 /* Layout helpers. */

@@ -287,6 +287,7 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   snprintf(s->name, sizeof s->name, "%s", a->comm_name ? a->comm_name : "");
   s->rank = a->rank;
   s->size = a->size;
+  s->epoch = a->epoch;
   s->aborted = a->aborted;
   s->spin_s = tc__mesh_spin_s(t);
   if (s->spin_s <= 0 && !tc__setting_is_set(TC_SET_CPU_SPIN_US)) {

@@ -111,7 +111,7 @@ static int tcp_hup_ok(tcp_t *t, int p, const tc_tp_op_t *op) {
   if (n == (ssize_t)sizeof h) {
     tc_xfer_t left = {.peer = p, .kind = TC_XFER_LEFT};
     char why[8];
-    t->hup[p] = tc__xfer_hdr_problem((const char *)h, TCP_MSG_MAGIC, &left, op->opname,
+    t->hup[p] = tc__xfer_hdr_problem((const char *)h, TCP_MSG_MAGIC, t->epoch, &left, op->opname,
                                      why, sizeof why) ? TCP_HUP_DATA : TCP_HUP_LEFT;
     return 1;
   }
@@ -147,22 +147,22 @@ int tc__tcp_sock_error(int fd) {
   return err;
 }
 
-static void tcp_put_hdr(unsigned char *h, uint32_t kind, uint64_t len) {
-  uint32_t magic = TCP_MSG_MAGIC;
+static void tcp_put_hdr(unsigned char *h, uint32_t kind, uint32_t epoch, uint64_t len) {
+  uint32_t magic = TCP_MSG_MAGIC, word = TC_XFER_WORD(kind, epoch);
   memcpy(h, &magic, 4);
-  memcpy(h + 4, &kind, 4);
+  memcpy(h + 4, &word, 4);
   memcpy(h + 8, &len, 8);
 }
 
 /* Checks a received header against what the transfer expects. */
 static int tcp_check_hdr(tcp_t *t, const tc_tp_op_t *op, const tc_xfer_t *x) {
   char why[256];
-  if (tc__xfer_hdr_problem((const char *)x->hdr, TCP_MSG_MAGIC, x, op->opname, why,
+  if (tc__xfer_hdr_problem((const char *)x->hdr, TCP_MSG_MAGIC, t->epoch, x, op->opname, why,
                            sizeof why)) {
     /* a TC_XFER_LEFT notice: the peer is gone, not confused ("Hang-ups") */
     tc_xfer_t left = {.peer = x->peer, .kind = TC_XFER_LEFT};
     char no[8];
-    int gone = !tc__xfer_hdr_problem((const char *)x->hdr, TCP_MSG_MAGIC, &left,
+    int gone = !tc__xfer_hdr_problem((const char *)x->hdr, TCP_MSG_MAGIC, t->epoch, &left,
                                      op->opname, no, sizeof no);
     if (gone) t->hup[x->peer] = TCP_HUP_LEFT;
     return tcp_fail(t, op, gone ? TC_ERR_REMOTE : TC_ERR_PROTOCOL, "%s", why);
@@ -282,7 +282,7 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
                       "issued fewer operations than this rank?)", xf->peer);
     xf->done = 0;
     xf->next = -1;
-    if (xf->is_send) tcp_put_hdr(xf->hdr, xf->kind, xf->len);
+    if (xf->is_send) tcp_put_hdr(xf->hdr, xf->kind, t->epoch, xf->len);
     int *head = xf->is_send ? t->send_head : t->recv_head;
     int *tail = xf->is_send ? t->send_tail : t->recv_tail;
     if (tail[xf->peer] < 0) head[xf->peer] = (int)i;
@@ -374,7 +374,7 @@ void tc__tcp_leave(void *vtp) {
   tcp_t *t = vtp;
   if (!t || !t->fd) return;
   unsigned char h[TCP_HDR];
-  tcp_put_hdr(h, TC_XFER_LEFT, 0);
+  tcp_put_hdr(h, TC_XFER_LEFT, t->epoch, 0);
   for (int p = 0; p < t->size; p++) {
     int fd = t->fd[p];
     if (fd < 0 || t->gone[p]) continue;

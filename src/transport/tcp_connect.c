@@ -29,11 +29,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-_Static_assert(TCP_HELLO == TC__TCP_HELLO_BYTES &&
-                   TCP_HELLO_MAGIC == TC__TCP_HELLO_MAGIC &&
-                   TCP_HELLO_VERSION == TC__TCP_HELLO_VERSION,
-               "one hello format");
-
 typedef struct conn {
   int fd;
   int peer;  /* known for outgoing; from the hello for incoming */
@@ -173,7 +168,7 @@ static void conn_start(setup_t *s, int j) {
   }
   c->fd = fd;
   c->off = 0;
-  tc__tcp_put_hello(c->out, s->t->rank, s->t->size, s->token);
+  tc__tcp_put_hello(c->out, s->t->rank, s->t->size, s->t->epoch, s->token);
   c->state = r == 0 ? CONN_SENDING : CONN_CONNECTING;
 }
 
@@ -264,7 +259,7 @@ static int setup_incoming(setup_t *s, int i, short re) {
       return 1;
     }
     const char *why = NULL;
-    int peer = tc__tcp_parse_hello(c->in, TCP_HELLO, t->size, s->token, &why);
+    int peer = tc__tcp_parse_hello(c->in, TCP_HELLO, t->size, t->epoch, s->token, &why);
     if (peer >= 0 && (peer <= t->rank || t->fd[peer] >= 0))
       why = "a hello from an unexpected or duplicate rank";
     if (why) {
@@ -272,7 +267,7 @@ static int setup_incoming(setup_t *s, int i, short re) {
       return 1;
     }
     c->peer = peer;
-    tc__tcp_put_hello(c->out, t->rank, t->size, s->token);
+    tc__tcp_put_hello(c->out, t->rank, t->size, t->epoch, s->token);
     c->state = CONN_SENDING;
   }
   if (c->state == CONN_SENDING) {
@@ -315,7 +310,7 @@ static void setup_outgoing(setup_t *s, int j, short re) {
     if (r < 0) conn_reset(c, errno ? errno : ECONNABORTED);
     if (r <= 0) return;
     const char *why = NULL;
-    if (tc__tcp_parse_hello(c->in, TCP_HELLO, t->size, s->token, &why) != j) {
+    if (tc__tcp_parse_hello(c->in, TCP_HELLO, t->size, t->epoch, s->token, &why) != j) {
       /* a stale address: someone else listens there; retry later */
       conn_reset(c, EACCES);
       return;
@@ -423,6 +418,7 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
   t->size = a->size;
   t->wake_fd = a->wake_fd;
   t->aborted = a->aborted;
+  t->epoch = a->epoch;
   size_t n = (size_t)a->size;
   t->fd = malloc(n * sizeof *t->fd);
   t->gone = calloc(n, 1);

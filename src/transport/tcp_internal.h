@@ -9,10 +9,8 @@
 #include "transport/tcp.h"
 
 #define TCP_MSG_MAGIC 0x314d4354u   /* "TCM1" */
-#define TCP_HELLO_MAGIC 0x31484354u /* "TCH1" */
-#define TCP_HELLO_VERSION 1u
 #define TCP_HDR 16u
-#define TCP_HELLO 32u
+#define TCP_HELLO TC__TCP_HELLO_BYTES
 #define TCP_POLL_CAP_MS 100 /* abort flags are re-checked at least this often */
 #define TCP_MAX_IOV 16
 #define TCP_MAX_PENDING 64 /* unauthenticated incoming connections */
@@ -41,6 +39,7 @@ typedef struct tcp {
                        * in poll (TORCHCOMMS_CPU_TCP_SPIN_US, default spin_s) */
   int local;     /* ranks of this communicator on this machine (-1: unknown) */
   unsigned char token[16]; /* the communicator's random token */
+  uint32_t epoch;          /* the configuration, in every header and hello */
 } tcp_t;
 
 /* tcp_connect.c: creates the mesh (tc_transport_ops_t.create). */

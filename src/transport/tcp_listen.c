@@ -18,7 +18,7 @@
 
 /* ---- hello ---- */
 
-void tc__tcp_put_hello(unsigned char *b, int rank, int size,
+void tc__tcp_put_hello(unsigned char *b, int rank, int size, uint32_t epoch,
                        const unsigned char tok[16]) {
   uint32_t m = TC__TCP_HELLO_MAGIC, v = TC__TCP_HELLO_VERSION;
   int32_t r = rank, n = size;
@@ -27,11 +27,12 @@ void tc__tcp_put_hello(unsigned char *b, int rank, int size,
   memcpy(b + 8, &r, 4);
   memcpy(b + 12, &n, 4);
   memcpy(b + 16, tok, 16);
+  memcpy(b + 32, &epoch, 4);
 }
 
-int tc__tcp_parse_hello(const unsigned char *b, size_t len, int size,
+int tc__tcp_parse_hello(const unsigned char *b, size_t len, int size, uint32_t epoch,
                         const unsigned char tok[16], const char **why) {
-  uint32_t m, v;
+  uint32_t m, v, e;
   int32_t r, n;
   if (len < TC__TCP_HELLO_BYTES) {
     *why = "a truncated hello";
@@ -41,12 +42,16 @@ int tc__tcp_parse_hello(const unsigned char *b, size_t len, int size,
   memcpy(&v, b + 4, 4);
   memcpy(&r, b + 8, 4);
   memcpy(&n, b + 12, 4);
+  memcpy(&e, b + 32, 4);
   if (m != TC__TCP_HELLO_MAGIC)
     *why = "no torchcomms hello (a port scan or another program?)";
   else if (v != TC__TCP_HELLO_VERSION)
     *why = "a hello of another protocol version (a different torchcomms?)";
   else if (n != size)
     *why = "a hello for another world size (another job or communicator?)";
+  else if (e != epoch)
+    *why = "a hello of another configuration (epoch) of this communicator (a late "
+           "connection of a dead epoch)";
   else if (memcmp(b + 16, tok, 16) != 0)
     *why = "a wrong token (another job or communicator?)";
   else if (r < 0 || r >= size)

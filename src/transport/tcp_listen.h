@@ -1,5 +1,5 @@
 /* tcp_listen.h -- the accepting side of the TCP transport's mesh setup
- * (tcp_connect.c): the 32-byte hello (built and parsed by pure functions,
+ * (tcp_connect.c): the 36-byte hello (built and parsed by pure functions,
  * fuzzed by tests/fuzz/fuzz_hello.c), the listening socket bound to the
  * published address, and the log of refused connections (once per source,
  * then a count). Not for use outside src/transport/ (and the fuzzers). */
@@ -11,9 +11,9 @@
 
 #include "core/internal.h"
 
-#define TC__TCP_HELLO_BYTES 32u
+#define TC__TCP_HELLO_BYTES 36u
 #define TC__TCP_HELLO_MAGIC 0x31484354u /* "TCH1" */
-#define TC__TCP_HELLO_VERSION 1u
+#define TC__TCP_HELLO_VERSION 2u
 /* An incoming connection must send a valid hello within this long. */
 #define TC__TCP_HELLO_TIMEOUT_S 3.0
 /* Unauthenticated connections kept per listener, beyond the peers still
@@ -22,14 +22,15 @@
 /* Sources whose refusals are counted one by one (the rest together). */
 #define TC__TCP_REFUSAL_SOURCES 32
 
-/* Writes the hello {magic, version, rank, size, token} into b[32]. */
-TC_INTERNAL void tc__tcp_put_hello(unsigned char *b, int rank, int size,
+/* Writes the hello {magic, version, rank, size, token, epoch} into b[36]. */
+TC_INTERNAL void tc__tcp_put_hello(unsigned char *b, int rank, int size, uint32_t epoch,
                                    const unsigned char tok[16]);
-/* Parses a hello of len bytes for a communicator of `size` ranks with
- * token tok: the peer's rank (0..size-1), or -1 with *why set to a static
- * reason ("a wrong token (another job or communicator?)"). */
+/* Parses a hello of len bytes for a communicator of `size` ranks in
+ * configuration `epoch` with token tok: the peer's rank (0..size-1), or -1
+ * with *why set to a static reason ("a wrong token (another job or
+ * communicator?)"). */
 TC_INTERNAL int tc__tcp_parse_hello(const unsigned char *b, size_t len,
-                                    int size, const unsigned char tok[16],
+                                    int size, uint32_t epoch, const unsigned char tok[16],
                                     const char **why);
 
 /* The address this rank binds and publishes: TORCHCOMMS_CPU_IFNAME's

@@ -29,6 +29,13 @@
 
 #include "core/internal.h"
 
+/* Message kinds on the wire: the low 8 bits of a header's second word;
+ * the upper 24 carry the communicator's epoch (tc_tp_args_t.epoch), so a
+ * message of another configuration of the communicator is never taken
+ * for one of this configuration (tc__xfer_hdr_problem reports it). */
+#define TC_XFER_WORD(kind, epoch) ((uint32_t)(kind) | ((uint32_t)(epoch) & 0xffffffu) << 8)
+#define TC_XFER_KIND(word) ((uint32_t)(word) & 0xffu)
+#define TC_XFER_EPOCH(word) ((uint32_t)(word) >> 8)
 /* Message kinds on the wire. */
 #define TC_XFER_DATA 1u    /* a message of an operation */
 #define TC_XFER_GOODBYE 2u /* sent by finalize; nothing follows it */
@@ -120,6 +127,8 @@ typedef struct tc_tp_args {
   double timeout_s;           /* bootstrap deadline */
   int wake_fd;                /* readable once aborted; in every poll set */
   atomic_int *aborted;        /* nonzero once aborted */
+  uint32_t epoch; /* the configuration (tc_backend_init_args_t.epoch): in
+                   * every message header and hello */
 } tc_tp_args_t;
 
 typedef struct tc_transport_ops {
@@ -159,11 +168,13 @@ TC_INTERNAL int tc__transport_open(const tc_tp_args_t *args, tc_tp_choice_t choi
                                    const tc_transport_ops_t **ops, void **tp,
                                    char *err, size_t errlen);
 
-/* Checks a received message header h (magic, kind, length) against the
- * transfer x expects; 0 if it matches, else 1 with the one-sentence reason
- * ("peer 3 sent 8 bytes but 16 were expected (...)") in why. (xfer.c) */
-TC_INTERNAL int tc__xfer_hdr_problem(const char *h, uint32_t want_magic, const tc_xfer_t *x,
-                                     const char *opname, char *why, size_t wl);
+/* Checks a received message header h (magic, kind and epoch, length)
+ * against the transfer x expects in configuration `epoch`; 0 if it
+ * matches, else 1 with the one-sentence reason ("peer 3 sent 8 bytes but
+ * 16 were expected (...)") in why. (xfer.c) */
+TC_INTERNAL int tc__xfer_hdr_problem(const char *h, uint32_t want_magic, uint32_t epoch,
+                                     const tc_xfer_t *x, const char *opname, char *why,
+                                     size_t wl);
 /* Writes "peer 1 (receiving, 10 of 64 bytes done), ..." for the transfers
  * still at the head of each peer's queues (at most four, then ", ...") into
  * buf, for timeout messages. hdr: header bytes counted in x[k].done. */

@@ -8,15 +8,20 @@
 #include <stdio.h>
 #include <string.h>
 
-int tc__xfer_hdr_problem(const char *h, uint32_t want_magic, const tc_xfer_t *x,
-                         const char *opname, char *why, size_t wl) {
-  uint32_t magic, kind;
+int tc__xfer_hdr_problem(const char *h, uint32_t want_magic, uint32_t epoch,
+                         const tc_xfer_t *x, const char *opname, char *why, size_t wl) {
+  uint32_t magic, word;
   uint64_t len;
   memcpy(&magic, h, 4);
-  memcpy(&kind, h + 4, 4);
+  memcpy(&word, h + 4, 4);
   memcpy(&len, h + 8, 8);
+  uint32_t kind = TC_XFER_KIND(word);
   if (magic != want_magic)
     snprintf(why, wl, "peer %d sent a corrupt message header (magic 0x%08x)", x->peer, magic);
+  else if (TC_XFER_EPOCH(word) != (epoch & 0xffffffu))
+    snprintf(why, wl, "peer %d sent a message of another configuration of this "
+             "communicator (epoch %06x, this one is %06x): a late message of a dead "
+             "epoch, dropped unread", x->peer, TC_XFER_EPOCH(word), epoch & 0xffffffu);
   else if (kind != x->kind && kind == TC_XFER_GOODBYE)
     snprintf(why, wl, "peer %d is already in finalize while this rank is in %s (mismatched "
              "operations between ranks?)", x->peer, opname);

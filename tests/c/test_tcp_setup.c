@@ -81,7 +81,7 @@ static void attacker(tc_ctx_t *ctx) {
   tc_store_t *s = tc_ctx_store(ctx);
   static int idle[WORLD - 1][IDLE];
   unsigned char zero[16] = {0}, hello[TC__TCP_HELLO_BYTES];
-  tc__tcp_put_hello(hello, 1, WORLD, zero); /* right shape, wrong token */
+  tc__tcp_put_hello(hello, 1, WORLD, 0, zero); /* right shape, wrong token */
   for (int r = 0; r < WORLD - 1; r++) {
     char host[128];
     int port = 0;

@@ -23,11 +23,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1) return 0;
   int world = 1 + data[0] % 8;
   const char *why = NULL;
-  int r = tc__tcp_parse_hello(data + 1, size - 1, world, token, &why);
+  int r = tc__tcp_parse_hello(data + 1, size - 1, world, 0, token, &why);
   if (r >= 0) {
     CHECK(r < world && why == NULL);
     unsigned char want[TC__TCP_HELLO_BYTES];
-    tc__tcp_put_hello(want, r, world, token);
+    tc__tcp_put_hello(want, r, world, 0, token);
     CHECK(memcmp(want, data + 1, sizeof want) == 0);
   } else {
     CHECK(r == -1 && why != NULL && why[0] != 0);

@@ -36,7 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t wl = data[29];
   char *why = malloc(wl ? wl : 1);
   if (wl) memset(why, 'x', wl);
-  int bad = tc__xfer_hdr_problem(h, TCP_MSG_MAGIC, &x, "all_reduce", why, wl);
+  int bad = tc__xfer_hdr_problem(h, TCP_MSG_MAGIC, 0, &x, "all_reduce", why, wl);
   uint32_t magic, kind;
   uint64_t len;
   memcpy(&magic, h, 4);

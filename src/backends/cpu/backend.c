@@ -482,7 +482,9 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
                        .rank = c->rank, .size = c->size,
                        .advertise_addr = a->advertise_addr,
                        .timeout_s = c->timeout_s, .wake_fd = c->wake_fd,
-                       .aborted = &c->aborted};
+                       .aborted = &c->aborted,
+                       .epoch = a->size >= offsetof(tc_backend_init_args_t, epoch) +
+                                            sizeof a->epoch ? a->epoch : 0};
     rc = tc__transport_open(&ta, choice, &c->tp_ops, &c->tp, err, errlen);
     if (rc != TC_OK) goto fail;
     c->shm = tc__shm_of(c->tp_ops, c->tp);
@@ -657,4 +659,5 @@ const tc_backend_ops_t tc__cpu_backend = {
     .supports = NULL, /* every operation, dtype and reduction */
     .split = NULL,
     .describe = cpu_describe,
+    .caps = TC_BACKEND_CAP_RECONFIGURE,
 };
