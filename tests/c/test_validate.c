@@ -491,7 +491,7 @@ TC_TEST(validate_comm_options) {
                 "torchcomms: tc_comm_create: argument 'out' is NULL");
   o.size = 0;
   TC_ASSERT_ERR(tc_comm_create("cpu", "cpu", &o, &c), TC_ERR_INVALID_ARGUMENT,
-                "tc_comm_create: options have size 0 version 1; initialise them with TC_COMM_OPTIONS_INIT");
+                "tc_comm_create: options have size 0 version 2; initialise them with TC_COMM_OPTIONS_INIT");
   TC_ASSERT(c == NULL);
   o.size = sizeof o;
   o.version = 99;
