@@ -155,9 +155,6 @@ static uint64_t list_digest(int64_t uuid, const char *const *hs, size_t n) {
   return h;
 }
 
-/* Shortens a handle for messages: "...:<host>:<port>" stays whole. */
-static const char *shown(const char *h) { return h; }
-
 /* ---- reconfigure ---- */
 
 /* Checks the options; *me receives the caller's index. */
@@ -203,7 +200,7 @@ static int check_args(tc_comm_t *c, const tc_reconfigure_options_t *o, int *me) 
         return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn_rc,
                               "init_handles lists '%s' twice (entries %zu and %zu): "
                               "every member must appear once",
-                              shown(o->init_handles[i]), i, j);
+                              o->init_handles[i], i, j);
   if (*me < 0)
     return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, fn_rc,
                           "init_handles does not contain this communicator's handle "
@@ -226,8 +223,82 @@ static void drop_config(tc_comm_t *c, int was) {
   c->store = NULL;
 }
 
+/* What a member that has not arrived is doing, read from its own endpoint
+ * (its "intent" key: "<uuid> <digest> <n>" while it reconfigures). */
+enum { PROBE_UNREACHABLE, PROBE_IDLE, PROBE_OTHER_UUID, PROBE_OTHER_LIST, PROBE_SAME };
+static int probe(const char *handle, int64_t uuid, uint64_t digest, int64_t *their_uuid) {
+  rc_endpoint_t ep;
+  if (parse_handle(handle, &ep) != 0) return PROBE_UNREACHABLE;
+  tc_store_t *s = NULL;
+  if (tc_store_tcp_connect(ep.host, ep.port, 0, &s) != TC_OK) return PROBE_UNREACHABLE;
+  int ready = 0, res = PROBE_IDLE;
+  char done[48];
+  snprintf(done, sizeof done, "done/%lld", (long long)uuid);
+  const char *k[1] = {done};
+  void *v = NULL;
+  size_t len = 0;
+  /* it already formed a group with this uuid: which one? */
+  if (tc_store_check(s, k, 1, &ready) == TC_OK && ready &&
+      tc_store_get(s, done, &v, &len, 1.0) == TC_OK) {
+    char buf[96];
+    snprintf(buf, sizeof buf, "%.*s", (int)(len < 95 ? len : 95), (const char *)v);
+    free(v);
+    v = NULL;
+    unsigned long long d = 0;
+    if (sscanf(buf, "%llx", &d) == 1 && d != digest) {
+      tc_store_release(s);
+      *their_uuid = uuid;
+      return PROBE_OTHER_LIST;
+    }
+  }
+  k[0] = "intent";
+  if (tc_store_check(s, k, 1, &ready) != TC_OK) {
+    res = PROBE_UNREACHABLE;
+  } else if (ready && tc_store_get(s, "intent", &v, &len, 1.0) == TC_OK) {
+    char buf[96];
+    snprintf(buf, sizeof buf, "%.*s", (int)(len < 95 ? len : 95), (const char *)v);
+    long long u = 0;
+    unsigned long long d = 0;
+    if (sscanf(buf, "%lld %llx", &u, &d) == 2) {
+      *their_uuid = u;
+      res = u != uuid ? PROBE_OTHER_UUID : d != digest ? PROBE_OTHER_LIST : PROBE_SAME;
+    }
+    free(v);
+  }
+  tc_store_release(s);
+  return res;
+}
+
+/* Sets (text) or clears this member's intent on its own endpoint; done:
+ * also records the group formed ("done/<uuid>" = digest, kept, so that a
+ * member of another list with this uuid learns it is not coming). */
+static void set_intent(tc_comm_t *c, const char *text, int64_t uuid, const uint64_t *done) {
+  rc_endpoint_t ep;
+  tc_store_t *s = NULL;
+  if (parse_handle(c->init_handle, &ep) != 0 ||
+      tc_store_tcp_connect(ep.host, ep.port, 1.0, &s) != TC_OK)
+    return;
+  if (done) {
+    char key[48], val[24];
+    snprintf(key, sizeof key, "done/%lld", (long long)uuid);
+    int vl = snprintf(val, sizeof val, "%016llx", (unsigned long long)*done);
+    tc_store_set(s, key, val, (size_t)vl);
+  }
+  if (text) {
+    tc_store_set(s, "intent", text, strlen(text));
+  } else {
+    int del;
+    tc_store_delete(s, "intent", &del);
+  }
+  tc_store_release(s);
+}
+
 /* Step 3: meets every member on rank 0's endpoint; TC_OK once all are
- * there with the same digest. */
+ * there with the same digest. While waiting, members still missing are
+ * asked (on their own endpoints, about every second) what they do: one
+ * reconfiguring with this uuid but another list fails this reconfigure at
+ * once (split brain); at the deadline each missing member is named with
+ * what it was found doing. */
 static int rendezvous(tc_comm_t *c, tc_store_t *st, const tc_reconfigure_options_t *o,
                       int me, uint64_t digest, double deadline) {
   size_t n = o->num_handles;
@@ -240,56 +311,124 @@ static int rendezvous(tc_comm_t *c, tc_store_t *st, const tc_reconfigure_options
     snprintf(why, sizeof why, "%s", tc_last_error());
     return tc__comm_error(c, rc, fn_rc,
                           "could not register with rank 0's endpoint %s (%s)",
-                          shown(o->init_handles[0]), why);
+                          o->init_handles[0], why);
   }
-  size_t missing = 0;
-  char miss[600] = "";
-  size_t ml = 0;
-  for (size_t r = 0; r < n; r++) {
-    if ((int)r == me) continue;
-    snprintf(key, sizeof key, "m/%s", o->init_handles[r]);
-    double left = deadline - tc__now();
-    void *v = NULL;
-    size_t len = 0;
-    rc = tc_store_get(st, key, &v, &len, left > 0 ? left : 0);
-    if (rc == TC_ERR_TIMEOUT) {
-      /* name it, and keep checking the others at once (deadline passed) */
-      if (ml < sizeof miss - 1)
-        ml += (size_t)snprintf(miss + ml, sizeof miss - ml, "%s%s (rank %zu)",
-                               missing ? ", " : "", shown(o->init_handles[r]), r);
-      if (ml >= sizeof miss) ml = sizeof miss - 1;
-      missing++;
-      continue;
+  unsigned char *got = calloc(n, 1); /* 1: arrived and agrees */
+  int *seen = calloc(n, sizeof *seen); /* last probe result, -1: none */
+  int64_t *uu = calloc(n, sizeof *uu);
+  if (!got || !seen || !uu) {
+    free(got), free(seen), free(uu);
+    return tc__comm_error(c, TC_ERR_NOMEM, fn_rc, "out of memory");
+  }
+  for (size_t r = 0; r < n; r++) seen[r] = -1;
+  got[me] = 1;
+  size_t left_n = n - 1;
+  double next_probe = tc__now() + 0.2;
+  rc = TC_OK;
+  while (left_n) {
+    /* everything that arrived so far */
+    for (size_t r = 0; r < n && rc == TC_OK; r++) {
+      if (got[r]) continue;
+      snprintf(key, sizeof key, "m/%s", o->init_handles[r]);
+      const char *k[1] = {key};
+      int ready = 0;
+      if ((rc = tc_store_check(st, k, 1, &ready)) != TC_OK || !ready) continue;
+      void *v = NULL;
+      size_t len = 0;
+      if ((rc = tc_store_get(st, key, &v, &len, 1.0)) != TC_OK) break;
+      int same = len == (size_t)vl && memcmp(v, mine, len) == 0;
+      char theirs[64];
+      snprintf(theirs, sizeof theirs, "%.*s", (int)(len < 63 ? len : 63), (const char *)v);
+      free(v);
+      if (!same) {
+        const char *sp = strchr(theirs, ' ');
+        rc = tc__comm_error(
+            c, TC_ERR_PROTOCOL, fn_rc,
+            "member %s (rank %zu) reconfigures with uuid %lld into a different group "
+            "(its list of %s handles differs from this rank's %zu): the members of one "
+            "group must all pass the same uuid and the same init_handles; this group is "
+            "not formed", o->init_handles[r], r, (long long)o->uuid, sp ? sp + 1 : "?", n);
+        goto out;
+      }
+      got[r] = 1;
+      left_n--;
     }
     if (rc != TC_OK) {
       char why[512];
       snprintf(why, sizeof why, "%s", tc_last_error());
-      return tc__comm_error(c, rc, fn_rc, "lost rank 0's endpoint %s (%s)",
-                            shown(o->init_handles[0]), why);
+      rc = tc__comm_error(c, rc, fn_rc, "lost rank 0's endpoint %s (%s)",
+                          o->init_handles[0], why);
+      goto out;
     }
-    int same = len == (size_t)vl && memcmp(v, mine, len) == 0;
-    char theirs[64];
-    snprintf(theirs, sizeof theirs, "%.*s", (int)(len < 63 ? len : 63), (const char *)v);
-    free(v);
-    if (!same)
-      return tc__comm_error(
-          c, TC_ERR_PROTOCOL, fn_rc,
-          "member %s (rank %zu) reconfigures with uuid %lld into a different group "
-          "(its list of %s handles differs from this rank's %zu, or its uuid does): "
-          "the members of one group must all pass the same uuid and the same "
-          "init_handles; this group is not formed",
-          shown(o->init_handles[r]), r, (long long)o->uuid, strchr(theirs, ' ')
-              ? strchr(theirs, ' ') + 1 : "?", n);
+    if (!left_n) break;
+    double now = tc__now();
+    if (now >= next_probe || now >= deadline) {
+      for (size_t r = 0; r < n; r++) {
+        if (got[r] || seen[r] == PROBE_UNREACHABLE) continue;
+        seen[r] = probe(o->init_handles[r], o->uuid, digest, &uu[r]);
+        if (seen[r] == PROBE_OTHER_LIST) {
+          rc = tc__comm_error(
+              c, TC_ERR_PROTOCOL, fn_rc,
+              "member %s (rank %zu) reconfigures with uuid %lld into a different group "
+              "(its list of handles differs from this rank's %zu): the members of one "
+              "group must all pass the same uuid and the same init_handles; this group "
+              "is not formed", o->init_handles[r], r, (long long)o->uuid, n);
+          goto out;
+        }
+      }
+      next_probe = tc__now() + 0.5;
+    }
+    if (tc__now() >= deadline) break;
+    /* wait for the first missing key a little, then look again */
+    for (size_t r = 0; r < n; r++) {
+      if (got[r]) continue;
+      snprintf(key, sizeof key, "m/%s", o->init_handles[r]);
+      const char *k[1] = {key};
+      double w = deadline - tc__now();
+      if (w > next_probe - tc__now()) w = next_probe - tc__now();
+      if (w < 0.01) w = 0.01;
+      tc_store_wait(st, k, 1, w); /* a timeout here is expected */
+      break;
+    }
   }
-  if (missing)
-    return tc__comm_error(
+  if (left_n) {
+    char miss[700] = "";
+    size_t ml = 0;
+    for (size_t r = 0; r < n && ml < sizeof miss - 1; r++) {
+      if (got[r]) continue;
+      char what[96];
+      switch (seen[r]) {
+      case PROBE_UNREACHABLE:
+        snprintf(what, sizeof what, "unreachable (its endpoint does not answer: the "
+                 "process died?)");
+        break;
+      case PROBE_OTHER_UUID:
+        snprintf(what, sizeof what, "alive, but reconfiguring with uuid %lld",
+                 (long long)uu[r]);
+        break;
+      case PROBE_SAME:
+        snprintf(what, sizeof what, "alive and reconfiguring with this uuid, but it "
+                 "cannot reach rank 0's endpoint");
+        break;
+      default:
+        snprintf(what, sizeof what, "alive, but not calling reconfigure");
+      }
+      ml += (size_t)snprintf(miss + ml, sizeof miss - ml, "%s%s (rank %zu) %s",
+                             ml ? "; " : "", o->init_handles[r], r, what);
+      if (ml >= sizeof miss) ml = sizeof miss - 1;
+    }
+    rc = tc__comm_error(
         c, TC_ERR_TIMEOUT, fn_rc,
-        "timed out after %.1f s waiting for %zu of %zu members: unreachable: %s. A "
-        "process that died, or that does not call reconfigure with uuid %lld and the "
-        "same init_handles, cannot join; reconfigure again without it",
-        o->timeout_s > 0 ? o->timeout_s : c->timeout_s, missing, n, miss,
-        (long long)o->uuid);
-  return TC_OK;
+        "timed out after %.1f s waiting for %zu of %zu members: %s. Every member must "
+        "call reconfigure with uuid %lld and the same init_handles; reconfigure again "
+        "without the dead ones", o->timeout_s > 0 ? o->timeout_s : c->timeout_s, left_n,
+        n, miss, (long long)o->uuid);
+  }
+out:
+  free(got);
+  free(seen);
+  free(uu);
+  return rc;
 }
 
 int tc_comm_reconfigure(tc_comm_t *c, const tc_reconfigure_options_t *o, tc_work_t **work) {
@@ -352,6 +491,10 @@ int tc_comm_reconfigure(tc_comm_t *c, const tc_reconfigure_options_t *o, tc_work
   rc = tc_store_prefix(client, pfx, &st);
   if (rc != TC_OK) goto fail;
   if (n > 1) {
+    char intent[96];
+    snprintf(intent, sizeof intent, "%lld %016llx %zu", (long long)o->uuid,
+             (unsigned long long)digest, n);
+    set_intent(c, intent, o->uuid, NULL);
     rc = rendezvous(c, st, o, me, digest, deadline);
     if (rc != TC_OK) goto fail;
   }
@@ -375,6 +518,7 @@ int tc_comm_reconfigure(tc_comm_t *c, const tc_reconfigure_options_t *o, tc_work
     tc_store_delete(st, key, &del);
   }
   tc_store_release(st);
+  if (n > 1) set_intent(c, NULL, o->uuid, &digest);
   c->uuid = o->uuid;
   c->reconfigures++;
   atomic_store(&c->last_progress_ns, (int64_t)(tc__now() * 1e9));
@@ -394,6 +538,7 @@ int tc_comm_reconfigure(tc_comm_t *c, const tc_reconfigure_options_t *o, tc_work
 fail:;
   char saved[1024];
   snprintf(saved, sizeof saved, "%s", tc_last_error());
+  if (n > 1) set_intent(c, NULL, o->uuid, NULL);
   if (st) tc_store_release(st);
   if (client) tc_store_release(client);
   if (c->bcomm) { /* init succeeded here but a later step failed */
