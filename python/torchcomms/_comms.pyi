@@ -4,7 +4,7 @@
 
 from datetime import timedelta
 from enum import Enum
-from typing import Any, Callable, Dict, List, NamedTuple, Sequence, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Sequence, Set, Union
 
 __version__: str
 __all__: List[str]
@@ -13,6 +13,7 @@ __all__: List[str]
 DEFAULT_TIMEOUT_SECONDS: float
 
 Timeout = timedelta
+InitHandle = str
 
 class RedOpType(Enum):
     SUM = 1
@@ -53,6 +54,21 @@ class WorkStatus(Enum):
 class P2POpType(Enum):
     SEND = 1
     RECV = 2
+
+class ReconfigureOptions:
+    """Options of a reconfiguration (fault tolerance); see
+    TorchComm.reconfigure."""
+    uuid: int
+    init_handles: List[InitHandle] | Set[InitHandle]
+    timeout: timedelta | None
+    hints: Dict[str, str]
+    def __init__(
+        self,
+        uuid: int = 0,
+        init_handles: List[InitHandle] | Set[InitHandle] | None = None,
+        timeout: timedelta | None = None,
+        hints: Dict[str, str] | None = None,
+    ) -> None: ...
 
 class CommOptions:
     abort_process_on_timeout_or_error: bool
@@ -317,6 +333,26 @@ class TorchComm:
     def finalize(self) -> None: ...
     def abort(self) -> None: ...
     def is_aborted(self) -> bool: ...
+    def is_abort_supported(self) -> bool:
+        """True: abort() stops pending operations at once and leaves the
+        process usable (cpu backend)."""
+    def get_init_handle(self) -> InitHandle:
+        """This communicator's endpoint, for reconfigure (only with
+        enable_reconfigure=True; RuntimeError otherwise)."""
+    def reconfigure(
+        self,
+        uuid: int,
+        init_handles: List[InitHandle] | Set[InitHandle] | Dict[InitHandle, int],
+        timeout: timedelta | None = None,
+        hints: Dict[str, str] | None = None,
+    ) -> TorchWork:
+        """Makes this communicator the group of init_handles (list: rank i
+        is the i-th handle; set: sorted; dict: handle -> rank). Every member
+        calls it with the same uuid and handles; blocks until the group is
+        connected and returns a completed work; RuntimeError naming the
+        member that disagrees or could not be reached (the communicator is
+        then unconfigured; retry with a new uuid). Requires
+        enable_reconfigure=True (docs/fault_tolerance.md)."""
     def set_timeout(self, timeout: timedelta | float) -> None: ...
     def set_hints(self, hints: Dict[str, str]) -> None:
         """Adds or replaces the communicator's hints (other keys kept):

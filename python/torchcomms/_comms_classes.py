@@ -18,7 +18,8 @@ __all__ = ["Timeout", "RedOpType", "WorkStatus", "P2POpType", "CommOptions",
            "AllGatherSingleOptions", "ReduceScatterOptions",
            "ReduceScatterSingleOptions", "AllToAllOptions", "AllToAllSingleOptions",
            "AllToAllvSingleOptions", "BarrierOptions", "ScatterOptions",
-           "GatherOptions", "_OpOptions", "OpName"]
+           "GatherOptions", "_OpOptions", "OpName", "InitHandle",
+           "ReconfigureOptions"]
 
 # The communicator's default timeout (a timedelta); set by torchcomms._comms.
 DEFAULT_TIMEOUT = None
@@ -108,6 +109,37 @@ class CommOptions:
 
     def __eq__(self, other):
         if type(other) is not CommOptions:
+            return NotImplemented
+        return all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    __hash__ = None
+
+
+# An init handle (TorchComm.get_init_handle(), TorchComm.reconfigure()) is a
+# str, as in torchcomms.
+InitHandle = str
+
+
+class ReconfigureOptions:
+    """The arguments of a reconfiguration (torchcomms' ReconfigureOptions):
+    ``uuid`` (int, the same on every member, used once), ``init_handles``
+    (list: rank i is the i-th handle; or a set), ``timeout`` (timedelta or
+    None: the communicator's) and ``hints``.
+    ``comm.reconfigure(o.uuid, o.init_handles, o.timeout, o.hints)``."""
+    __slots__ = ('uuid', 'init_handles', 'timeout', 'hints')
+
+    def __init__(self, uuid=0, init_handles=None, timeout=None, hints=None):
+        self.uuid = uuid
+        self.init_handles = [] if init_handles is None else init_handles
+        self.timeout = timeout
+        self.hints = {} if hints is None else dict(hints)
+
+    def __repr__(self):
+        return ('ReconfigureOptions(' + ', '.join(f'{k}={getattr(self, k)!r}'
+                for k in self.__slots__) + ')')
+
+    def __eq__(self, other):
+        if type(other) is not ReconfigureOptions:
             return NotImplemented
         return all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
 
@@ -244,6 +276,6 @@ __all__ += ["TorchCommBackend", "_NativeBackend", "_BackendNotFoundError"]
 
 # They are torchcomms._comms's classes (pickling, reprs, the stub).
 for _n in __all__:
-    if _n != "Timeout":
+    if _n not in ("Timeout", "InitHandle"):
         globals()[_n].__module__ = "torchcomms._comms"
 del _n

@@ -225,13 +225,14 @@ static PyObject *tcpy_work_wait(TorchWorkObject *self, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
-/* torchcomms' TorchWork::waitBlocking for a backend without fault
- * tolerance: not implemented. The work is untouched (wait() still works). */
+/* torchcomms' TorchWork::waitBlocking, which only its mccl backend
+ * implements (its gloo backend, like ours, raises; WaitBlockingTest): not
+ * implemented. The work is untouched (wait() still works). */
 static PyObject *tcpy_work_wait_blocking(TorchWorkObject *self, PyObject *u) {
   PyErr_SetString(PyExc_RuntimeError,
                   "[TorchWork]: waitBlocking not implemented for this work "
-                  "type (the cpu backend has no fault tolerance; wait() "
-                  "blocks the calling thread until the operation finishes)");
+                  "type (as in torchcomms' gloo backend; wait() blocks the "
+                  "calling thread until the operation finishes)");
   return NULL;
 }
 
@@ -309,9 +310,9 @@ static PyMethodDef tcpy_work_methods[] = {
      "Blocks (GIL released) until the operation finishes; raises "
      "RuntimeError if it failed or timed out."},
     {"wait_blocking", (PyCFunction)tcpy_work_wait_blocking, METH_NOARGS,
-     "torchcomms' fault-tolerance wait: RuntimeError ('waitBlocking not "
-     "implemented'), as for every torchcomms backend without fault "
-     "tolerance; use wait(), which blocks the calling thread here."},
+     "torchcomms' mccl-only blocking wait: RuntimeError ('waitBlocking not "
+     "implemented'), as for torchcomms' gloo backend; use wait(), which "
+     "blocks the calling thread here."},
     {"_set_status", (PyCFunction)(void (*)(void))tcpy_work_set_status,
      METH_VARARGS | METH_KEYWORDS,
      "_set_status(status: WorkStatus): for works a Python backend created; "
