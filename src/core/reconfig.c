@@ -90,6 +90,10 @@ int tc_comm_get_init_handle(const tc_comm_t *h, char *buf, size_t len) {
   if (!buf || !len)
     return tc__comm_error(c, TC_ERR_INVALID_ARGUMENT, "get_init_handle",
                           "argument 'buf' is NULL or 'len' is 0");
+  if (!TC_BACKEND_HAS_CAP(c->ops, TC_BACKEND_CAP_RECONFIGURE))
+    return tc__comm_error(c, TC_ERR_NOT_SUPPORTED, "get_init_handle",
+                          "getInitHandle not implemented for communicator:%s (backend "
+                          "'%s' cannot reconfigure)", c->name, c->backend_name);
   if (!c->reconfigurable)
     return tc__comm_error(c, TC_ERR_INVALID_USAGE, "get_init_handle",
                           "the communicator was not created with enable_reconfigure=True: "
@@ -437,7 +441,8 @@ int tc_comm_reconfigure(tc_comm_t *c, const tc_reconfigure_options_t *o, tc_work
   if (!c->reconfigurable) {
     if (!TC_BACKEND_HAS_CAP(c->ops, TC_BACKEND_CAP_RECONFIGURE))
       return tc__comm_error(c, TC_ERR_NOT_SUPPORTED, fn_rc,
-                            "reconfigure not implemented by backend '%s'",
+                            "reconfigure not implemented for communicator:%s (backend "
+                            "'%s' cannot reconfigure; backend 'cpu' can)", c->name,
                             c->backend_name);
     return tc__comm_error(c, TC_ERR_INVALID_USAGE, fn_rc,
                           "the communicator was not created with "

@@ -142,3 +142,36 @@ def test_c_example_runs_on_the_fake_and_skips_without_nccl():
     assert p.returncode == 0, p.stderr
     assert "nccl_all_reduce: skipping:" in p.stdout, p.stdout
     assert "cannot load the NCCL library" in p.stdout, p.stdout
+
+
+def test_reconfigure_is_refused_clearly():
+    """The nccl backend cannot reconfigure (issue 14): new_comm with
+    enable_reconfigure=True, get_init_handle and reconfigure raise
+    RuntimeError in torchcomms' words ("reconfigure not implemented")."""
+    p = run_python("""
+        import torch, torchcomms
+        try:
+            torchcomms.new_comm("nccl", torch.device("cuda", 0), name="ft",
+                                enable_reconfigure=True)
+        except RuntimeError as e:
+            print("CREATE:", e)
+        comm = torchcomms.new_comm("nccl", torch.device("cuda", 0), name="plain")
+        print("ABORT_SUPPORTED", comm.is_abort_supported())
+        for f in (comm.get_init_handle, lambda: comm.reconfigure(0, ["test_handle"])):
+            try:
+                f()
+            except RuntimeError as e:
+                print("REFUSED:", e)
+        comm.finalize()
+        """, fake_env(host=False))
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert ("CREATE: torchcomms: tc_comm_create: backend 'nccl' does not support "
+            "enable_reconfigure=True (reconfigure not implemented)") in p.stdout, out
+    assert "ABORT_SUPPORTED True" in p.stdout, out
+    assert ("REFUSED: torchcomms: get_init_handle on 'plain' (rank 0 of 1): getInitHandle "
+            "not implemented for communicator:plain (backend 'nccl' cannot reconfigure)"
+            ) in p.stdout, out
+    assert ("REFUSED: torchcomms: reconfigure on 'plain' (rank 0 of 1): reconfigure not "
+            "implemented for communicator:plain (backend 'nccl' cannot reconfigure; backend "
+            "'cpu' can)") in p.stdout, out
