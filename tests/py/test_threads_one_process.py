@@ -3,12 +3,12 @@ and torch's threaded test cases run each replica group that way).
 
 Each test starts N threads in this process; thread r creates rank r of one
 communicator over a shared store (new_comm(..., store=..., rank=r, size=N)),
-runs collectives and point-to-point checked exactly, and finalizes. Over
-shared memory and over TCP (TORCHCOMMS_CPU_TRANSPORT=tcp, read at each
-creation), with torch's TCPStore (through a PrefixStore per thread, as
-torchft does), torch's HashStore and FileStore, and ours (no store:
-MASTER_ADDR/MASTER_PORT, the library's TCPStore server and client, shared
-by every thread). Also: a communicator name reused, an operation that
+runs collectives, point-to-point and a split checked exactly, and
+finalizes. Over shared memory and over TCP (TORCHCOMMS_CPU_TRANSPORT=tcp,
+read at each creation), with torch's TCPStore (through a PrefixStore per
+thread, as torchft does), torch's HashStore and FileStore, and ours (no
+store: MASTER_ADDR/MASTER_PORT, the library's TCPStore server and client,
+shared by every thread). Also: a communicator name reused, an operation that
 times out in one thread, abort from one thread.
 
 Every thread is joined with a deadline: a stuck thread fails the test with
@@ -155,6 +155,14 @@ def exercise(c, r, n):
         w.wait()
         assert torch.equal(x, torch.full((33,), float(n * (n - 1) // 2 + n * k)))
     c.barrier(async_op=False)
+
+    # split into even and odd ranks: the children meet within each thread group
+    group = [i for i in range(n) if i % 2 == r % 2]
+    child = c.split(group, "half")
+    v = torch.tensor([float(r)])
+    child.all_reduce(v, ReduceOp.SUM, async_op=False)
+    assert v.item() == float(sum(group))
+    child.finalize()
 
 
 @pytest.mark.parametrize("n", [2, 4])
