@@ -364,8 +364,10 @@ static tc__tcp_client_t *tcp_spare_open(tc__tcp_client_t *root) {
 }
 
 /* The connection for one request, locked: the store's own when it is free
- * (a lost one fails the request with its reason), else an idle spare, else a new spare; when none can be opened, the store's own once it
- * is free (the requests then take turns, as in torch). */
+ * (a lost one fails the request with its reason), else an idle spare, else
+ * a new spare; when none can be opened, the store's own once it is free
+ * (the requests then take turns, as in torch). A thread's requests follow
+ * one another, so which connection carries each does not reorder them. */
 static tc__tcp_client_t *tcp_acquire(tc__tcp_client_t *root) {
   if (pthread_mutex_trylock(&root->mu) == 0) return root;
   pthread_mutex_lock(&root->spare_mu);
