@@ -6,12 +6,22 @@
  * thread): every callback takes the GIL with PyGILState_Ensure. A Python
  * exception becomes a C error whose text carries the exception (a timeout in
  * wait -> TC_ERR_TIMEOUT). The context holds a strong reference to the store
- * object, dropped (with the GIL) when the C store's last reference goes. */
+ * object, dropped (with the GIL) when the C store's last reference goes.
+ *
+ * Waiting (get and wait with a timeout) polls store.check and sleeps between
+ * polls without the GIL, and calls store.wait only once the keys are there
+ * or the time is up (for the store's own timeout error). It never blocks in
+ * store.wait while the keys are missing: torch's TCPStore client holds a
+ * per-object mutex across a whole wait/get, and several ranks of one
+ * communicator running as threads of one process share that object (through
+ * their PrefixStores), so a rank blocked there waiting for a key would keep
+ * the rank that sets the key out of the store until its timeout. */
 #include "_comms.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "private_api.h" /* tc__set_error_text, tc__store_create_ext */
 
@@ -117,6 +127,43 @@ static int tcpy_store_set(void *ctx, const char *key, const void *value,
 /* store.wait(keys, timedelta(seconds=timeout_s)); a zero timeout checks
  * (torch treats a zero wait timeout as "no timeout"). GIL held. */
 static int tcpy_store_wait_locked(tcpy_store_ctx_t *c, const char *const *keys,
+                                  size_t nkeys, double timeout_s);
+
+/* Waits up to timeout_s for keys without blocking in the store (see the top
+ * of the file): polls store.check, the GIL taken for each check only,
+ * sleeping 50 us doubling to 10 ms between polls; then store.wait with the
+ * time left (at least 1 ms), which returns at once when the keys are there
+ * and otherwise raises the store's own timeout error. GIL held (released
+ * while sleeping). */
+static int tcpy_store_poll_locked(tcpy_store_ctx_t *c, const char *const *keys,
+                                  size_t nkeys, double timeout_s) {
+  if (timeout_s <= 0) return tcpy_store_wait_locked(c, keys, nkeys, 0);
+  double deadline = tc__now() + timeout_s, nap = 50e-6;
+  PyObject *l = tcpy_keylist(keys, nkeys);
+  if (!l) return tcpy_store_fail("wait", keys[0]);
+  for (;;) {
+    PyObject *r = PyObject_CallMethodOneArg(c->store, tcpy_str.check, l);
+    int ready = r ? PyObject_IsTrue(r) : -1;
+    Py_XDECREF(r);
+    if (ready < 0) {
+      Py_DECREF(l);
+      return tcpy_store_fail("wait", keys[0]);
+    }
+    double left = deadline - tc__now();
+    if (ready || left <= 0) break;
+    double t = nap < left ? nap : left;
+    struct timespec ts = {(time_t)t, (long)((t - (double)(time_t)t) * 1e9)};
+    Py_BEGIN_ALLOW_THREADS /* other threads run, and may set the keys */
+    nanosleep(&ts, NULL);
+    Py_END_ALLOW_THREADS
+    nap = nap * 2 < 10e-3 ? nap * 2 : 10e-3;
+  }
+  Py_DECREF(l);
+  double left = deadline - tc__now();
+  return tcpy_store_wait_locked(c, keys, nkeys, left > 1e-3 ? left : 1e-3);
+}
+
+static int tcpy_store_wait_locked(tcpy_store_ctx_t *c, const char *const *keys,
                                   size_t nkeys, double timeout_s) {
   PyObject *l = tcpy_keylist(keys, nkeys);
   if (!l) return tcpy_store_fail("wait", keys[0]);
@@ -154,7 +201,7 @@ static int tcpy_store_get(void *ctx, const char *key, void **value,
   TCPY_STORE_ENTER("get", key);
   *value = NULL;
   *len = 0;
-  rc = tcpy_store_wait_locked(c, &key, 1, timeout_s);
+  rc = tcpy_store_poll_locked(c, &key, 1, timeout_s);
   if (rc == TC_OK) {
     PyObject *k = tcpy_key(key);
     PyObject *r = k ? PyObject_CallMethodOneArg(c->store, tcpy_str.get, k)
@@ -235,7 +282,7 @@ static int tcpy_store_delete(void *ctx, const char *key, int *deleted) {
 static int tcpy_store_wait(void *ctx, const char *const *keys, size_t nkeys,
                            double timeout_s) {
   TCPY_STORE_ENTER("wait", keys[0]);
-  rc = tcpy_store_wait_locked(c, keys, nkeys, timeout_s);
+  rc = tcpy_store_poll_locked(c, keys, nkeys, timeout_s);
   TCPY_STORE_LEAVE();
 }
 

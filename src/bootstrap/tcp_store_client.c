@@ -3,7 +3,12 @@
  * as a tc_store_t.
  *
  * One TCP connection per store; a mutex serialises requests (a get that
- * waits holds it, as in torch). Every read and write has a deadline
+ * waits holds it, as in torch). A request from a thread that finds the
+ * connection busy goes over a spare connection to the same server instead
+ * (opened on first need, kept for later), so that a thread waiting for a key
+ * never keeps another thread from setting it: several ranks of one
+ * communicator may be threads of one process sharing this store (the
+ * default store, default_store.c). Every read and write has a deadline
  * (poll), so nothing blocks forever. A get is torch's sequence: WAIT for
  * the key with the caller's timeout (the server answers when the key
  * appears, without blocking its other clients), then GET; on timeout the
@@ -51,6 +56,10 @@ typedef struct tc__tcp_client {
   int local_port;
   int no_explain;     /* a connection asking why: never asks itself */
   char hint[320];     /* " and using the same MASTER_ADDR:MASTER_PORT...?" */
+  /* the store's own connection only: its idle spare connections */
+  pthread_mutex_t spare_mu;
+  struct tc__tcp_client *spare;
+  struct tc__tcp_client *next; /* on the spare list */
 } tc__tcp_client_t;
 
 /* Milliseconds from now to deadline for poll(), at least 0. */
@@ -317,12 +326,90 @@ static int tcp_do_wait(tc__tcp_client_t *c, const char *const *keys,
   return TC_OK;
 }
 
+/* ---- the connection of a request ---- */
+
+static int tcp_try(tc__tcp_client_t *c, const struct addrinfo *ai,
+                   double deadline, char *why, size_t whylen);
+static void tcp_note_local(tc__tcp_client_t *c);
+
+/* A new connection to root's server, or NULL (no error text set). */
+static tc__tcp_client_t *tcp_spare_open(tc__tcp_client_t *root) {
+  tc__tcp_client_t *q = calloc(1, sizeof *q);
+  if (!q) return NULL;
+  pthread_mutex_init(&q->mu, NULL);
+  q->fd = -1;
+  snprintf(q->host, sizeof q->host, "%s", root->host);
+  q->port = root->port;
+  q->io_timeout = root->io_timeout;
+  snprintf(q->hint, sizeof q->hint, "%s", root->hint);
+  char portstr[16], why[256], saved[1024];
+  snprintf(saved, sizeof saved, "%s", tc_last_error());
+  snprintf(portstr, sizeof portstr, "%d", root->port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_NUMERICSERV}, *res = NULL;
+  double deadline = tc__deadline(5.0);
+  if (getaddrinfo(root->host, portstr, &hints, &res) == 0) {
+    for (struct addrinfo *ai = res; ai && q->fd < 0; ai = ai->ai_next)
+      if (tcp_try(q, ai, deadline, why, sizeof why) != TC_OK) q->fd = -1;
+    freeaddrinfo(res);
+  }
+  tc__set_error_text(TC_OK, saved);
+  if (q->fd < 0) {
+    pthread_mutex_destroy(&q->mu);
+    free(q);
+    return NULL;
+  }
+  tcp_note_local(q);
+  return q;
+}
+
+/* The connection for one request, locked: the store's own when it is free
+ * (a lost one fails the request with its reason), else an idle spare, else
+ * a new spare; when none can be opened, the store's own once it is free
+ * (the requests then take turns, as in torch). A thread's requests follow
+ * one another, so which connection carries each does not reorder them. */
+static tc__tcp_client_t *tcp_acquire(tc__tcp_client_t *root) {
+  if (pthread_mutex_trylock(&root->mu) == 0) return root;
+  pthread_mutex_lock(&root->spare_mu);
+  tc__tcp_client_t *q = root->spare;
+  if (q) root->spare = q->next;
+  pthread_mutex_unlock(&root->spare_mu);
+  if (!q) q = tcp_spare_open(root);
+  if (!q) {
+    pthread_mutex_lock(&root->mu);
+    return root;
+  }
+  pthread_mutex_lock(&q->mu);
+  return q;
+}
+
+static void tcp_conn_free(tc__tcp_client_t *q) {
+  if (q->fd >= 0) close(q->fd);
+  pthread_mutex_destroy(&q->mu);
+  free(q);
+}
+
+/* Ends the request on c (from tcp_acquire): a spare goes back to the idle
+ * list, or is closed when it was lost. */
+static void tcp_release(tc__tcp_client_t *root, tc__tcp_client_t *c) {
+  pthread_mutex_unlock(&c->mu);
+  if (c == root) return;
+  if (c->fd < 0) {
+    tcp_conn_free(c);
+    return;
+  }
+  pthread_mutex_lock(&root->spare_mu);
+  c->next = root->spare;
+  root->spare = c;
+  pthread_mutex_unlock(&root->spare_mu);
+}
+
 /* ---- vtable ---- */
 
 /* vtable set: SET key value (no answer), then a PING whose echo confirms
  * that the server took it (a refused SET closes the connection instead). */
 static int tcp_set(void *ctx, const char *key, const void *v, size_t n) {
-  tc__tcp_client_t *c = ctx;
+  tc__tcp_client_t *root = ctx, *c;
   tc__buf_t b = {0};
   static _Atomic uint32_t seq;
   uint32_t nonce = atomic_fetch_add(&seq, 1) ^ 0x5E7C0000u;
@@ -331,7 +418,7 @@ static int tcp_set(void *ctx, const char *key, const void *v, size_t n) {
   tc__buf_str(&b, v, n);
   tc__buf_u8(&b, TC__Q_PING);
   tc__buf_u32(&b, nonce);
-  pthread_mutex_lock(&c->mu);
+  c = tcp_acquire(root);
   int rc = tcp_request(c, &b, "set", key);
   uint8_t echo[4];
   if (rc == TC_OK)
@@ -342,7 +429,7 @@ static int tcp_set(void *ctx, const char *key, const void *v, size_t n) {
                       "confirming PING with 0x%08x instead of 0x%08x (not a "
                       "TCPStore server?)",
                       key, c->host, c->port, tc__rd_u32(echo), nonce);
-  pthread_mutex_unlock(&c->mu);
+  tcp_release(root, c);
   tc__buf_free(&b);
   return rc;
 }
@@ -350,9 +437,9 @@ static int tcp_set(void *ctx, const char *key, const void *v, size_t n) {
 /* vtable get: WAIT for the key up to timeout_s, then GET it. */
 static int tcp_get(void *ctx, const char *key, void **value, size_t *len,
                        double timeout_s) {
-  tc__tcp_client_t *c = ctx;
+  tc__tcp_client_t *root = ctx, *c;
   int present = 0;
-  pthread_mutex_lock(&c->mu);
+  c = tcp_acquire(root);
   int rc = tcp_do_wait(c, &key, 1, timeout_s, "get", &present);
   if (rc == TC_OK && present) {
     tc__buf_t b = {0};
@@ -388,25 +475,25 @@ static int tcp_get(void *ctx, const char *key, void **value, size_t *len,
       }
     }
   }
-  pthread_mutex_unlock(&c->mu);
+  tcp_release(root, c);
   if (rc == TC_OK && !present)
     rc = tc__store_wait_timeout_error("get", NULL, NULL, &key, 1, timeout_s,
-                                      c->hint);
+                                      root->hint);
   return rc;
 }
 
 /* vtable add: ADD key delta, answered with the new value. */
 static int tcp_add(void *ctx, const char *key, int64_t delta,
                        int64_t *result) {
-  tc__tcp_client_t *c = ctx;
+  tc__tcp_client_t *root = ctx, *c;
   tc__buf_t b = {0};
   tc__buf_u8(&b, TC__Q_ADD);
   tc__buf_key(&b, key);
   tc__buf_u64(&b, (uint64_t)delta);
-  pthread_mutex_lock(&c->mu);
+  c = tcp_acquire(root);
   int rc = tcp_request(c, &b, "add", key);
   if (rc == TC_OK) rc = tcp_recv_i64(c, result, "add", key);
-  pthread_mutex_unlock(&c->mu);
+  tcp_release(root, c);
   tc__buf_free(&b);
   return rc;
 }
@@ -414,12 +501,12 @@ static int tcp_add(void *ctx, const char *key, int64_t delta,
 /* vtable check: CHECK keys, answered READY or NOT_READY. */
 static int tcp_check(void *ctx, const char *const *keys, size_t nkeys,
                          int *ready) {
-  tc__tcp_client_t *c = ctx;
+  tc__tcp_client_t *root = ctx, *c;
   tc__buf_t b = {0};
   tc__buf_u8(&b, TC__Q_CHECK);
   tc__buf_u64(&b, nkeys);
   for (size_t i = 0; i < nkeys; i++) tc__buf_key(&b, keys[i]);
-  pthread_mutex_lock(&c->mu);
+  c = tcp_acquire(root);
   int rc = tcp_request(c, &b, "check", keys[0]);
   uint8_t a = 0;
   if (rc == TC_OK)
@@ -429,7 +516,7 @@ static int tcp_check(void *ctx, const char *const *keys, size_t nkeys,
     rc = tcp_lose(c, TC_ERR_PROTOCOL,
                       "store check('%s'): unexpected answer %u from %s:%d",
                       keys[0], a, c->host, c->port);
-  pthread_mutex_unlock(&c->mu);
+  tcp_release(root, c);
   tc__buf_free(&b);
   if (rc == TC_OK) *ready = a == TC__CHECK_READY;
   return rc;
@@ -438,28 +525,28 @@ static int tcp_check(void *ctx, const char *const *keys, size_t nkeys,
 /* ext wait: WAIT for all keys up to timeout_s. */
 static int tcp_wait(void *ctx, const char *const *keys, size_t nkeys,
                         double timeout_s) {
-  tc__tcp_client_t *c = ctx;
+  tc__tcp_client_t *root = ctx, *c;
   int present = 0;
-  pthread_mutex_lock(&c->mu);
+  c = tcp_acquire(root);
   int rc = tcp_do_wait(c, keys, nkeys, timeout_s, "wait", &present);
-  pthread_mutex_unlock(&c->mu);
+  tcp_release(root, c);
   if (rc == TC_OK && !present)
-    rc = tc__store_wait_timeout_error("wait", tcp_check, c, keys, nkeys,
-                                      timeout_s, c->hint);
+    rc = tc__store_wait_timeout_error("wait", tcp_check, root, keys, nkeys,
+                                      timeout_s, root->hint);
   return rc;
 }
 
 /* vtable delete_key: DELETE_KEY, answered with the number deleted. */
 static int tcp_delete(void *ctx, const char *key, int *deleted) {
-  tc__tcp_client_t *c = ctx;
+  tc__tcp_client_t *root = ctx, *c;
   tc__buf_t b = {0};
   tc__buf_u8(&b, TC__Q_DELETE_KEY);
   tc__buf_key(&b, key);
   int64_t n = 0;
-  pthread_mutex_lock(&c->mu);
+  c = tcp_acquire(root);
   int rc = tcp_request(c, &b, "delete", key);
   if (rc == TC_OK) rc = tcp_recv_i64(c, &n, "delete", key);
-  pthread_mutex_unlock(&c->mu);
+  tcp_release(root, c);
   tc__buf_free(&b);
   if (rc == TC_OK) *deleted = n == 1;
   return rc;
@@ -474,9 +561,13 @@ static const char *tcp_local_addr(void *ctx) {
 /* vtable destroy: closes the connection. */
 static void tcp_destroy(void *ctx) {
   tc__tcp_client_t *c = ctx;
-  if (c->fd >= 0) close(c->fd);
-  pthread_mutex_destroy(&c->mu);
-  free(c);
+  while (c->spare) {
+    tc__tcp_client_t *q = c->spare;
+    c->spare = q->next;
+    tcp_conn_free(q);
+  }
+  pthread_mutex_destroy(&c->spare_mu);
+  tcp_conn_free(c);
 }
 
 /* ---- connect ---- */
@@ -586,6 +677,7 @@ int tc_store_tcp_connect(const char *host, int port, double timeout_s,
   if (!c)
     return tc__set_error(TC_ERR_NOMEM, "torchcomms: %s: out of memory", fn);
   pthread_mutex_init(&c->mu, NULL);
+  pthread_mutex_init(&c->spare_mu, NULL);
   c->fd = -1;
   snprintf(c->host, sizeof c->host, "%s", host);
   c->port = port;

@@ -20,10 +20,29 @@ static tc__htable_t comms = TC__HTABLE_INIT(TC__HANDLE_COMM);
  * name is reused. Every rank creates communicators in the same order
  * (creation is collective). A hash table (open addressing, grown at half
  * full) without a limit: one entry per distinct name ever used, so no name
- * ever shares another's generation. */
+ * ever shares another's generation.
+ *
+ * Several ranks of one communicator may be threads of one process (torchft's
+ * and torch's threaded tests): each thread creates its own rank of the same
+ * communicator at the same time. Counting every creation would give them
+ * different generations, hence different store prefixes, and each would wait
+ * for the others' keys until the timeout. So a creation that is still
+ * running keeps its generation open, and a creation of another rank of the
+ * same name and size joins the lowest open generation that does not have
+ * that rank yet; a generation closes (nobody else joins it) as soon as one of
+ * its creations ends, successfully or not: creation is collective, so by
+ * then every rank of it has taken its generation. One rank per process (one
+ * creation at a time) still counts 0, 1, 2, ... as before. */
+typedef struct tc__gen_open {
+  struct tc__gen_open *next;
+  uint64_t gen;
+  int rank, size;
+  int closed; /* one of the creations of gen ended: nobody joins it */
+} tc__gen_open_t;
 typedef struct {
   char *name;
-  uint64_t count;
+  uint64_t count;       /* the next fresh generation */
+  tc__gen_open_t *open; /* this name's creations still running */
 } tc__name_t;
 static tc__name_t *names;
 static size_t names_cap, names_n;
@@ -43,10 +62,16 @@ static tc__name_t *name_find(tc__name_t *t, size_t cap, const char *name) {
   return &t[i];
 }
 
-/* The generation for a new communicator named name (0, 1, ...); -1 when out
- * of memory. */
-static int name_generation(const char *name, uint64_t *gen) {
+/* The generation for a new communicator named name whose rank of size this
+ * process creates (see above), in *gen; *open is the creation's entry, to
+ * give to name_generation_end when the creation ends. -1 when out of
+ * memory. The lock is never held across anything that waits. */
+static int name_generation(const char *name, int rank, int size, uint64_t *gen,
+                           tc__gen_open_t **open) {
   int rc = -1;
+  *open = NULL;
+  tc__gen_open_t *o = calloc(1, sizeof *o);
+  if (!o) return -1;
   pthread_mutex_lock(&names_mu);
   if (2 * (names_n + 1) > names_cap) {
     size_t cap = names_cap ? 2 * names_cap : 64;
@@ -63,11 +88,51 @@ static int name_generation(const char *name, uint64_t *gen) {
     if (!(e->name = strdup(name))) goto out;
     names_n++;
   }
-  *gen = e->count++;
+  /* the lowest open generation of this size without this rank, else a
+   * fresh one */
+  int found = 0;
+  uint64_t g = 0;
+  for (tc__gen_open_t *a = e->open; a; a = a->next) {
+    if (a->closed || a->size != size || (found && a->gen >= g)) continue;
+    int taken = 0;
+    for (tc__gen_open_t *b = e->open; b && !taken; b = b->next)
+      taken = b->gen == a->gen && b->rank == rank;
+    if (!taken) {
+      found = 1;
+      g = a->gen;
+    }
+  }
+  if (!found) g = e->count++;
+  o->gen = g;
+  o->rank = rank;
+  o->size = size;
+  o->next = e->open;
+  e->open = o;
+  *gen = g;
+  *open = o;
+  o = NULL;
   rc = 0;
 out:
   pthread_mutex_unlock(&names_mu);
+  free(o);
   return rc;
+}
+
+/* The creation of open (named name) ended: its generation closes. */
+static void name_generation_end(const char *name, tc__gen_open_t *open) {
+  if (!open) return;
+  pthread_mutex_lock(&names_mu);
+  tc__name_t *e = name_find(names, names_cap, name);
+  for (tc__gen_open_t **p = &e->open; *p;) {
+    if (*p == open) {
+      *p = open->next;
+      continue;
+    }
+    if ((*p)->gen == open->gen) (*p)->closed = 1;
+    p = &(*p)->next;
+  }
+  pthread_mutex_unlock(&names_mu);
+  free(open);
 }
 
 int tc__comm_enter(tc_comm_t **c, const char *fn) {
@@ -422,12 +487,14 @@ int tc_comm_create(const char *backend, const char *device,
     return TC_OK;
   }
   uint64_t gen;
-  if (name_generation(c->name, &gen)) {
+  tc__gen_open_t *open;
+  if (name_generation(c->name, rank, size, &gen, &open)) {
     rc = tc__set_error(TC_ERR_NOMEM, "torchcomms: %s: out of memory", fn);
     goto fail;
   }
   tc__comm_scope_prefix(c->prefix, sizeof c->prefix, c->name, gen);
   rc = tc__comm_start(c, NULL, NULL, 0, fn, c->timeout_s);
+  name_generation_end(c->name, open);
   if (rc != TC_OK) goto fail;
   tc__fr_set_global_rank(c->rank); /* the first communicator's: the job's ranks */
   *out = comm_publish(c);

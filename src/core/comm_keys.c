@@ -8,7 +8,8 @@
  * <job> is TORCHCOMMS_JOB_ID, else TORCHELASTIC_RUN_ID (torchrun, tcrun),
  * else "-"; <attempt> is TORCHELASTIC_RESTART_COUNT (torchrun's restart
  * number), else 0; <n> counts the communicators of that name this process
- * created. A restarted attempt therefore never reads the keys of an earlier
+ * created (ranks of one communicator created at once by threads of one
+ * process share it: name_generation in comm.c). A restarted attempt therefore never reads the keys of an earlier
  * attempt, whatever that attempt left behind. Split prefixes hash the
  * parent's, so they inherit its scope.
  *

@@ -444,10 +444,13 @@ int tc_fr_dump_json(const tc_comm_t *h, int include_completed, char **out) {
 }
 
 /* Writes len bytes to path through a temporary name, so a reader never
- * sees half a trace. */
+ * sees half a trace. The temporary name is unique per call, not only per
+ * process: ranks running as threads of one process may dump at once. */
 static int write_file(const char *path, const char *text, size_t len) {
+  static _Atomic unsigned seq;
   char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
+  snprintf(tmp, sizeof tmp, "%s.tmp%d.%u", path, (int)getpid(),
+           atomic_fetch_add(&seq, 1));
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) goto fail;
   size_t done = 0;
