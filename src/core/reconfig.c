@@ -18,12 +18,16 @@
  *  3. meets the others on the endpoint of the list's rank 0, under
  *     "rc/<uuid>/": it sets "m/<own handle>" = "<digest> <n>" (digest: a
  *     hash of the uuid and the whole list, in order) and reads every other
- *     member's key until the deadline. A member that is missing by then is
- *     named ("unreachable: ... (dead, or not calling reconfigure with uuid
- *     U)"); a member whose digest differs is in another group (different
- *     uuid or list: split brain) and the reconfigure fails on every member
- *     that sees it: two subsets with different lists never form one group,
- *     since each member checks every other member's list;
+ *     member's key until the deadline. Each member also says on its own
+ *     endpoint what it does ("intent" = "<uuid> <digest> <n>" while it
+ *     reconfigures, "done/<uuid>" = the digest of the group it formed), and
+ *     members still missing are asked there about every half second. A
+ *     member whose digest differs (same uuid, another list: split brain)
+ *     fails the reconfigure at once; one missing at the deadline is named
+ *     with what it was found doing (unreachable: dead; reconfiguring with
+ *     another uuid; not reconfiguring). Two subsets with different lists
+ *     or uuids never form one group, since each member checks every other
+ *     member's digest;
  *  4. builds the backend state again (init) for the new rank and size on
  *     that store under "rc/<uuid>/<digest>", with epoch = the digest's low
  *     32 bits: every member computes the same value, and it is carried in
