@@ -283,3 +283,68 @@ def test_abort_from_one_thread(env, transport):
                 pass
 
     run_threads(2, rank_main)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_reconfigure_as_threads(env, transport):
+    """Reconfigurable communicators as threads of one process (torchft's
+    replica groups): form a group of 4 from the handles, shrink to the 3
+    that remain after one thread aborts and leaves, grow back with a new
+    communicator, every value checked (issue 14, point 5)."""
+    if transport == "tcp":
+        env.setenv("TORCHCOMMS_CPU_TRANSPORT", "tcp")
+    n = 4
+    comms = [torchcomms.new_comm("cpu", "cpu", name="ftthr", enable_reconfigure=True,
+                                 timeout=TIMEOUT) for _ in range(n)]
+    hs = [c.get_init_handle() for c in comms]
+    late = torchcomms.new_comm("cpu", "cpu", name="ftthr", enable_reconfigure=True,
+                               timeout=TIMEOUT)
+
+    def rank_main(r, barrier):
+        c = comms[r]
+        c.reconfigure(uuid=1, init_handles=hs, timeout=TIMEOUT).wait()
+        assert (c.get_rank(), c.get_size()) == (r, n)
+        t = torch.full((5,), float(r + 1))
+        c.all_reduce(t, ReduceOp.SUM, async_op=False)
+        assert torch.equal(t, torch.full((5,), float(n * (n + 1) // 2)))
+        barrier.wait()
+        if r == n - 1:  # leaves: abort, and take no part in what follows
+            c.abort()
+            c.finalize()
+            return
+        c.abort()
+        c.reconfigure(uuid=2, init_handles=hs[:n - 1], timeout=TIMEOUT).wait()
+        assert (c.get_rank(), c.get_size()) == (r, n - 1)
+        t = torch.full((5,), float(r + 1))
+        c.all_reduce(t, ReduceOp.SUM, async_op=False)
+        assert torch.equal(t, torch.full((5,), float((n - 1) * n // 2)))
+        if r == 0:  # a new member joins from this thread too
+            grown = hs[:n - 1] + [late.get_init_handle()]
+            w = [None]
+            th = threading.Thread(target=lambda: w.__setitem__(
+                0, late.reconfigure(uuid=3, init_handles=grown, timeout=TIMEOUT)))
+            th.start()
+            c.reconfigure(uuid=3, init_handles=grown, timeout=TIMEOUT).wait()
+            th.join(JOIN_S)
+            assert not th.is_alive() and w[0] is not None
+        else:
+            c.reconfigure(uuid=3, init_handles=hs[:n - 1] + [late.get_init_handle()],
+                          timeout=TIMEOUT).wait()
+        assert (c.get_rank(), c.get_size()) == (r, n)
+        if r == 0:
+            lt = torch.full((5,), float(n))
+            wl = late.all_reduce(lt, ReduceOp.SUM, async_op=True)
+        t = torch.full((5,), float(r + 1))
+        c.all_reduce(t, ReduceOp.SUM, async_op=False)
+        assert torch.equal(t, torch.full((5,), float(n * (n + 1) // 2)))
+        if r == 0:
+            wl.wait()
+            assert torch.equal(lt, t)
+            fin = threading.Thread(target=late.finalize)
+            fin.start()
+        c.finalize()
+        if r == 0:
+            fin.join(JOIN_S)
+            assert not fin.is_alive()
+
+    run_threads(n, rank_main)
