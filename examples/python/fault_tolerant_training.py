@@ -25,7 +25,7 @@ Roles (one file, two roles):
     worker ids), as a job scheduler or torchft's lighthouse would; starts
     the replacement; checks the result against its own failure-free run.
 
-  worker (--worker): creates one communicator with enable_reconfigure=True
+  worker (a child process of the launcher): creates one communicator with enable_reconfigure=True
     (no members yet), publishes its init handle ("handle/<worker id>"), and
     for each generation g it belongs to calls
         comm.reconfigure(uuid=g, init_handles=[handles of quorum/g])
@@ -38,11 +38,11 @@ Roles (one file, two roles):
 
 import argparse
 import json
+import multiprocessing as mp
+import multiprocessing.connection
 import os
 import random
-import select
 import signal
-import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -210,38 +210,42 @@ def next_generation_published(comm, store, gen, wait):
     return bool(flag.item())
 
 
-def worker(args):
+def worker(wid, gen, port, world_size, steps, transport=None, kill_step=None, kill_phase=None,
+           quiet=False):
+    """One worker (a child process of the launcher): worker id `wid`, first
+    generation `gen`."""
     from torch.distributed import TCPStore
     from torchcomms import new_comm
 
     torch.set_num_threads(1)
-    wid = args.worker_id
+    if transport:  # read when the communicator is created
+        os.environ["TORCHCOMMS_CPU_TRANSPORT"] = transport
 
     def log(msg):
-        if not args.quiet:
+        if not quiet:
             print(f"[worker {wid}] {msg}", flush=True)
 
-    store = TCPStore(args.host, args.port, is_master=False, timeout=TIMEOUT)
+    store = TCPStore("127.0.0.1", port, is_master=False, timeout=TIMEOUT)
     comm = new_comm("cpu", torch.device("cpu"), name="ft", enable_reconfigure=True,
                     timeout=TIMEOUT)
     store.set(f"handle/{wid}", comm.get_init_handle())
-    fault = Fault(store, wid, args.kill_step, args.kill_phase)
+    fault = Fault(store, wid, kill_step, kill_phase)
     state = TrainState()
-    gen, entering, first_step = args.generation, True, False
+    entering, first_step = True, False
 
     while True:
         try:
             if entering:
-                members, steps = enter_generation(comm, store, state, gen, wid)
+                members, completed = enter_generation(comm, store, state, gen, wid)
                 entering, first_step = False, True
                 if comm.get_rank() == 0:
                     log(f"generation {gen}: workers {members} as ranks 0..{len(members) - 1}, "
-                        f"their completed steps {steps}: all continue after step {state.step}")
-            finished = state.step == args.steps
+                        f"their completed steps {completed}: all continue after step {state.step}")
+            finished = state.step == steps
             # A group that finished below the job's size waits for its
             # replacement, so that every worker ends with the final model.
             if next_generation_published(comm, store, gen,
-                                         wait=finished and comm.get_size() < args.world_size):
+                                         wait=finished and comm.get_size() < world_size):
                 gen, entering = gen + 1, True
                 continue
             if finished:
@@ -263,28 +267,25 @@ def worker(args):
     store.set(f"final/{wid}", state.pack().numpy().tobytes())
     comm.finalize()
     log(f"done: {state.step} steps")
-    return 0
 
 
 # ---------------------------------------------------------------- launcher
 
 def wait_any_exit(procs, timeout):
-    """The id of a worker that has exited (blocking up to `timeout` s)."""
-    fds = {}
-    try:
-        for wid, p in procs.items():
-            if p.poll() is not None:
-                return wid
-            fds[os.pidfd_open(p.pid)] = wid
-        ready, _, _ = select.select(list(fds), [], [], timeout)
-        if not ready:
-            raise TimeoutError(f"no worker exited within {timeout} s")
-        wid = fds[ready[0]]
-        procs[wid].wait()
-        return wid
-    finally:
-        for fd in fds:
-            os.close(fd)
+    """The id of a worker that has exited (waits up to `timeout` s)."""
+    ready = mp.connection.wait([p.sentinel for p in procs.values()], timeout)
+    if not ready:
+        raise TimeoutError(f"no worker exited within {timeout} s")
+    wid = next(w for w, p in procs.items() if p.sentinel == ready[0])
+    procs[wid].join()
+    return wid
+
+
+# Workers are forked from a server process that imported torch and
+# torchcomms once (a worker starts in milliseconds, not seconds), not from
+# the launcher itself, which runs the store's server threads.
+workers = mp.get_context("forkserver")
+workers.set_forkserver_preload(["__main__", "torch", "torch.distributed", "torchcomms"])
 
 
 def our_shm_segments(pids):
@@ -299,32 +300,27 @@ def our_shm_segments(pids):
 
 
 def run(world_size=3, steps=30, seed=None, kill_worker=None, kill_step=None, kill_phase=None,
-        transport=None, quiet=False, worker_output=None):
+        transport=None, quiet=False):
     """One job: the failure, the recovery, the replacement, the check.
     Returns a summary (dict); raises on any failure."""
     from torch.distributed import TCPStore
 
     rng = random.Random(seed)
     kill_worker = rng.randrange(world_size) if kill_worker is None else kill_worker
-    kill_step = rng.randrange(1, steps - 1) if kill_step is None else kill_step
+    kill_step = rng.randrange(steps - 1) if kill_step is None else kill_step
     kill_phase = rng.choice(Fault.PHASES) if kill_phase is None else kill_phase
     reference = reference_run(steps)
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if transport:
-        env["TORCHCOMMS_CPU_TRANSPORT"] = transport
     procs, pids = {}, set()
 
     def start(wid, gen, fault=False):
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(wid), "--generation",
-               str(gen), "--port", str(store.port), "-n", str(world_size), "--steps", str(steps)]
-        if fault:
-            cmd += ["--kill-step", str(kill_step), "--kill-phase", kill_phase]
-        if quiet:
-            cmd += ["--quiet"]
-        procs[wid] = subprocess.Popen(cmd, env=env, stdout=worker_output, stderr=worker_output)
-        pids.add(str(procs[wid].pid))
+        kill = (kill_step, kill_phase) if fault else (None, None)
+        p = workers.Process(target=worker, name=f"worker {wid}", args=(
+            wid, gen, store.port, world_size, steps, transport, *kill, quiet))
+        p.start()
+        procs[wid] = p
+        pids.add(str(p.pid))
 
     def say(msg):
         if not quiet:
@@ -338,7 +334,7 @@ def run(world_size=3, steps=30, seed=None, kill_worker=None, kill_step=None, kil
 
         # a worker dies: the next generation is everyone else
         dead = wait_any_exit(procs, TIMEOUT.total_seconds())
-        rc = procs.pop(dead).returncode
+        rc = procs.pop(dead).exitcode
         if rc != -signal.SIGKILL or dead != kill_worker:
             raise RuntimeError(f"worker {dead} exited with {rc} (expected: worker "
                                f"{kill_worker} killed by SIGKILL)")
@@ -359,7 +355,7 @@ def run(world_size=3, steps=30, seed=None, kill_worker=None, kill_step=None, kil
 
         for _ in range(len(procs)):
             wid = wait_any_exit(procs, TIMEOUT.total_seconds())
-            rc = procs.pop(wid).returncode
+            rc = procs.pop(wid).exitcode
             if rc != 0:
                 raise RuntimeError(f"worker {wid} exited with {rc}")
         finals = {wid: torch.frombuffer(bytearray(store.get(f"final/{wid}")), dtype=DTYPE)
@@ -367,16 +363,17 @@ def run(world_size=3, steps=30, seed=None, kill_worker=None, kill_step=None, kil
     finally:
         for p in procs.values():  # nothing left behind, whatever happened
             p.kill()
-            p.wait()
+            p.join()
 
     max_diff = max((f - reference).abs().max().item() for f in finals.values())
     equal = all(torch.equal(f, reference) for f in finals.values())
     summary = {"world_size": world_size, "steps": steps, "killed": dead, "kill_step": kill_step,
                "kill_phase": kill_phase, "recovery_s": recovery, "resumed_step": resumed["step"],
                "replacement": new, "finals": sorted(finals), "max_diff": max_diff,
-               "equal": equal, "reference_moved": (reference - TrainState().pack()).abs().max().item(),
+               "equal": equal,
+               "reference_moved": (reference - TrainState().pack())[:-1].abs().max().item(),
                "shm_left": our_shm_segments(pids), "pids": sorted(int(p) for p in pids),
-               "transport": env.get("TORCHCOMMS_CPU_TRANSPORT", "auto")}
+               "transport": transport or os.environ.get("TORCHCOMMS_CPU_TRANSPORT", "auto")}
     say(f"final parameters of workers {sorted(finals)} "
         f"{'bitwise equal to' if equal else 'DIFFER from'} the failure-free reference "
         f"(max |diff| {max_diff:.1e}); shared-memory segments left: {len(summary['shm_left'])}")
@@ -393,14 +390,7 @@ def main():
     ap.add_argument("--kill-phase", choices=Fault.PHASES)
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--json", action="store_true", help="print the summary as one JSON line")
-    # the worker role (started by the launcher)
-    ap.add_argument("--worker", dest="worker_id", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--generation", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
-    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker_id is not None:
-        return worker(args)
     s = run(args.world_size, args.steps, args.seed, args.kill_worker, args.kill_step,
             args.kill_phase, quiet=args.quiet)
     if args.json:
