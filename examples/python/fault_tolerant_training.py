@@ -25,9 +25,9 @@ Roles (one file, two roles):
     worker ids), as a job scheduler or torchft's lighthouse would; starts
     the replacement; checks the result against its own failure-free run.
 
-  worker (a child process of the launcher): creates one communicator with enable_reconfigure=True
-    (no members yet), publishes its init handle ("handle/<worker id>"), and
-    for each generation g it belongs to calls
+  worker (a child process of the launcher): creates one communicator with
+    enable_reconfigure=True (no members yet), publishes its init handle
+    ("handle/<worker id>"), and for each generation g it belongs to calls
         comm.reconfigure(uuid=g, init_handles=[handles of quorum/g])
     A worker learns that a new generation exists either because an operation
     failed (a member died: the launcher publishes quorum/g+1 without it) or,
@@ -309,6 +309,8 @@ def run(world_size=3, steps=30, seed=None, kill_worker=None, kill_step=None, kil
     kill_worker = rng.randrange(world_size) if kill_worker is None else kill_worker
     kill_step = rng.randrange(steps - 1) if kill_step is None else kill_step
     kill_phase = rng.choice(Fault.PHASES) if kill_phase is None else kill_phase
+    if not (0 <= kill_worker < world_size and 0 <= kill_step < steps):
+        raise ValueError(f"no worker {kill_worker} or no step {kill_step} to kill it at")
     reference = reference_run(steps)
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
