@@ -68,3 +68,22 @@ def test_fault_tolerant_training():
     assert s["transport"] == expected, s
     assert "peer 1" in out, out  # the survivors' error names the dead worker
     assert "bitwise equal to the failure-free reference" in out, out
+
+
+def test_leftover_check_can_fail():
+    """The example's /dev/shm check finds a segment named as the transport
+    names them (src/transport/shm_sweep.c) for one of the given pids."""
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        import fault_tolerant_training as ft
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    me = str(os.getpid())  # alive: no sweeper removes it meanwhile
+    name = f"torchcomms-0badc0de-{'0' * 32}-0-effffffc-{me}-1"
+    path = Path("/dev/shm") / name
+    path.write_bytes(b"")
+    try:
+        assert ft.our_shm_segments({me}) == [name]
+        assert ft.our_shm_segments({"1"}) == []
+    finally:
+        path.unlink()
