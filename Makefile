@@ -11,6 +11,11 @@
 #                    SIGKILLed or SIGSTOPped at a random moment (tests/chaos/;
 #                    SEED=..., CHAOS_FLAGS=--create kills during creation)
 #   make chaos-short 1 clean + 12 chaos trials (part of make test)
+#   make chaos-ft    fault-tolerant training (examples/python/
+#                    fault_tolerant_training.py) FT_RUNS (20) times at 3 and
+#                    4 ranks, shm and TCP, one worker killed at a random
+#                    point: recovered n/n, kill -> resumed median and max,
+#                    /dev/shm before and after (FT_SEED=...)
 #   make soak        10^6 mixed operations per rank from Python on 2 ranks,
 #                    private RSS, descriptors and threads flat (SOAK_OPS=...;
 #                    the short one is tests/py/test_soak.py)
@@ -37,7 +42,7 @@ VPY        := $(VENV)/bin/python
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 TORCH_VERSION := 2.13.0
 
-.PHONY: check-layers soak chaos chaos-short all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan check-tsan venv deps clean install bench bench-deps fuzz fuzz-short fuzz-build
+.PHONY: check-layers soak chaos chaos-short chaos-ft all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan check-tsan venv deps clean install bench bench-deps fuzz fuzz-short fuzz-build
 
 all: build
 
@@ -101,6 +106,14 @@ chaos: build
 
 chaos-short: build
 	./$(BUILD)/chaos/chaos_driver --clean 1 --trials 12 --seed 1 $(CHAOS_FLAGS)
+
+# Fault tolerance (reconfigure): every run must recover, with parameters
+# bitwise equal to a failure-free run and nothing left in /dev/shm. The
+# short one is tests/py/test_fault_tolerant_training.py (make test).
+FT_RUNS ?= 20
+FT_SEED ?= $(shell date +%s)
+chaos-ft: build pyinstall
+	$(VPY) tests/chaos/ft_chaos.py --runs $(FT_RUNS) --seed $(FT_SEED)
 
 SOAK_OPS   ?= 1000000
 SOAK_FLAGS ?=

@@ -39,7 +39,11 @@ static int tcp_fail(tcp_t *t, const tc_tp_op_t *op, int rc, const char *fmt,
 /* Other peers whose connections are gone too. A failure cascades (a rank
  * that lost a peer fails and exits, and its own exit is seen by others,
  * possibly before the first loss is), so wait a moment and name every lost
- * peer; the first cause is then always in the message. Appends to op->msg. */
+ * peer; the first cause is then always in the message. Appends to op->msg.
+ * A reconfigured communicator (epoch != 0) does not wait, it only names the
+ * peers already seen gone: its survivors do not exit on a failure, they
+ * reconfigure, and their recovery waits on this error (the wait was most
+ * of the time from a kill to resumed training). */
 #define TCP_CASCADE_S 0.1
 static void tcp_also_gone(tcp_t *t, const tc_tp_op_t *op, int peer) {
   unsigned char lost[1024] = {0}; /* size <= 1024 (checked at create) */
@@ -50,18 +54,19 @@ static void tcp_also_gone(tcp_t *t, const tc_tp_op_t *op, int peer) {
     t->pfd_peer[np++] = p;
   }
   if (np == 0) return;
-  double until = tc__now() + TCP_CASCADE_S;
+  double until = tc__now() + (t->epoch ? 0 : TCP_CASCADE_S);
   int nlost = 0;
   for (;;) {
     double left = until - tc__now();
-    if (left <= 0 || nlost == np) break;
-    if (poll(t->pfd, (nfds_t)np, (int)(left * 1000) + 1) < 0 && errno != EINTR) break;
+    if (poll(t->pfd, (nfds_t)np, left > 0 ? (int)(left * 1000) + 1 : 0) < 0 && errno != EINTR)
+      break;
     for (int i = 0; i < np; i++) {
       if (!(t->pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR))) continue;
       lost[t->pfd_peer[i]] = 1;
       t->pfd[i].fd = -1; /* poll ignores it from now on */
       nlost++;
     }
+    if (nlost == np || tc__now() >= until) break;
   }
   size_t l = strlen(op->msg);
   int first = 1;

@@ -45,6 +45,9 @@ if os.environ.get("TORCHCOMMS_CPU_TRANSPORT") != "tcp":
 TORCH_TRAINING = {"train_ddp.py", "train_fsdp.py"}
 # ours too: torch.compile over torchcomms.functional
 OURS = TORCH_TRAINING | {"compiled_tp.py"}
+# ours, with a test of their own (not launched by torchrun)
+TESTED_ELSEWHERE = {"fault_tolerant_training.py": "tests/py/test_fault_tolerant_training.py"}
+OURS |= set(TESTED_ELSEWHERE)
 PARALLEL = 3
 TIMEOUT = 180
 
@@ -136,7 +139,8 @@ def test_quick_start_output(finished, n):
 
 def test_every_example_is_tested():
     scripts = {p.name for p in EXAMPLES.glob("*.py")}
-    tested = {s for s, _ in RUNS} | {"compiled_tp.py"}
+    tested = {s for s, _ in RUNS} | {"compiled_tp.py"} | set(TESTED_ELSEWHERE)
+    assert all((ROOT / t).is_file() for t in TESTED_ELSEWHERE.values()), TESTED_ELSEWHERE
     assert scripts == tested, scripts ^ tested
 
 
