@@ -11,7 +11,8 @@ enable_reconfigure=True)``) through every ``reconfigure``.
   one ReconfigureOptions-like object: ``uuid``, ``handles``, ``timeout``,
   ``hints``, what torchft's Manager passes to a native group),
   ``get_init_handle()`` / ``get_reconfigure_handle()``,
-  ``supports_reconfigure``.
+  ``supports_reconfigure``, ``get_error()``: what torchft's Manager uses
+  on a native group (``Manager(pg=_BackendWrapper(comm), ...)``).
 - Sends and recvs issued but not yet posted (they are posted lazily) fail
   at ``abort()`` and ``reconfigure()``: their peers are ranks of the old
   configuration. ``reconfigure`` on the group also restarts
@@ -89,6 +90,19 @@ class _Reconfigurable:
     def get_reconfigure_handle(self):
         """The communicator's init handle (torchft's name for it)."""
         return self._comm.get_init_handle()
+
+    def get_error(self):
+        """torch's Backend.get_error (torchft's Manager asks a native group
+        in should_commit): COMM_ERROR while the communicator is aborted (until
+        a reconfigure), else SUCCESS; failed operations report themselves
+        through their works and futures."""
+        from torch._C._distributed_c10d import ErrorType
+
+        try:
+            aborted = self._comm.is_aborted()
+        except Exception:  # noqa: BLE001  (finalized)
+            aborted = True
+        return ErrorType.COMM_ERROR if aborted else ErrorType.SUCCESS
 
     def _fail_pending_p2p(self, why):
         with self._p2p_lock:

@@ -11,7 +11,9 @@ deadline):
 
 - healthy: 2 replicas train 4 steps;
 - recovery: replica 1 raises at step 2, is started again (new communicator,
-  new Manager), rejoins through reconfigure and heals from replica 0.
+  new Manager), rejoins through reconfigure and heals from replica 0;
+  also with our _BackendWrapper given to the Manager as a native process
+  group instead of torchft's shim.
 
 Both: the final state dicts (model and Adam) of the replicas are equal, and
 equal to a single-process reference that averages the gradients of both
@@ -50,13 +52,13 @@ def _worker_module():
     return mod
 
 
-def run_scenario(scenario, outdir):
+def run_scenario(scenario, outdir, pg_kind="shim"):
     env = dict(os.environ, OMP_NUM_THREADS="1", RUST_LOG="warn")
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHCOMM_RANK",
               "TORCHCOMM_SIZE", "TORCHFT_LIGHTHOUSE", "TORCHFT_MANAGER_PORT"):
         env.pop(k, None)
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, str(WORKER), scenario, str(outdir)],
+    p = subprocess.Popen([sys.executable, str(WORKER), scenario, pg_kind, str(outdir)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=env, start_new_session=True)
     try:
@@ -64,10 +66,10 @@ def run_scenario(scenario, outdir):
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         out, err = p.communicate()
-        pytest.fail(f"{scenario}: no result in {TIMEOUT} s\n{out[-3000:]}\n{err[-6000:]}")
+        pytest.fail(f"{scenario} ({pg_kind}): no result in {TIMEOUT} s\n{out[-3000:]}\n{err[-6000:]}")
     log = f"exit {p.returncode}\n--- stdout\n{out[-3000:]}\n--- stderr\n{err[-6000:]}"
     assert p.returncode == 0, log
-    print(f"{scenario}: {time.monotonic() - t0:.1f} s")
+    print(f"{scenario} ({pg_kind}): {time.monotonic() - t0:.1f} s")
     summary = json.loads((outdir / "result.json").read_text())
     states = [torch.load(outdir / f"replica{i}.pt", weights_only=True) for i in range(2)]
     return summary, states, log
@@ -146,8 +148,11 @@ def test_ddp_healthy_torchcomms(tmp_path):
     check(summary, states)
 
 
-def test_ddp_recovery_torchcomms(tmp_path):
-    summary, states, log = run_scenario("recovery", tmp_path)
+@pytest.mark.parametrize("pg_kind", ["shim", "native"])
+def test_ddp_recovery_torchcomms(pg_kind, tmp_path):
+    """shim: torchft's ProcessGroupTorchComms, as torchft's test; native: the
+    Manager drives our _BackendWrapper (a torch ProcessGroup) directly."""
+    summary, states, log = run_scenario("recovery", tmp_path, pg_kind)
     # replica 1 failed once (step 2) and was started again
     assert summary["failures"] == [0, 1] and summary["starts"] == [1, 2], summary
     # the started-again replica healed: an iteration that ended at step 2

@@ -19,7 +19,11 @@ One difference: the batch of a step is a function of (replica, step)
 (torchft's draws from the shared global RNG), so that the final state can be
 checked exactly against a single-process reference (test_torchft.py).
 
-usage: torchft_worker.py healthy|recovery OUTDIR
+usage: torchft_worker.py healthy|recovery shim|native OUTDIR
+shim: the process group is torchft's ProcessGroupTorchComms (what torchft's
+tests use); native: our _BackendWrapper over the communicator, which the
+Manager takes as a native group (supports_reconfigure, reconfigure(opts),
+get_reconfigure_handle, get_error).
 Writes OUTDIR/replica{0,1}.pt (final state dicts) and OUTDIR/result.json.
 """
 
@@ -43,6 +47,8 @@ from torchft.ddp import DistributedDataParallel
 from torchft.manager import Manager
 from torchft.optim import OptimizerWrapper
 from torchft.torchcomms import ProcessGroupTorchComms
+
+from torchcomms._backend_wrapper import _BackendWrapper
 
 STEPS = 4
 TIMEOUT = timedelta(seconds=20)  # every Manager operation, quorum, reconfigure
@@ -91,7 +97,8 @@ class EventInjector:  # the Failure event of torchft's EventInjector
 
 class Runner:  # torchft's Runner: a replica group, restarted on InjectedFailure
     def __init__(self, replica_id, num_replicas, lighthouse_address, event_injector,
-                 world_size=1, attempts=3):
+                 pg_kind, world_size=1, attempts=3):
+        self.pg_kind = pg_kind
         self.replica_id = replica_id
         self.num_replicas = num_replicas
         self.lighthouse_address = lighthouse_address
@@ -150,7 +157,12 @@ def train_loop(rank, store_port, runner):
         # this replica's communicator goes when it does (a process that dies);
         # abort is local, so the other replica is not held up
         stack.callback(comm.abort)
-        pg = ProcessGroupTorchComms(comm=comm, timeout=TIMEOUT)
+        if runner.pg_kind == "native":
+            # no shim: our c10d group (a torch ProcessGroup) over the same
+            # communicator, which the Manager reconfigures as a native group
+            pg = _BackendWrapper(comm)
+        else:
+            pg = ProcessGroupTorchComms(comm=comm, timeout=TIMEOUT)
         manager = Manager(
             pg=pg, min_replica_size=2, load_state_dict=load_state_dict,
             state_dict=state_dict, replica_id=str(runner.replica_id),
@@ -191,13 +203,13 @@ def train_loop(rank, store_port, runner):
 
 
 def main():
-    scenario, outdir = sys.argv[1], sys.argv[2]
+    scenario, pg_kind, outdir = sys.argv[1], sys.argv[2], sys.argv[3]
     logging.basicConfig(level=logging.WARNING)
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2)
     injectors = [EventInjector(), EventInjector()]
     if scenario == "recovery":
         injectors[1].fail_at(0, 2)
-    runners = [Runner(i, 2, lighthouse.address(), injectors[i]) for i in range(2)]
+    runners = [Runner(i, 2, lighthouse.address(), injectors[i], pg_kind) for i in range(2)]
     t0 = time.monotonic()
     try:
         with ThreadPoolExecutor(max_workers=2) as ex:
