@@ -64,7 +64,26 @@ $(VENV)/.stamp:
 	$(VPY) -m pip install --quiet "torch==$(TORCH_VERSION)" numpy pytest
 	touch $@
 
-venv: $(VENV)/.stamp
+# torchft (PyTorch's fault-tolerant training library; tests/py/test_torchft.py)
+# with --no-deps, so that torch stays $(TORCH_VERSION): its nightly wheel
+# and what `import torchft` needs (torchft/__init__ imports torchft.otel:
+# the OpenTelemetry API, SDK and OTLP/HTTP log exporter, whose import needs
+# protobuf); pinned.
+TORCHFT_PKGS := torchft-nightly==2026.10.26 \
+  opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 \
+  opentelemetry-semantic-conventions==0.66b2 \
+  opentelemetry-exporter-otlp-proto-http==1.45.2 \
+  opentelemetry-exporter-otlp-proto-common==1.45.2 \
+  opentelemetry-exporter-otlp-common==0.66b2 \
+  opentelemetry-exporter-http-transport==0.66b2 \
+  opentelemetry-proto==1.45.2 protobuf==7.36.2
+$(VENV)/.torchft-stamp: $(VENV)/.stamp
+	$(VPY) -m pip install --quiet --no-deps $(TORCHFT_PKGS)
+	$(VPY) -c "import torch, torchft.manager; v = torch.__version__.split('+')[0]; \
+	  assert v == '$(TORCH_VERSION)', 'torchft changed torch to ' + v"
+	touch $@
+
+venv: $(VENV)/.stamp $(VENV)/.torchft-stamp
 
 demo: build pyinstall
 	@echo "== C quick start: tcrun -n 4 ./$(BUILD)/examples/all_reduce_sync =="

@@ -66,9 +66,9 @@ class _WorkWrapper(_Work):
         try:
             self._complete()
         except BaseException as e:  # noqa: BLE001
-            self._fut.set_exception(e)
+            self._fut_src.set_result(_Failed(e))
         else:
-            self._fut.set_result(self._result)
+            self._fut_src.set_result(self._result)
 
     # -- torch.distributed.Work API --
     def wait(self, timeout=None):
@@ -111,7 +111,13 @@ class _WorkWrapper(_Work):
         if self._fut is None:
             import torch.futures
 
-            self._fut = torch.futures.Future()
+            # What get_future returns is a then() of the future this work
+            # completes, so that a failure is an error of the C++ future
+            # (the callback raises): torch's Future.set_exception stores the
+            # exception as the VALUE, which C++ readers (DDP's reducer:
+            # parseCppCommHookResult) take for a result, and crash on.
+            self._fut_src = torch.futures.Future()
+            self._fut = self._fut_src.then(_unwrap)
             if self._ready():
                 self._set_future()
             else:
@@ -120,6 +126,22 @@ class _WorkWrapper(_Work):
 
     def get_future_result(self):
         return self.get_future()
+
+
+class _Failed:
+    """The value a failed work's source future carries (see get_future)."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc):
+        self.exc = exc
+
+
+def _unwrap(fut):
+    v = fut.value()
+    if isinstance(v, _Failed):
+        raise v.exc
+    return v
 
 
 _COMPLETERS = weakref.WeakSet()

@@ -56,6 +56,10 @@ Semantics:
   the first rank that did not check in, or all of them with
   ``wait_all_ranks=True``; the ranks that did are told at once.
 - ``shutdown`` (finalize, collective) and ``abort`` (local) are idempotent.
+- Fault tolerance (``torchcomms._backend_ft``): rank()/size() are the
+  communicator's at every call, so the group follows a communicator made
+  with ``enable_reconfigure=True`` through every ``reconfigure``;
+  ``reconfigure`` / ``get_init_handle`` on the group itself.
 - ``torchcomms._comms._BackendWrapper`` resolves to this class (lazily).
 """
 
@@ -66,6 +70,7 @@ from datetime import timedelta
 
 from torch._C._distributed_c10d import ProcessGroup as _ProcessGroup
 
+from torchcomms._backend_ft import _Reconfigurable
 from torchcomms._backend_work import _Completer, _WorkWrapper
 from torchcomms._comms import ReduceOp as _TcReduceOp
 from torchcomms._comms import new_comm as _new_comm
@@ -234,7 +239,7 @@ def _opts(opts, cls_name, **fields):
 # the process group
 # --------------------------------------------------------------------------
 
-class _BackendWrapper(_ProcessGroup):
+class _BackendWrapper(_Reconfigurable, _ProcessGroup):
     """A torch.distributed ProcessGroup whose operations run on a TorchComm."""
 
     def __init__(self, comm, store=None):
@@ -245,8 +250,13 @@ class _BackendWrapper(_ProcessGroup):
                 store = None
         # torch binds ProcessGroup(store, rank, size) as a factory, which a
         # Python subclass cannot use: the store is kept here instead
+        # rank and size are the communicator's, read on every call
+        # (getRank/getSize below): a reconfigurable communicator
+        # (enable_reconfigure=True) may start with no members (-1, 0) and
+        # change both on every reconfigure
         super().__init__(comm.get_rank(), comm.get_size())
         self._comm = comm
+        self._last_rank_size = (comm.get_rank(), comm.get_size())
         self._store = store
         self._group_name = ""
         self._device = comm.get_device()
@@ -258,6 +268,7 @@ class _BackendWrapper(_ProcessGroup):
         self._completer = _Completer(comm.get_name())
         self._futures_deferred = 0
         self._mb_calls = 0
+        self._mb_tag = ""  # "u<uuid>/" after reconfigure(uuid) (_backend_ft)
 
     # -- identity --
     def get_comm(self):
@@ -328,6 +339,7 @@ class _BackendWrapper(_ProcessGroup):
             self._comm.abort()  # pending waits return at once
         except Exception as e:  # noqa: BLE001  (finalized or aborted already)
             _log_warning(f"torchcomms: _BackendWrapper.abort: {e} (ignored)")
+        self._fail_pending_p2p("abort")
         self._completer.stop(join_timeout=10.0)
 
     def shutdown(self):
@@ -579,7 +591,7 @@ class _BackendWrapper(_ProcessGroup):
         store = self._barrier_store()
         rank, size = self.rank(), self.size()
         self._mb_calls += 1
-        key = f"torchcomms/monitored_barrier/{self._comm.get_name()}/{self._mb_calls}"
+        key = f"torchcomms/monitored_barrier/{self._comm.get_name()}/{self._mb_tag}{self._mb_calls}"
         if rank != 0:
             store.set(f"{key}/arrived/{rank}", "1")
             try:
