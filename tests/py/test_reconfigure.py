@@ -185,7 +185,16 @@ def test_kill_shrink_grow(n, transport):
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
     procs = [start("member", r) for r in range(n)]
     try:
-        store.wait(["shrunk_all"], timedelta(seconds=90))
+        try:
+            store.wait(["shrunk_all"], timedelta(seconds=90))
+        except Exception:  # noqa: BLE001 -- say what every worker did
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+            outs = [p.communicate(timeout=30)[0] for p in procs]
+            pytest.fail("the survivors did not all shrink:\n" + "\n".join(
+                f"--- member {i} (exit {p.returncode}):\n{o}" for i, (p, o) in
+                enumerate(zip(procs, outs))))
         procs.append(start("replacement", n - 1))
         outs = []
         for p in procs:

@@ -123,5 +123,7 @@ try:
 except BaseException:
     res["ok"] = False
     res["error"] = traceback.format_exc()
+if not res["ok"]:
+    print(res["error"], flush=True)
 store.set(f"result/{role}{slot}", json.dumps(res))
 sys.exit(0 if res["ok"] else 1)
