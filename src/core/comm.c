@@ -480,7 +480,7 @@ int tc_comm_create(const char *backend, const char *device,
   }
   if (o.enable_reconfigure) {
     c->reconfigurable = 1;
-    c->state = TC_STATE_UNCONFIGURED;
+    __atomic_store_n(&c->state, TC_STATE_UNCONFIGURED, __ATOMIC_RELEASE);
     rc = tc__reconfig_open(c, fn);
     if (rc != TC_OK) goto fail;
     *out = comm_publish(c);
@@ -513,7 +513,7 @@ int tc_comm_finalize(tc_comm_t *c) {
   int state = c->state;
   if (state == TC_STATE_ACTIVE || state == TC_STATE_UNCONFIGURED ||
       (state == TC_STATE_ABORTED && c->reconfigurable))
-    c->state = TC_STATE_FINALIZED;
+    __atomic_store_n(&c->state, TC_STATE_FINALIZED, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&c->mu);
   if (state == TC_STATE_RECONFIGURING)
     return tc__comm_error(c, TC_ERR_INVALID_USAGE, "finalize",
@@ -536,7 +536,9 @@ static void comm_abort(tc_comm_t *c) {
   pthread_mutex_lock(&c->mu);
   int state = c->state;
   if (state == TC_STATE_ACTIVE || state == TC_STATE_UNCONFIGURED)
-    c->state = TC_STATE_ABORTED;
+    __atomic_store_n(&c->state, TC_STATE_ABORTED, __ATOMIC_RELEASE);
+  else if (state == TC_STATE_RECONFIGURING) /* that thread gives up (reconfig.c) */
+    atomic_store(&c->rc_cancel, 1);
   pthread_mutex_unlock(&c->mu);
   if (state != TC_STATE_ACTIVE) return;
   c->ops->abort(c->bcomm);
@@ -544,9 +546,11 @@ static void comm_abort(tc_comm_t *c) {
   c->bcomm = NULL;
 }
 
+int tc__comm_state(tc_comm_t *c) { return __atomic_load_n(&c->state, __ATOMIC_ACQUIRE); }
+
 int tc_comm_abort(tc_comm_t *c) {
   TC_CHECK(tc__comm_enter(&c, "tc_comm_abort"));
-  if (c->state == TC_STATE_ACTIVE) {
+  if (tc__comm_state(c) == TC_STATE_ACTIVE) {
     tc__hooks_abort(c);
     tc__board_state(c, TC_STATE_ABORTED);
     tc__fr_auto_dump(c, "the communicator was aborted");
@@ -557,7 +561,7 @@ int tc_comm_abort(tc_comm_t *c) {
 
 int tc_comm_is_aborted(const tc_comm_t *h) {
   tc_comm_t *c = comm_live(h, "tc_comm_is_aborted");
-  return c && c->state == TC_STATE_ABORTED;
+  return c && tc__comm_state(c) == TC_STATE_ABORTED;
 }
 
 /* The handle goes stale first (a second destroy, also from another thread,

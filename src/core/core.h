@@ -92,6 +92,7 @@ struct tc_comm {
   uint32_t epoch;               /* of the current configuration (0: none) */
   int64_t uuid;                 /* of the last successful reconfigure */
   uint64_t reconfigures;        /* successful reconfigures */
+  _Atomic int rc_cancel;        /* abort() while reconfiguring: give up */
 };
 
 /* A work lives in a slot of the work table (work.c), reused after its last
@@ -184,6 +185,9 @@ TC_INTERNAL int tc__comm_start(tc_comm_t *c, const tc_comm_t *parent, const int 
 TC_INTERNAL int tc__reconfig_open(tc_comm_t *c, const char *fn);
 TC_INTERNAL void tc__reconfig_close(tc_comm_t *c);
 /* The text of a state that refuses operations, for messages. */
+/* c->state, read atomically: it is written (atomically, under c->mu) by
+ * abort, finalize and reconfigure, also from other threads. */
+TC_INTERNAL int tc__comm_state(tc_comm_t *c);
 /* Why c's state refuses operations (c->state != ACTIVE), for messages;
  * *rc receives the error code (TC_ERR_ABORTED for an aborted one). */
 TC_INTERNAL const char *tc__comm_state_refusal(const tc_comm_t *c, int state, int *rc);

@@ -14,7 +14,7 @@
 int tc__v_comm(tc_comm_t **cp, const char *fn, const tc_op_options_t *o) {
   TC_CHECK(tc__comm_enter(cp, fn));
   tc_comm_t *c = *cp;
-  int state = c->state;
+  int state = tc__comm_state(c);
   if (state != TC_STATE_ACTIVE) {
     int rc;
     const char *why = tc__comm_state_refusal(c, state, &rc);

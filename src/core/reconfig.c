@@ -334,6 +334,12 @@ static int rendezvous(tc_comm_t *c, tc_store_t *st, const tc_reconfigure_options
   double next_probe = tc__now() + 0.2;
   rc = TC_OK;
   while (left_n) {
+    if (atomic_load(&c->rc_cancel)) {
+      rc = tc__comm_error(c, TC_ERR_ABORTED, fn_rc,
+                          "the communicator was aborted (by another thread) while it "
+                          "reconfigured");
+      goto out;
+    }
     /* everything that arrived so far */
     for (size_t r = 0; r < n && rc == TC_OK; r++) {
       if (got[r]) continue;
@@ -457,8 +463,10 @@ int tc_comm_reconfigure(tc_comm_t *c, const tc_reconfigure_options_t *o, tc_work
   TC_CHECK(check_args(c, o, &me));
   pthread_mutex_lock(&c->mu);
   int was = c->state;
-  if (was != TC_STATE_FINALIZED && was != TC_STATE_RECONFIGURING)
-    c->state = TC_STATE_RECONFIGURING;
+  if (was != TC_STATE_FINALIZED && was != TC_STATE_RECONFIGURING) {
+    __atomic_store_n(&c->state, TC_STATE_RECONFIGURING, __ATOMIC_RELEASE);
+    atomic_store(&c->rc_cancel, 0);
+  }
   pthread_mutex_unlock(&c->mu);
   if (was == TC_STATE_FINALIZED)
     return tc__comm_error(c, TC_ERR_INVALID_USAGE, fn_rc,
@@ -532,8 +540,19 @@ int tc_comm_reconfigure(tc_comm_t *c, const tc_reconfigure_options_t *o, tc_work
   c->reconfigures++;
   atomic_store(&c->last_progress_ns, (int64_t)(tc__now() * 1e9));
   pthread_mutex_lock(&c->mu);
-  c->state = TC_STATE_ACTIVE;
+  int cancelled = atomic_load(&c->rc_cancel);
+  __atomic_store_n(&c->state, cancelled ? TC_STATE_ABORTED : TC_STATE_ACTIVE,
+                   __ATOMIC_RELEASE);
   pthread_mutex_unlock(&c->mu);
+  if (cancelled) { /* abort() came while the new group was being built */
+    tc__board_state(c, TC_STATE_ABORTED);
+    c->ops->abort(c->bcomm);
+    c->ops->destroy(c->bcomm);
+    c->bcomm = NULL;
+    return tc__comm_error(c, TC_ERR_ABORTED, fn_rc,
+                          "the communicator was aborted (by another thread) while it "
+                          "reconfigured; reconfigure it again");
+  }
   tc__log(2, "communicator '%s': reconfigured (uuid %lld): rank %d of %d, epoch %08x",
           c->name, (long long)o->uuid, c->rank, c->size, c->epoch);
   if (work) {
@@ -560,7 +579,9 @@ fail:;
   c->size = 0;
   c->epoch = 0;
   pthread_mutex_lock(&c->mu);
-  c->state = TC_STATE_UNCONFIGURED;
+  __atomic_store_n(&c->state,
+                   atomic_load(&c->rc_cancel) ? TC_STATE_ABORTED : TC_STATE_UNCONFIGURED,
+                   __ATOMIC_RELEASE);
   pthread_mutex_unlock(&c->mu);
   return tc__set_error_text(rc, saved);
 }

@@ -11,6 +11,7 @@
  * coordinate through the test's store (handles) and an anonymous shared
  * mapping (flags with deadlines). */
 #include <dirent.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -240,6 +241,49 @@ TC_TEST(reconfig_epoch_checks) {
   TC_ASSERT_EQ(tc__tcp_parse_hello(hello, sizeof hello, 4, 77, tok, &reason), 1);
   TC_ASSERT_EQ(tc__tcp_parse_hello(hello, sizeof hello, 4, 78, tok, &reason), -1);
   TC_ASSERT_CONTAINS(reason, "another configuration (epoch)");
+}
+
+/* ---- abort from another thread stops a reconfigure ---- */
+
+typedef struct {
+  tc_comm_t *c;
+  char hs[2][TC_INIT_HANDLE_MAX];
+  int rc;
+  double took;
+  _Atomic int done;
+} abort_arg_t;
+
+static void *reconfigure_thread(void *p) {
+  abort_arg_t *a = p;
+  double t0 = tc__now();
+  a->rc = reconfigure(a->c, 21, a->hs, 2, 30); /* the other member never comes */
+  a->took = tc__now() - t0;
+  a->done = 1;
+  return NULL;
+}
+
+TC_TEST(reconfig_abort_from_another_thread) {
+  abort_arg_t a = {.c = rc_comm("ftabort", 30)};
+  tc_comm_t *absent = rc_comm("absent", 30); /* alive, but never reconfigures */
+  TC_ASSERT_OK(tc_comm_get_init_handle(a.c, a.hs[0], sizeof a.hs[0]));
+  TC_ASSERT_OK(tc_comm_get_init_handle(absent, a.hs[1], sizeof a.hs[1]));
+  pthread_t t;
+  TC_ASSERT(pthread_create(&t, NULL, reconfigure_thread, &a) == 0);
+  double dl = tc__now() + 20;
+  while (!a.done && tc__now() < dl) { /* abort (idempotent) until it gives up */
+    TC_ASSERT_OK(tc_comm_abort(a.c));
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  pthread_join(t, NULL);
+  TC_ASSERT_EQ(a.rc, TC_ERR_ABORTED);
+  TC_ASSERT(a.took < 5);
+  TC_ASSERT_EQ(tc_comm_is_aborted(a.c), 1);
+  /* and it can be reconfigured afterwards */
+  TC_ASSERT_OK(reconfigure(a.c, 22, a.hs, 1, 10));
+  check_sum(a.c);
+  TC_ASSERT_OK(tc_comm_destroy(a.c));
+  TC_ASSERT_OK(tc_comm_destroy(absent));
 }
 
 /* ---- kill, shrink, grow ---- */
