@@ -30,6 +30,7 @@ typedef struct {
   _Atomic int done;
   _Atomic double kill_time;
   _Atomic double resume_max; /* kill -> first operation of the new group */
+  _Atomic int named_victim;  /* survivors whose error named the victim */
 } rc_shared_t;
 
 static rc_shared_t *rc_shared_new(void) {
@@ -329,7 +330,9 @@ static void kill_rank(tc_ctx_t *ctx) {
     TC_ASSERT(it < 100000);
   }
   TC_ASSERT_EQ(rc, TC_ERR_REMOTE);
-  TC_ASSERT_CONTAINS(tc_last_error(), "peer 2");
+  /* the first survivor to fail names the victim; one failing after a faster
+   * survivor aborted may name that one (checked: some survivor names it) */
+  if (strstr(tc_last_error(), "peer 2")) sh->named_victim++;
   TC_ASSERT_OK(tc_comm_abort(c));
   /* survivors shrink: the list of the three, in their old order */
   int slot = ctx->rank < VICTIM ? ctx->rank : ctx->rank - 1;
@@ -382,6 +385,7 @@ TC_TEST(reconfig_kill_shrink_grow) {
   printf("kill -> first all_reduce of the shrunk group: %.3f s (slowest survivor)\n",
          sh->resume_max);
   TC_ASSERT(sh->resume_max > 0 && sh->resume_max < 10);
+  TC_ASSERT(sh->named_victim >= 1);
   /* nothing of any configuration is left in /dev/shm (segments are
    * unlinked once every rank mapped them; the victim's too) */
   TC_ASSERT_EQ(count_dir("/dev/shm", "torchcomms"), shm0);

@@ -113,14 +113,18 @@ def test_ddp_survives_reconfigure(mode, tmp_path):
     for r in survivors:
         assert codes[r] == 0 and results[r] is not None, log
         assert not results[r]["errors"], f"rank {r}: {results[r]['errors']}\n{log}"
+    errs = [results[r]["failed_step"]["error"] for r in survivors]
+    assert any(f"peer {w.VICTIM}" in e or f"rank {w.VICTIM}" in e for e in errs), errs
     ref = reference(w)
     for new_rank, r in enumerate(survivors):
         res = results[r]
         # no members, then rank r of 3, then new_rank of 2
         assert res["seen"] == [[-1, 0], [r, WORLD, WORLD], [new_rank, WORLD - 1, WORLD - 1]], res
-        # the step with a dead member failed with an error that names it
+        # the step with a dead member failed with an error naming a peer (the
+        # first survivor to fail names the victim; one failing after a faster
+        # survivor aborted may name that survivor: checked below)
         err = res["failed_step"]["error"]
-        assert f"peer {w.VICTIM}" in err or f"rank {w.VICTIM}" in err, err
+        assert " peer " in err or " rank " in err, err
         assert len(res["params"]) == len(ref), res["params"]
         for step, (got, want) in enumerate(zip(res["params"], ref)):
             for got_p, want_p in zip(got, want):

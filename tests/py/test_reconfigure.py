@@ -216,6 +216,7 @@ def test_kill_shrink_grow(n, transport):
         results.append(res)
     members = [r for r in results if r["role"] == "member"]
     assert len(members) == n - 1 and all(r["checks"] for r in results)
+    assert any(f"peer {victim}" in r["err"] for r in members), [r["err"] for r in members]
     resume = max(r["resume_s"] for r in members)
     print(f"{transport} n={n}: kill -> first all_reduce of the shrunk group: {resume:.3f} s; "
           f"reconfigure {max(r['reconfigure_s'] for r in members):.3f} s")

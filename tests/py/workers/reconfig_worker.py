@@ -93,7 +93,11 @@ try:
                 break
         check("dead-peer error names the operation and communicator",
               err is not None and "all_reduce on 'ft'" in err, True)
-        check("dead-peer error names the victim", f"peer {victim}" in err, True)
+        # the first survivor to fail names the victim; one that fails after a
+        # faster survivor aborted may name that survivor instead (the test
+        # checks that some survivor named the victim)
+        check("dead-peer error names a peer", " peer " in err, True)
+        res["err"] = err
         comm.abort()
         check("aborted", comm.is_aborted(), True)
         mine = slot if slot < victim else slot - 1
