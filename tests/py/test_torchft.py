@@ -40,12 +40,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchcomms._comms")
 pytest.importorskip("torchft.torchcomms", reason="torchft-nightly is not installed (make venv)")
 
-# torchft drives the API; the transports under it are covered by
-# test_reconfigure.py, tests/c/test_reconfig.c and test_fault_tolerant_training.py
-# in both passes: this file runs in make test's shared-memory pass only
-pytestmark = pytest.mark.skipif(os.environ.get("TORCHCOMMS_CPU_TRANSPORT") == "tcp",
-                                reason="runs in the shared-memory pass of make test")
-
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "workers" / "torchft_worker.py"
 TIMEOUT = 60
