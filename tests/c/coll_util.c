@@ -1,6 +1,10 @@
 /* coll_util.c -- see coll_util.h. */
 #include "coll_util.h"
 
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
 #include <math.h>
 
 char tc_case[256];
@@ -9,6 +13,23 @@ void *tc_xmalloc(size_t bytes) {
   void *p = malloc(bytes ? bytes : 1);
   if (!p) tc_test_fail(__FILE__, __LINE__, "out of memory (%zu bytes)", bytes);
   return p;
+}
+
+void *tc_shared_zalloc(size_t bytes) {
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) tc_test_fail(__FILE__, __LINE__, "mmap of %zu bytes failed", bytes);
+  memset(p, 0, bytes);
+  return p;
+}
+
+void tc_wait_flag(_Atomic int *flag, int value, double timeout_s) {
+  double dl = tc__now() + timeout_s;
+  while (*flag < value) {
+    if (tc__now() > dl)
+      tc_test_fail(__FILE__, __LINE__, "condition not reached in %.0f s", timeout_s);
+    struct timespec ts = {0, 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
 }
 
 static int tc_is_float(tc_dtype_t dt) {

@@ -19,6 +19,12 @@ void tc_reference(void *ref, size_t count, tc_dtype_t dt, tc_redop_t op,
                   int n, int seed);
 /* malloc that never returns NULL for 0 bytes and fails the test on OOM. */
 void *tc_xmalloc(size_t bytes);
+/* Zeroed memory shared with processes forked later (an anonymous shared
+ * mapping): flags between the ranks of a test. */
+void *tc_shared_zalloc(size_t bytes);
+/* Waits (polling every millisecond, bounded) until *flag >= value; fails
+ * the test after timeout_s. */
+void tc_wait_flag(_Atomic int *flag, int value, double timeout_s);
 
 #define TC_BIG_COUNT ((size_t)1024 * 1024 + 3)
 

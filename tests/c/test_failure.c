@@ -19,25 +19,7 @@ typedef struct {
   char stderr_path[128];
 } tc_shared_t;
 
-static tc_shared_t *tc_shared_new(void) {
-  tc_shared_t *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE,
-                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  TC_ASSERT(s != MAP_FAILED);
-  memset(s, 0, sizeof *s);
-  return s;
-}
-
-/* Waits (bounded) until *flag >= value. */
-static void tc_wait_flag(_Atomic int *flag, int value, double timeout_s) {
-  double dl = tc__now() + timeout_s;
-  while (*flag < value) {
-    if (tc__now() > dl)
-      tc_test_fail(__FILE__, __LINE__, "condition not reached in %.0f s",
-                   timeout_s);
-    struct timespec ts = {0, 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-}
+static tc_shared_t *tc_shared_new(void) { return tc_shared_zalloc(sizeof(tc_shared_t)); }
 
 /* ---- a peer killed with SIGKILL during a loop of all_reduce ---- */
 

@@ -33,23 +33,7 @@ typedef struct {
   _Atomic int named_victim;  /* survivors whose error named the victim */
 } rc_shared_t;
 
-static rc_shared_t *rc_shared_new(void) {
-  rc_shared_t *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE,
-                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  TC_ASSERT(s != MAP_FAILED);
-  memset(s, 0, sizeof *s);
-  return s;
-}
-
-static void wait_flag(_Atomic int *flag, int value, double timeout_s) {
-  double dl = tc__now() + timeout_s;
-  while (*flag < value) {
-    if (tc__now() > dl)
-      tc_test_fail(__FILE__, __LINE__, "condition not reached in %.0f s", timeout_s);
-    struct timespec ts = {0, 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-}
+static rc_shared_t *rc_shared_new(void) { return tc_shared_zalloc(sizeof(rc_shared_t)); }
 
 static tc_comm_t *rc_comm(const char *name, double timeout_s) {
   tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
@@ -298,7 +282,7 @@ static void kill_rank(tc_ctx_t *ctx) {
   tc_store_t *s = tc_ctx_store(ctx);
   char hs[KILL_N][TC_INIT_HANDLE_MAX];
   if (ctx->rank == KILL_N) { /* the replacement: joins once the survivors shrank */
-    wait_flag(&sh->shrunk, KILL_N - 1, 60);
+    tc_wait_flag(&sh->shrunk, KILL_N - 1, 60);
     tc_comm_t *c = rc_comm("ft", 30);
     exchange(s, c, "g3", KILL_N - 1, KILL_N, hs);
     TC_ASSERT_OK(reconfigure(c, 3, hs, KILL_N, 30));
@@ -452,7 +436,7 @@ static void dead_rank(tc_ctx_t *ctx) {
     sh->done = 1;
     raise(SIGKILL);
   }
-  wait_flag(&sh->done, 1, 30);
+  tc_wait_flag(&sh->done, 1, 30);
   double t0 = tc__now();
   int rc = reconfigure(c, 11, hs, 3, 1.5);
   double dt = tc__now() - t0;
