@@ -318,6 +318,7 @@ def test_reconfigure_as_threads(env, transport):
         t = torch.full((5,), float(r + 1))
         c.all_reduce(t, ReduceOp.SUM, async_op=False)
         assert torch.equal(t, torch.full((5,), float((n - 1) * n // 2)))
+        exercise(c, r, n - 1)  # every operation works in the new group
         if r == 0:  # a new member joins from this thread too
             grown = hs[:n - 1] + [late.get_init_handle()]
             w = [None]
