@@ -90,8 +90,6 @@ struct tc_comm {
   struct tc_store_server *rc_server; /* the endpoint its init handle names */
   char init_handle[256];        /* TC_INIT_HANDLE_MAX */
   uint32_t epoch;               /* of the current configuration (0: none) */
-  int64_t uuid;                 /* of the last successful reconfigure */
-  uint64_t reconfigures;        /* successful reconfigures */
   _Atomic int rc_cancel;        /* abort() while reconfiguring: give up */
 };
 

@@ -79,7 +79,6 @@ int tc__reconfig_open(tc_comm_t *c, const char *fn) {
                           "the endpoint address '%s' is too long for an init handle", addr);
   }
   c->rc_server = srv;
-  c->uuid = -1;
   return TC_OK;
 }
 
@@ -536,8 +535,6 @@ int tc_comm_reconfigure(tc_comm_t *c, const tc_reconfigure_options_t *o, tc_work
   }
   tc_store_release(st);
   if (n > 1) set_intent(c, NULL, o->uuid, &digest);
-  c->uuid = o->uuid;
-  c->reconfigures++;
   atomic_store(&c->last_progress_ns, (int64_t)(tc__now() * 1e9));
   pthread_mutex_lock(&c->mu);
   int cancelled = atomic_load(&c->rc_cancel);
