@@ -742,6 +742,103 @@ TC_API int tc_fr_reset(const tc_comm_t *comm);
 TC_API int tc_fr_reserve(tc_comm_t *comm, size_t entries);
 
 /* ------------------------------------------------------------------------ */
+/* One-sided windows (docs/windows.md)                                       */
+/* ------------------------------------------------------------------------ */
+
+/* A window is memory of every rank of a communicator that the other ranks
+ * write (put) and read (get) without the owner posting anything, plus one
+ * signal counter per (origin, target) pair. torchcomms' TorchCommWindow;
+ * MPI's RMA windows with passive-target synchronisation.
+ *
+ * Completion and visibility: a put or get is complete when it returns (or
+ * when its work completes): the source may be reused, the destination of a
+ * get holds the data. A put is visible at the target once the target's
+ * tc_window_wait_signal for a signal the origin sent after the put returns,
+ * or once the origin's tc_window_flush(peer) returns. Signals from one
+ * origin to one target are counted: each tc_window_wait_signal(peer) takes
+ * one signal of `peer` that no earlier wait took.
+ *
+ * Asynchronous calls (work != NULL): put, get, signal and flush run at once
+ * and return a work already complete (or failed); an asynchronous
+ * wait_signal returns at once and its work completes when the signal is
+ * there: tc_work_wait waits for it (with the operation's deadline),
+ * tc_work_test looks without waiting. Every wait has the deadline of the
+ * operation (opts->timeout_s, else the communicator's timeout), fails at
+ * once on tc_comm_abort, and fails with TC_ERR_REMOTE naming the peer when
+ * the peer dies. Window calls are not collectives: they do not take a
+ * collective sequence number, fire no hooks and are not in the flight
+ * recorder (as in torchcomms). */
+typedef struct tc_window tc_window_t;
+
+/* How a rank's window memory is reached from this process
+ * (torchcomms' TorchCommWinAccessType): UNIFIED: mapped here, tc_window_map
+ * gives a pointer (load/store access, a put is a memcpy); SEPARATE: only
+ * through put and get. */
+typedef enum tc_win_access {
+  TC_WIN_ACCESS_UNIFIED = 0,
+  TC_WIN_ACCESS_SEPARATE = 1
+} tc_win_access_t;
+
+/* Creates a window over comm: collective, every rank calls it in the same
+ * order as its other collectives on comm. buf != NULL: the window is the
+ * caller's `bytes` bytes at buf (kept valid until tc_window_free); on one
+ * host peers reach it with single-copy reads and writes (process_vm_*),
+ * else through this rank's window service. buf == NULL: the library
+ * allocates `bytes` zeroed bytes (64-byte aligned; tc_window_base gives
+ * them), in shared memory that the peers on this host map, so that puts and
+ * gets are copies and tc_window_map works. bytes may differ between ranks,
+ * and may be 0 (a rank nobody targets). opts: timeout and hints (may be
+ * NULL). */
+TC_API int tc_window_create(tc_comm_t *comm, void *buf, size_t bytes,
+                            const tc_op_options_t *opts, tc_window_t **win);
+/* Frees the window: collective (a barrier first, so that no peer still
+ * reaches this rank's memory), then releases its memory, mappings and
+ * service. Library-allocated memory is unmapped here unless a pointer of
+ * tc_window_map is still held by tc_window_map_ref (below). A window whose
+ * communicator was finalized, aborted or reconfigured is released without
+ * the barrier. */
+TC_API int tc_window_free(tc_window_t *win);
+/* The caller's window memory (buf, or the library's allocation). */
+TC_API void *tc_window_base(const tc_window_t *win);
+/* The communicator of the window (a borrowed handle). */
+TC_API tc_comm_t *tc_window_comm(const tc_window_t *win);
+/* The size in bytes of rank `rank`'s window. */
+TC_API int tc_window_size(const tc_window_t *win, int rank, size_t *bytes);
+/* How `rank`'s window is reached from here (the caller's own: UNIFIED). */
+TC_API int tc_window_access(const tc_window_t *win, int rank, tc_win_access_t *access);
+/* A pointer to `rank`'s window memory mapped in this process (zero copy),
+ * valid until tc_window_free; TC_ERR_NOT_SUPPORTED with the reason when it
+ * cannot be mapped (another host, or a peer's user buffer). */
+TC_API int tc_window_map(tc_window_t *win, int rank, void **ptr);
+/* Like tc_window_map, and keeps that memory mapped after tc_window_free
+ * until tc_window_map_release(ptr) (a torch tensor over a peer's window
+ * outliving the window). The caller's own library-allocated memory
+ * (rank == its rank, buf == NULL at creation) can be held the same way. */
+TC_API int tc_window_map_ref(tc_window_t *win, int rank, void **ptr);
+/* Drops a hold of tc_window_map_ref (ptr as it returned it). */
+TC_API int tc_window_map_release(void *ptr);
+
+/* Writes `bytes` bytes from src into peer's window at byte `offset`.
+ * offset + bytes beyond the peer's window is TC_ERR_INVALID_ARGUMENT before
+ * any byte moves. peer may be the caller. */
+TC_API int tc_window_put(tc_window_t *win, const void *src, size_t bytes, int peer,
+                         size_t offset, const tc_op_options_t *opts, tc_work_t **work);
+/* Reads `bytes` bytes of peer's window at byte `offset` into dst. */
+TC_API int tc_window_get(tc_window_t *win, void *dst, size_t bytes, int peer,
+                         size_t offset, const tc_op_options_t *opts, tc_work_t **work);
+/* Adds one to peer's signal counter for this rank, after every put this
+ * rank issued to peer before (they are visible when peer's wait returns). */
+TC_API int tc_window_signal(tc_window_t *win, int peer, const tc_op_options_t *opts,
+                            tc_work_t **work);
+/* Waits for one signal from peer that no earlier wait took. */
+TC_API int tc_window_wait_signal(tc_window_t *win, int peer,
+                                 const tc_op_options_t *opts, tc_work_t **work);
+/* Returns once every put this rank issued to peer (-1: to every peer) is
+ * visible in the peer's memory. */
+TC_API int tc_window_flush(tc_window_t *win, int peer, const tc_op_options_t *opts,
+                           tc_work_t **work);
+
+/* ------------------------------------------------------------------------ */
 /* Environment (for launchers and tests)                                     */
 /* ------------------------------------------------------------------------ */
 

@@ -267,6 +267,8 @@ typedef struct tc_backend_init_args {
   uint32_t epoch;
 } tc_backend_init_args_t;
 
+struct tc_backend_win_op;
+
 typedef struct tc_backend_ops {
   uint32_t abi_version; /* TC_BACKEND_ABI_VERSION */
   uint32_t size;        /* sizeof(tc_backend_ops_t) at build time */
@@ -308,7 +310,68 @@ typedef struct tc_backend_ops {
   /* Appended, optional (0, or past the table's `size`: none): what the
    * backend can do beyond the required entries, TC_BACKEND_CAP_* bits. */
   uint64_t caps;
+  /* Appended, optional: one-sided windows (tc_window_*; all five set, or
+   * the core refuses windows with TC_ERR_NOT_SUPPORTED). The core checks
+   * every argument first (peer, offset + bytes within the peer's window).
+   *
+   * window_create (local, in the caller's thread): sets up this rank's
+   * side of a new window over buf (bytes), or over `bytes` of memory the
+   * backend allocates when buf is NULL (zeroed, 64-byte aligned; *base gets
+   * it; with buf set *base = buf). Writes what its peers need to reach it
+   * (at most TC_BACKEND_WIN_INFO_MAX bytes) into info and its length into
+   * *info_len. The core then all-gathers every rank's info over the
+   * communicator and calls window_attach with all of them (size *
+   * info_len bytes, rank r's at r * info_len), then a barrier, then
+   * window_ready (optional: the peers have attached). window_op runs one
+   * operation in the caller's thread and may block until op->deadline.
+   * window_map gives peer's memory mapped in this process, or NULL.
+   * window_free (after a barrier, or without one when the communicator
+   * was aborted) releases everything; the core never calls window_op
+   * after it has begun. */
+  int (*window_create)(void *bcomm, void *buf, size_t bytes, void **bwin, void **base,
+                       void *info, size_t *info_len, char *err, size_t errlen);
+  int (*window_attach)(void *bwin, const void *infos, size_t info_len, char *err,
+                       size_t errlen);
+  void (*window_ready)(void *bwin);
+  int (*window_op)(void *bwin, const struct tc_backend_win_op *op, char *err,
+                   size_t errlen);
+  void *(*window_map)(void *bwin, int peer);
+  void (*window_free)(void *bwin);
 } tc_backend_ops_t;
+
+#define TC_BACKEND_WIN_INFO_MAX 512u
+
+/* A window operation (tc_backend_ops_t.window_op). */
+typedef enum tc_win_kind {
+  TC_WIN_PUT = 0,     /* buf (read) -> peer's window at offset, bytes */
+  TC_WIN_GET,         /* peer's window at offset, bytes -> buf */
+  TC_WIN_SIGNAL,      /* peer's counter for this rank += 1, after the puts */
+  TC_WIN_WAIT_SIGNAL, /* until peer's signals to this rank >= target */
+  TC_WIN_FLUSH        /* until the puts to peer (-1: every peer) are visible */
+} tc_win_kind_t;
+
+typedef struct tc_backend_win_op {
+  uint32_t size; /* sizeof(tc_backend_win_op_t) */
+  tc_win_kind_t kind;
+  int peer;
+  void *buf; /* read-only for PUT */
+  size_t bytes;
+  size_t offset;
+  uint64_t target; /* WAIT_SIGNAL: the count of peer's signals to reach */
+  int block;       /* WAIT_SIGNAL: 0 = look once, return TC_BACKEND_WIN_PENDING if not yet */
+  double deadline; /* absolute, seconds of CLOCK_MONOTONIC */
+  double timeout_s; /* for messages */
+  const char *opname; /* "put", "wait_signal", ... for messages */
+  void *stream;     /* device stream, or NULL */
+} tc_backend_win_op_t;
+
+/* window_op's answer for a WAIT_SIGNAL with block == 0 that is not there yet. */
+#define TC_BACKEND_WIN_PENDING 1
+/* 1 when the table t has every window entry. */
+#define TC_BACKEND_HAS_WINDOWS(t)                                             \
+  ((t)->size >= offsetof(tc_backend_ops_t, window_free) + sizeof((t)->window_free) && \
+   (t)->window_create && (t)->window_attach && (t)->window_op && (t)->window_map && \
+   (t)->window_free)
 
 /* init may build the same communicator again, after its previous state
  * was aborted and destroyed, for a new membership and epoch
