@@ -18,6 +18,8 @@
  *                    argument objects) and the flight recorder's methods
  *   _comms_pybackend.c  backends written in Python (register_backend, the
  *                    backend table that runs them, get_backend_impl)
+ *   _comms_win.c     one-sided windows: TorchComm.new_window,
+ *                    TorchCommWindow (over tc_window_*)
  */
 #ifndef TORCHCOMMS_PY_COMMS_H
 #define TORCHCOMMS_PY_COMMS_H
@@ -334,6 +336,7 @@ TCPY_HIDDEN int tcpy_hooks_init(PyObject *g);
  * an exception on error. */
 #define TCPY_HOOK_OP_SPLIT ((int)TC_OP_TYPE_COUNT)
 #define TCPY_HOOK_OP_FINALIZE ((int)TC_OP_TYPE_COUNT + 1)
+#define TCPY_HOOK_OP_NEW_WINDOW ((int)TC_OP_TYPE_COUNT + 2)
 TCPY_HIDDEN PyObject *tcpy_hook_args(int type, int async_op, const char *fmt,
                                      ...);
 TCPY_HIDDEN PyObject *tcpy_hook_args_v(int type, int async_op, const char *fmt,
@@ -363,5 +366,17 @@ TCPY_HIDDEN PyObject *tcpy_get_mem_allocator(PyObject *module, PyObject *args,
                                              PyObject *kw);
 /* Readies MemAllocator and adds it to the module; 0 or -1. */
 TCPY_HIDDEN int tcpy_mem_ready(PyObject *module);
+
+/* ---- one-sided windows (_comms_win.c) ---- */
+TCPY_HIDDEN extern PyTypeObject TcPy_TorchCommWindow_Type;
+/* TorchComm.new_window, added to the type by tcpy_types_ready. */
+TCPY_HIDDEN extern PyMethodDef tcpy_comm_win_methods[];
+/* Readies TorchCommWindow (and its memory type) and adds it to the module;
+ * 0 or -1. */
+TCPY_HIDDEN int tcpy_win_ready_types(PyObject *module);
+/* Frees the C windows of comm whose TorchCommWindow was dropped while
+ * registered (freeing is collective, so dealloc defers it): call once comm
+ * is finalized or aborted, or before it is destroyed. */
+TCPY_HIDDEN void tcpy_win_release_orphans(tc_comm_t *comm);
 
 #endif /* TORCHCOMMS_PY_COMMS_H */

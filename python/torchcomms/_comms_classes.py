@@ -19,7 +19,8 @@ __all__ = ["Timeout", "RedOpType", "WorkStatus", "P2POpType", "CommOptions",
            "ReduceScatterSingleOptions", "AllToAllOptions", "AllToAllSingleOptions",
            "AllToAllvSingleOptions", "BarrierOptions", "ScatterOptions",
            "GatherOptions", "_OpOptions", "OpName", "InitHandle",
-           "ReconfigureOptions"]
+           "ReconfigureOptions", "TorchCommWinAccessType", "TorchCommWindowAttr",
+           "TorchCommlWinAccessType"]
 
 # The communicator's default timeout (a timedelta); set by torchcomms._comms.
 DEFAULT_TIMEOUT = None
@@ -50,6 +51,30 @@ class WorkStatus(_enum.Enum):
 class P2POpType(_enum.Enum):
     SEND = 1
     RECV = 2
+
+
+class TorchCommWinAccessType(_enum.Enum):
+    """How a peer's window memory is reached (TorchCommWindow.get_attr):
+    UNIFIED: mapped in this process (same host, shared memory):
+    map_remote_tensor gives a tensor over it; SEPARATE: only through put
+    and get (another host, or TCP)."""
+    WIN_ACCESS_TYPE_UNIFIED = 0
+    WIN_ACCESS_TYPE_SEPARATE = 1
+
+
+# torchcomms' older spelling (its docstrings still use it)
+TorchCommlWinAccessType = TorchCommWinAccessType
+
+
+class TorchCommWindowAttr:
+    """Attributes of a peer's window (TorchCommWindow.get_attr)."""
+    __slots__ = ("access_type",)
+
+    def __init__(self):
+        self.access_type = TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED
+
+    def __repr__(self):
+        return f"TorchCommWindowAttr(access_type={self.access_type})"
 
 
 class _OpOptions:
@@ -232,7 +257,7 @@ class SplitPostHookArgs:
 
 
 class NewWindowPostHookArgs:
-    """Post-hook arguments of new_window (no window operation here yet)."""
+    """What post hooks get after new_window."""
     __slots__ = ()
     __repr__ = CollectivePostHookArgs.__repr__
 

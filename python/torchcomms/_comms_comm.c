@@ -468,6 +468,7 @@ static PyObject *tcpy_comm_finalize(TorchCommObject *self, PyObject *u) {
   TCPY_SAVE_ERROR(text, rc);
   Py_END_ALLOW_THREADS
   tcpy_comm_reap(self);
+  tcpy_win_release_orphans(c);
   if (rc != TC_OK) {
     PyErr_Format(PyExc_RuntimeError, "%s", text[0] ? text : tc_strerror(rc));
     return NULL;
@@ -488,6 +489,7 @@ static PyObject *tcpy_comm_abort(TorchCommObject *self, PyObject *u) {
   TCPY_SAVE_ERROR(text, rc);
   Py_END_ALLOW_THREADS
   tcpy_comm_reap(self);
+  tcpy_win_release_orphans(c);
   Py_CLEAR(self->registered);
   if (rc != TC_OK) {
     PyErr_Format(PyExc_RuntimeError, "%s", text[0] ? text : tc_strerror(rc));

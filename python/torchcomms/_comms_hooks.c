@@ -30,9 +30,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#define TCPY_HOOK_TYPES ((int)TC_OP_TYPE_COUNT + 2)
+#define TCPY_HOOK_TYPES ((int)TC_OP_TYPE_COUNT + 3)
 
-/* OpName members and *PreHookArgs classes by TC_OP_* (+ split, finalize) */
+/* OpName members and *PreHookArgs classes by TC_OP_* (+ split, finalize,
+ * new_window) */
 static PyObject *opname_of[TCPY_HOOK_TYPES];
 static PyObject *pre_cls_of[TCPY_HOOK_TYPES];
 /* post-hook argument objects (attribute-less: one instance each) */
@@ -45,6 +46,7 @@ static const char *kind_names[TCPY_HOOK_KINDS] = {"pre", "post", "abort",
 static const char *type_name(int type) {
   if (type == TCPY_HOOK_OP_SPLIT) return "split";
   if (type == TCPY_HOOK_OP_FINALIZE) return "finalize";
+  if (type == TCPY_HOOK_OP_NEW_WINDOW) return "new_window";
   return tc_op_name((tc_op_type_t)type);
 }
 

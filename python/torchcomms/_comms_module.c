@@ -326,7 +326,8 @@ static const char *tcpy_all_names[] = {
     "AllToAllvSingleOptions", "BarrierOptions", "ScatterOptions",
     "GatherOptions", "Timeout", "OpName", "RemovableHandle",
     "get_mem_allocator", "MemAllocator", "TorchCommBackend", "register_backend",
-    "InitHandle", "ReconfigureOptions", NULL};
+    "InitHandle", "ReconfigureOptions", "TorchCommWindow",
+    "TorchCommWindowAttr", "TorchCommWinAccessType", NULL};
 
 PyMODINIT_FUNC PyInit__comms(void) {
   PyObject *m = PyModule_Create(&tcpy_moduledef);

@@ -655,7 +655,8 @@ int tcpy_types_ready(PyObject *m) {
   /* TorchComm's operations (_comms_ops.c) and hook methods
    * (_comms_hooks.c) join its own methods */
   PyMethodDef *tables[] = {tcpy_comm_op_methods, tcpy_comm_hook_methods,
-                           tcpy_comm_mem_methods, tcpy_comm_backend_methods};
+                           tcpy_comm_mem_methods, tcpy_comm_backend_methods,
+                           tcpy_comm_win_methods};
   for (size_t k = 0; k < sizeof tables / sizeof tables[0]; k++)
     for (PyMethodDef *d = tables[k]; d->ml_name; d++) {
       PyObject *descr = PyDescr_NewMethod(&TcPy_TorchComm_Type, d);
@@ -673,7 +674,7 @@ int tcpy_types_ready(PyObject *m) {
     if (rc < 0) return -1;
   }
   PyType_Modified(&TcPy_TorchComm_Type);
-  if (tcpy_mem_ready(m) < 0) return -1;
+  if (tcpy_mem_ready(m) < 0 || tcpy_win_ready_types(m) < 0) return -1;
   /* ReduceOp.SUM ... as class attributes */
   static const tc_redop_type_t plain[] = {TC_SUM,  TC_PRODUCT, TC_MIN,
                                           TC_MAX,  TC_BAND,    TC_BOR,
