@@ -323,6 +323,57 @@ PostHookArgs = Union[CollectivePostHookArgs, SplitPostHookArgs, NewWindowPostHoo
 _Timeout = timedelta | float | None
 _Hints = Dict[str, str] | None
 
+class TorchCommWinAccessType(Enum):
+    WIN_ACCESS_TYPE_UNIFIED = 0
+    WIN_ACCESS_TYPE_SEPARATE = 1
+
+TorchCommlWinAccessType = TorchCommWinAccessType  # torchcomms' older spelling
+
+class TorchCommWindowAttr:
+    access_type: TorchCommWinAccessType
+    def __init__(self) -> None: ...
+
+class TorchCommWindow:
+    """A one-sided window (TorchComm.new_window). tensor_register moves the
+    tensor onto window memory the library allocates (shared memory on one
+    host), so the tensor itself reads what peers put."""
+    @property
+    def dtype(self) -> Any: ...
+    @property
+    def shape(self) -> List[int]: ...
+    @property
+    def device(self) -> Any: ...
+    @property
+    def comm(self) -> TorchComm: ...
+    def get_size(self) -> int: ...
+    def get_tensor(self) -> Any | None: ...
+    def tensor_register(self, tensor: Any, owning: bool = True, *,
+                        hints: _Hints = None, timeout: _Timeout = None) -> None: ...
+    def tensor_deregister(self) -> None: ...
+    def put(self, tensor: Any, dst_rank: int, target_offset_nelems: int, async_op: bool,
+            hints: _Hints = None, timeout: _Timeout = None) -> TorchWork: ...
+    def get(self, tensor: Any, src_rank: int, source_offset_nelems: int, async_op: bool,
+            hints: _Hints = None, timeout: _Timeout = None) -> TorchWork:
+        """Not in torchcomms: reads src_rank's window into tensor."""
+    def signal(self, dst_rank: int, async_op: bool, hints: _Hints = None,
+               timeout: _Timeout = None) -> TorchWork: ...
+    def wait_signal(self, peer_rank: int, async_op: bool, hints: _Hints = None,
+                    timeout: _Timeout = None) -> TorchWork: ...
+    def flush(self, peer_rank: int = -1, async_op: bool = False, hints: _Hints = None,
+              timeout: _Timeout = None) -> TorchWork:
+        """Not in torchcomms: every put to peer_rank (-1: all) is in place."""
+    def map_remote_tensor(self, rank: int) -> Any: ...
+    def get_attr(self, peer_rank: int) -> TorchCommWindowAttr: ...
+    def get_device_window(self, signal_count: int = -1, counter_count: int = -1,
+                          barrier_count: int = 1) -> int:
+        """GPU-only in torchcomms: RuntimeError on the cpu backend."""
+    def register_local_buffer(self, tensor: Any) -> Any:
+        """GPU-only in torchcomms: RuntimeError on the cpu backend."""
+    def deregister_local_buffer(self, handle: Any) -> None:
+        """GPU-only in torchcomms: RuntimeError on the cpu backend."""
+    def __copy__(self) -> TorchCommWindow: ...
+    def __deepcopy__(self, memo: Dict[int, Any]) -> TorchCommWindow: ...
+
 class TorchComm:
     @property
     def rank(self) -> int: ...
@@ -464,6 +515,10 @@ class TorchComm:
     def mem_allocator(self) -> MemAllocator:
         """Deprecated alias of get_mem_allocator() (as in torchcomms)."""
     def batch_op_create(self) -> BatchSendRecv: ...
+    def new_window(self, tensor: Any | None = None) -> TorchCommWindow:
+        """A one-sided window on this communicator; with a tensor,
+        tensor_register(tensor) right away (collective). Runs the pre and
+        post hooks (OpName.new_window)."""
     def register_pre_hook(
         self, callback: Callable[[OpName, int, PreHookArgs], None]
     ) -> RemovableHandle:
