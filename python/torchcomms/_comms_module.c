@@ -327,7 +327,8 @@ static const char *tcpy_all_names[] = {
     "GatherOptions", "Timeout", "OpName", "RemovableHandle",
     "get_mem_allocator", "MemAllocator", "TorchCommBackend", "register_backend",
     "InitHandle", "ReconfigureOptions", "TorchCommWindow",
-    "TorchCommWindowAttr", "TorchCommWinAccessType", NULL};
+    "TorchCommWindowAttr", "TorchCommWinAccessType", "TorchCommlWinAccessType",
+    NULL};
 
 PyMODINIT_FUNC PyInit__comms(void) {
   PyObject *m = PyModule_Create(&tcpy_moduledef);
