@@ -774,6 +774,7 @@ static void tcpy_comm_dealloc(TorchCommObject *self) {
     Py_BEGIN_ALLOW_THREADS
     tc_comm_destroy(c);
     Py_END_ALLOW_THREADS
+    tcpy_win_release_orphans(c); /* the windows outlive it: no barrier */
   }
   Py_CLEAR(self->pending);
   Py_CLEAR(self->store);

@@ -20,7 +20,8 @@ Parts (every value checked exactly, on every rank):
   every window. Three rounds: sync, async, sync.
 - rma: torchcomms' WindowRmaTest pattern: put to the next rank, signal it,
   wait for the previous, 10 iterations, async and sync put and signal, for
-  float32, int32, int8 and bfloat16 (values change every iteration; the
+  float32, int32, int8 and bfloat16, 4 and 1024 elements (and 64 Ki
+  float32) (values change every iteration; the
   window has one slot per iteration modulo N, so that a previous rank
   running ahead never overwrites a slot still being read).
 - map: get_attr and map_remote_tensor: over shared memory every peer is
@@ -193,35 +194,37 @@ def part_random(comm):
 
 def part_rma(comm):
     nxt, prv = (RANK + 1) % N, (RANK - 1) % N
-    for dtype in (torch.float32, torch.int32, torch.int8, torch.bfloat16):
-        for count in (4, 1024):
-            for async_op, async_signal in ((False, False), (True, True), (True, False),
-                                           (False, True)):
-                win_buf = torch.ones(N * N * count, dtype=dtype)
-                win = comm.new_window()
-                win.tensor_register(win_buf)
-                comm.barrier(False)
-                for it in range(10):
-                    slot = it % N  # slot `it % N`, region `rank`
-                    src = torch.ones(count, dtype=dtype) * (RANK + it * N)
-                    w = win.put(src, nxt, (slot * N + nxt) * count, async_op)
-                    if async_op:
-                        w.wait()
-                    w = win.signal(nxt, async_signal)
-                    if async_signal:
-                        w.wait()
-                    w = win.wait_signal(prv, async_signal)
-                    if async_signal:
-                        w.wait()
-                    local = win.map_remote_tensor(RANK)
-                    lo = (slot * N + RANK) * count
-                    exp = torch.ones(count, dtype=dtype) * (prv + it * N)
-                    what = f"{dtype} count {count} async {async_op}/{async_signal} it {it}"
-                    if not eq(what + " (map_remote_tensor(own))", local[lo:lo + count], exp):
-                        break
-                    eq(what + " (the registered tensor)", win_buf[lo:lo + count], exp)
-                comm.barrier(False)
-                win.tensor_deregister()
+    cases = [(dtype, count, a, s) for dtype in (torch.float32, torch.int32, torch.int8,
+                                                torch.bfloat16)
+             for count in (4, 1024) for a, s in ((False, False), (True, True), (True, False),
+                                                 (False, True))]
+    cases.append((torch.float32, 1 << 16, True, True))  # 256 KiB puts
+    for dtype, count, async_op, async_signal in cases:
+        win_buf = torch.ones(N * N * count, dtype=dtype)
+        win = comm.new_window()
+        win.tensor_register(win_buf)
+        comm.barrier(False)
+        for it in range(10):
+            slot = it % N  # slot `it % N`, region `rank`
+            src = torch.ones(count, dtype=dtype) * (RANK + it * N)
+            w = win.put(src, nxt, (slot * N + nxt) * count, async_op)
+            if async_op:
+                w.wait()
+            w = win.signal(nxt, async_signal)
+            if async_signal:
+                w.wait()
+            w = win.wait_signal(prv, async_signal)
+            if async_signal:
+                w.wait()
+            local = win.map_remote_tensor(RANK)
+            lo = (slot * N + RANK) * count
+            exp = torch.ones(count, dtype=dtype) * (prv + it * N)
+            what = f"{dtype} count {count} async {async_op}/{async_signal} it {it}"
+            if not eq(what + " (map_remote_tensor(own))", local[lo:lo + count], exp):
+                break
+            eq(what + " (the registered tensor)", win_buf[lo:lo + count], exp)
+        comm.barrier(False)
+        win.tensor_deregister()
 
 
 def part_map(comm):
@@ -353,6 +356,7 @@ def part_misuse(comm):
         raises(name, RuntimeError, "device windows are GPU-only", fn)
     comm.barrier(False)  # every refused put was issued
     eq("nothing of the refused puts landed", buf, torch.arange(16, dtype=torch.float32) + 100 * RANK)
+    comm.barrier(False)  # everyone has looked before the next put
     # a put that exactly fits is fine
     win.put(torch.full((4,), -1.0), nxt, 12, False)
     win.signal(nxt, False)
