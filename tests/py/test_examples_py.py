@@ -36,6 +36,7 @@ RUNS = [
     ("SendRecvAsync.py", 4), ("AllGather.py", 4), ("Broadcast.py", 4),
     ("ObjectCollectives.py", 4), ("BatchSendRecv.py", 4), ("TrainingLoop.py", 2),
     ("train_ddp.py", 2), ("train_ddp.py", 4), ("train_fsdp.py", 2), ("train_fsdp.py", 4),
+    ("window_put_signal.py", 3), ("window_put_signal.py", 4),
 ]
 # torch.compile's tracing does not depend on the transport: the TCP pass of
 # make test leaves it out (tests/py/compat/conftest.py says why)
@@ -43,8 +44,9 @@ if os.environ.get("TORCHCOMMS_CPU_TRANSPORT") != "tcp":
     RUNS.append(("compiled_tp.py", 2))
 # ours, over torch.distributed (DDP, FSDP2): not upstream's seed examples
 TORCH_TRAINING = {"train_ddp.py", "train_fsdp.py"}
-# ours too: torch.compile over torchcomms.functional
-OURS = TORCH_TRAINING | {"compiled_tp.py"}
+# ours too: torch.compile over torchcomms.functional; a halo exchange with
+# one-sided windows (checks itself against a one-process reference)
+OURS = TORCH_TRAINING | {"compiled_tp.py", "window_put_signal.py"}
 # ours, with a test of their own (not launched by torchrun)
 TESTED_ELSEWHERE = {"fault_tolerant_training.py": "tests/py/test_fault_tolerant_training.py"}
 OURS |= set(TESTED_ELSEWHERE)
@@ -113,6 +115,9 @@ def test_example(finished, script, n):
         assert verdict in out, out
     elif script == "compiled_tp.py":
         assert f"matches the unsharded reference on {n} ranks" in out, out
+    elif script == "window_put_signal.py":
+        assert ("window_put_signal: heat equation, 240 cells, 200 steps: the halo exchange "
+                f"matches the reference on {n} ranks") in out, out
     elif script != "AllReduceSync.py":
         for r in range(n):
             assert f"Rank {r}:" in out, out
