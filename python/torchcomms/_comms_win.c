@@ -135,6 +135,7 @@ typedef struct WindowObject {
   tc_dtype_t cdtype;
   size_t itemsize;
   size_t bytes; /* this rank's window size (get_size) */
+  int busy;     /* calls running with the GIL released (other threads) */
   PyObject *weakreflist;
 } WindowObject;
 
@@ -308,6 +309,7 @@ static PyObject *tcpy_win_call(WindowObject *self, int kind, void *buf,
   tc_work_t *work = NULL, **wp = async_op ? &work : NULL;
   char text[TCPY_WIN_ERRBUF];
   int rc = TC_OK;
+  self->busy++;
   Py_BEGIN_ALLOW_THREADS
   switch (kind) {
   case TCPY_WIN_PUT: rc = tc_window_put(w, buf, bytes, peer, off, &o.o, wp); break;
@@ -318,6 +320,7 @@ static PyObject *tcpy_win_call(WindowObject *self, int kind, void *buf,
   }
   if (rc != TC_OK) snprintf(text, sizeof text, "%s", tc_last_error());
   Py_END_ALLOW_THREADS
+  self->busy--;
   tcpy_opts_free(&o);
   if (rc != TC_OK) return tcpy_win_raise(rc, text);
   return tcpy_work_new(work, refs);
@@ -496,6 +499,10 @@ static PyObject *tcpy_win_tensor_deregister(WindowObject *self,
                          "tensor is registered with this window (register "
                          "one with tensor_register first; each registration "
                          "is deregistered once)");
+  if (self->busy)
+    return tcpy_win_fail(self, NULL, op, "%d call(s) of this window are "
+                         "still running on other threads (a wait_signal?): "
+                         "let them return first", self->busy);
   if (tcpy_win_unregister(self) < 0) return NULL;
   Py_RETURN_NONE;
 }
@@ -639,10 +646,12 @@ static PyObject *tcpy_win_map_remote_tensor(WindowObject *self, PyObject *args,
   char text[TCPY_WIN_ERRBUF];
   int rc;
   tc_window_t *w = self->win;
+  self->busy++;
   Py_BEGIN_ALLOW_THREADS
   rc = tc_window_map_ref(w, peer, &p);
   if (rc != TC_OK) snprintf(text, sizeof text, "%s", tc_last_error());
   Py_END_ALLOW_THREADS
+  self->busy--;
   if (rc == TC_ERR_NOT_SUPPORTED)
     return tcpy_win_fail(self, NULL, op, "rank %d's window cannot be mapped "
                          "into this process (get_attr(%d).access_type is "
@@ -968,6 +977,7 @@ static PyObject *tcpy_win_new(TorchCommObject *comm) {
   w->cdtype = TC_FLOAT32;
   w->itemsize = 4;
   w->bytes = 0;
+  w->busy = 0;
   w->weakreflist = NULL;
   PyObject_GC_Track(w);
   return (PyObject *)w;

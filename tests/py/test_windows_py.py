@@ -230,3 +230,23 @@ def test_import_stays_torch_free():
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_device_and_dtype_checks():
+    """tensor_register takes a contiguous tensor on the communicator's device
+    (cpu); the message says which."""
+    c = torchcomms.new_comm("cpu", torch.device("cpu"), name="windev", rank=0, size=1)
+    w = c.new_window()
+    with pytest.raises(RuntimeError, match="argument 'tensor' is on device 'meta' but the "
+                       "communicator's device is 'cpu'"):
+        w.tensor_register(torch.empty(4, device="meta"))
+    with pytest.raises(RuntimeError, match="argument 'tensor' must be contiguous"):
+        w.tensor_register(torch.ones(3, 3).t())
+    with pytest.raises(TypeError, match="argument 'tensor' must be a torch.Tensor, not list"):
+        w.tensor_register([1.0])
+    assert w.get_size() == 0
+    w.tensor_register(torch.ones(4, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="argument 'tensor' is on device 'meta'"):
+        w.put(torch.empty(1, dtype=torch.uint8, device="meta"), 0, 0, False)
+    w.tensor_deregister()
+    c.finalize()
