@@ -353,6 +353,7 @@ static tc_comm_t *comm_new(void) {
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->err_mu);
     pthread_mutex_destroy(&c->hints_mu);
+    pthread_mutex_destroy(&c->win_mu);
     memset(c, 0, sizeof *c);
   } else if ((c = calloc(1, sizeof *c))) {
     tc__htable_set(&comms, idx, c); /* kept for the slot's later lives */
@@ -363,6 +364,7 @@ static tc_comm_t *comm_new(void) {
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->err_mu, NULL);
   pthread_mutex_init(&c->hints_mu, NULL);
+  pthread_mutex_init(&c->win_mu, NULL);
   tc__hooks_init(c);
   tc__fr_init(c);
   atomic_store(&c->last_progress_ns, (int64_t)(tc__now() * 1e9));
@@ -385,6 +387,7 @@ static tc_comm_t *comm_publish(tc_comm_t *c) {
  * no work refers to them any more. */
 static void comm_release(tc_comm_t *c) {
   tc__reconfig_close(c);
+  if (c->bcomm) tc__windows_drop(c, "its communicator was destroyed");
   if (c->bcomm) c->ops->destroy(c->bcomm);
   c->bcomm = NULL;
   if (c->store) tc_store_release(c->store);
@@ -524,6 +527,7 @@ int tc_comm_finalize(tc_comm_t *c) {
   if (state != TC_STATE_ACTIVE) return TC_OK; /* twice is harmless */
   tc__board_state(c, TC_STATE_FINALIZED);
   char why[768] = "";
+  tc__windows_drop(c, "its communicator was finalized");
   int rc = c->ops->finalize(c->bcomm, why, sizeof why);
   c->ops->destroy(c->bcomm);
   c->bcomm = NULL;
@@ -542,6 +546,7 @@ static void comm_abort(tc_comm_t *c) {
   pthread_mutex_unlock(&c->mu);
   if (state != TC_STATE_ACTIVE) return;
   c->ops->abort(c->bcomm);
+  tc__windows_drop(c, "its communicator was aborted");
   c->ops->destroy(c->bcomm);
   c->bcomm = NULL;
 }

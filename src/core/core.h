@@ -91,6 +91,9 @@ struct tc_comm {
   char init_handle[256];        /* TC_INIT_HANDLE_MAX */
   uint32_t epoch;               /* of the current configuration (0: none) */
   _Atomic int rc_cancel;        /* abort() while reconfiguring: give up */
+  /* one-sided windows (window.c) */
+  pthread_mutex_t win_mu;
+  struct tc_window *wins; /* live windows of this communicator */
 };
 
 /* A work lives in a slot of the work table (work.c), reused after its last
@@ -116,6 +119,14 @@ struct tc_work {
   uint64_t fr_id;  /* flight-recorder record id + 1 (0: not recorded) */
   void *arrays; /* owned copies of the op's lists, reused across uses */
   size_t arrays_cap;
+  /* a work that finishes when it is looked at (an asynchronous
+   * wait_signal, window.c): tc_work_wait / test / status call drive (block
+   * 0: look once; 1: wait until limit, 0 = the work's deadline), which
+   * finishes it with tc__work_fail_local; NULL for every other work */
+  void (*drive)(tc_work_t *w, int block, double limit);
+  uintptr_t win_h; /* the window's handle */
+  int win_peer;
+  uint64_t win_target;
   char msg[1024];
 };
 
@@ -131,6 +142,11 @@ struct tc_batch {
   size_t n, cap;
 };
 
+
+/* One-sided windows (window.c). Releases the backend's side of every
+ * window of c (before the backend state goes: finalize, abort, destroy,
+ * reconfigure); their handles stay, their operations fail with `why`. */
+TC_INTERNAL void tc__windows_drop(tc_comm_t *c, const char *why);
 
 /* Work objects (work.c). */
 TC_INTERNAL tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,

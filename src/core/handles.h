@@ -27,6 +27,7 @@ _Static_assert(sizeof(uintptr_t) >= 8, "handles need 64-bit pointers");
 #define TC__HANDLE_COMM 1u
 #define TC__HANDLE_WORK 2u
 #define TC__HANDLE_BATCH 4u
+#define TC__HANDLE_WINDOW 3u
 
 #define TC__HANDLE_CHUNK 1024u
 #define TC__HANDLE_CHUNKS 16384u /* 16M slots: the 24-bit index */

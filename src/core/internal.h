@@ -77,6 +77,13 @@ TC_INTERNAL int tc__log_rank(void);
  * trace is off. */
 TC_INTERNAL void tc__log_op(const char *event, const tc_op_info_t *info);
 
+/* Window memory that may outlive its window (tc_window_map_ref; defined in
+ * core/window.c, used by the built-in backends): a backend registers each
+ * area it maps with one hold (the window's) and drops that hold when the
+ * window is freed; release(ptr, len) runs at the last hold's end. */
+TC_INTERNAL int tc__winmem_add(void *ptr, size_t len, void (*release)(void *, size_t));
+TC_INTERNAL int tc__winmem_unref(void *ptr);
+
 /* Rank and size from the launcher's environment (env.c): tc_env_rank_size
  * without the thread error; why (may be NULL) gets the reason. */
 TC_INTERNAL int tc__env_rank_size(int *rank, int *size, const char **source, char *why,

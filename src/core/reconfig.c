@@ -223,6 +223,7 @@ static void drop_config(tc_comm_t *c, int was) {
     tc__board_state(c, TC_STATE_ABORTED);
     c->ops->abort(c->bcomm);
   }
+  if (c->bcomm) tc__windows_drop(c, "its communicator was reconfigured");
   if (c->bcomm) c->ops->destroy(c->bcomm);
   c->bcomm = NULL;
   tc__board_free(c);

@@ -52,6 +52,7 @@ tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
   w->coll_seq = w->p2p_seq = 0;
   w->timeout_s = timeout_s;
   memset(&w->op, 0, sizeof w->op);
+  w->drive = NULL;
   w->msg[0] = 0;
   w->handle = (tc_work_t *)tc__htable_open(&work_table, idx);
   return w;
@@ -262,6 +263,7 @@ static double work_deadline(tc_work_t *w) {
 
 /* Waits for w until `limit` (absolute, 0 = the work's own deadline). */
 static int work_wait_until(tc_work_t *w, double limit, const char *fn) {
+  if (w->drive && !status_terminal(atomic_load(&w->status))) w->drive(w, 1, limit);
   pthread_mutex_lock(&w->mu);
   for (;;) {
     int st = atomic_load(&w->status);
@@ -322,6 +324,7 @@ int tc_work_test(tc_work_t *w, int *done) {
   if (!done)
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: tc_work_test: argument 'done' is NULL");
+  if (w->drive && !status_terminal(atomic_load(&w->status))) w->drive(w, 0, 0);
   int st = atomic_load(&w->status);
   *done = status_terminal(st);
   if (!*done) return TC_OK;
@@ -335,6 +338,7 @@ int tc_work_test(tc_work_t *w, int *done) {
 int tc_work_status(const tc_work_t *h) {
   tc_work_t *w = (tc_work_t *)h;
   if (tc__work_enter(&w, "tc_work_status") != TC_OK) return -1;
+  if (w->drive && !status_terminal(atomic_load(&w->status))) w->drive(w, 0, 0);
   return atomic_load(&w->status);
 }
 

@@ -229,6 +229,25 @@ int tc__shm_read_peer(tc_shm_t *s, int q, void *dst, uint64_t remote, size_t len
   }
   return TC_OK;
 }
+int tc__shm_write_peer(tc_shm_t *s, int q, uint64_t remote, const void *src, size_t len,
+                       char *why, size_t wl) {
+  const char *p = src;
+  while (len > 0) {
+    struct iovec l = {(void *)(uintptr_t)p, len}, r = {(void *)(uintptr_t)remote, len};
+    ssize_t put = process_vm_writev(s->pids[q], &l, 1, &r, 1, 0);
+    if (put <= 0) {
+      int e = put < 0 ? errno : EFAULT;
+      if (e == EINTR) continue;
+      snprintf(why, wl, "could not write into peer %d's window (process_vm_writev: %s; peer "
+               "exited or freed its window?)", q, strerror(e));
+      return TC_ERR_REMOTE;
+    }
+    p += put;
+    remote += (uint64_t)put;
+    len -= (size_t)put;
+  }
+  return TC_OK;
+}
 size_t tc__shm_slot_bytes(const tc_shm_t *s) { return s->slot_bytes; }
 size_t tc__shm_half_bytes(const tc_shm_t *s) { return s->half_bytes; }
 char *tc__shm_slot(tc_shm_t *s, int r, int i) {

@@ -78,6 +78,10 @@ TC_INTERNAL int tc__shm_cma(const tc_shm_t *s);
  * read), op->msg filled in. */
 TC_INTERNAL int tc__shm_read_peer(tc_shm_t *s, int q, void *dst, uint64_t remote, size_t len,
                                   const tc_tp_op_t *op);
+/* Copies len bytes from src to `remote` in rank q's address space (single
+ * copy, process_vm_writev). TC_OK, or TC_ERR_REMOTE with the reason in why. */
+TC_INTERNAL int tc__shm_write_peer(tc_shm_t *s, int q, uint64_t remote, const void *src,
+                                   size_t len, char *why, size_t wl);
 /* tc__shm_wait_flag on any word of rank r's segment that r writes before it
  * posts (release) its flag: a waiter that sees the word need not fetch the
  * flag's cache line too. The word must not decrease. */

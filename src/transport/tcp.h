@@ -14,4 +14,25 @@
  * overrides). Exchanges are in tcp.c. */
 TC_INTERNAL extern const tc_transport_ops_t tc__tcp_transport;
 
+/* ---- sockets of the one-sided window service (tcp_winsock.c) ---- */
+
+/* Listens on an ephemeral port of the address this rank publishes
+ * (TORCHCOMMS_CPU_IFNAME, else `advertise`, else 127.0.0.1): TC_OK with
+ * *fd, *port and the address peers connect to in addr, or an error with
+ * one sentence in err. */
+TC_INTERNAL int tc__winsock_listen(const char *advertise, int *fd, int *port, char *addr,
+                                   size_t alen, char *err, size_t errlen);
+/* Connects to addr:port (blocking socket, TCP_NODELAY) before `deadline`
+ * (tc__now clock), giving up at once when wake_fd (-1: none) becomes
+ * readable. TC_OK with *fd, TC_ERR_TIMEOUT, TC_ERR_ABORTED or
+ * TC_ERR_SYSTEM with err. */
+TC_INTERNAL int tc__winsock_connect(const char *addr, int port, double deadline, int wake_fd,
+                                    int *fd, char *err, size_t errlen);
+/* Moves exactly len bytes (write: is_send) on blocking socket fd before
+ * deadline, watching wake_fd (-1: none). TC_OK; TC_ERR_REMOTE (the peer
+ * closed or reset: *closed = 1), TC_ERR_TIMEOUT, TC_ERR_ABORTED or
+ * TC_ERR_SYSTEM, with errno's text in err. */
+TC_INTERNAL int tc__winsock_io(int fd, int is_send, void *buf, size_t len, double deadline,
+                               int wake_fd, char *err, size_t errlen);
+
 #endif /* TC_TRANSPORT_TCP_H */

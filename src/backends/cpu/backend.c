@@ -449,6 +449,7 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
   }
   c->host = a->host;
   snprintf(c->name, sizeof c->name, "%s", cname);
+  snprintf(c->advertise, sizeof c->advertise, "%s", a->advertise_addr ? a->advertise_addr : "");
   c->rank = a->rank;
   c->size = a->world_size;
   c->timeout_s = a->timeout_s > 0 ? a->timeout_s : TC_DEFAULT_TIMEOUT_S;
@@ -660,4 +661,10 @@ const tc_backend_ops_t tc__cpu_backend = {
     .split = NULL,
     .describe = cpu_describe,
     .caps = TC_BACKEND_CAP_RECONFIGURE,
+    .window_create = tc__cpu_win_create,
+    .window_attach = tc__cpu_win_attach,
+    .window_ready = tc__cpu_win_ready,
+    .window_op = tc__cpu_win_op,
+    .window_map = tc__cpu_win_map,
+    .window_free = tc__cpu_win_free,
 };

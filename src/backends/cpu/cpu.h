@@ -83,6 +83,7 @@ typedef struct cpu_comm {
   int rank, size;
   double timeout_s; /* bootstrap / finalize deadline */
 
+  char advertise[128]; /* the address peers reach this rank at ("" = default) */
   const tc_transport_ops_t *tp_ops; /* NULL for world size 1; tcp or shm */
   void *tp;
   int wake_fd;       /* eventfd, written once on abort, never drained */
@@ -151,6 +152,18 @@ typedef struct cpu_ctx {
   int fp_todo;  /* 1 until the fingerprints were exchanged and compared */
   char msg[1024]; /* the error text when the op fails */
 } cpu_ctx_t;
+
+/* One-sided windows (window.c): the backend table's window entries. */
+TC_INTERNAL int tc__cpu_win_create(void *bcomm, void *buf, size_t bytes, void **bwin,
+                                   void **base, void *info, size_t *info_len, char *err,
+                                   size_t errlen);
+TC_INTERNAL int tc__cpu_win_attach(void *bwin, const void *infos, size_t info_len, char *err,
+                                   size_t errlen);
+TC_INTERNAL void tc__cpu_win_ready(void *bwin);
+TC_INTERNAL int tc__cpu_win_op(void *bwin, const tc_backend_win_op_t *op, char *err,
+                               size_t errlen);
+TC_INTERNAL void *tc__cpu_win_map(void *bwin, int peer);
+TC_INTERNAL void tc__cpu_win_free(void *bwin);
 
 /* The name of an operation in messages ("all_reduce"). */
 /* Runs one operation to completion (progress thread). On failure fills
