@@ -13,7 +13,7 @@ BUILD = Path(os.environ.get("TC_BUILD_DIR", Path(__file__).resolve().parents[2] 
 EXAMPLES = BUILD / "examples"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 ALL_EXAMPLES = ["all_reduce_sync", "all_reduce_async", "send_recv_ring", "all_gather",
-                "broadcast", "batch_send_recv", "split"]
+                "broadcast", "batch_send_recv", "split", "window_pipeline"]
 
 
 def run(cmd, timeout=120):
