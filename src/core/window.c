@@ -282,7 +282,11 @@ int tc_window_create(tc_comm_t *c, void *buf, size_t bytes, const tc_op_options_
     goto fail_backend;
   }
   if (c->ops->window_ready) c->ops->window_ready(w->bwin);
-  for (int r = 0; r < c->size; r++)
+  /* the core's own copies (memmove) need host memory: on a device
+   * communicator ("cuda": the nccl backend) window memory is device memory,
+   * and every operation goes through the backend */
+  const int host = !strncmp(c->device, "cpu", 3) && (!c->device[3] || c->device[3] == ':');
+  for (int r = 0; r < c->size && host; r++)
     w->map[r] = r == c->rank ? (w->sizes[r] ? w->base : NULL) : c->ops->window_map(w->bwin, r);
   free(mine);
   free(all);
