@@ -181,14 +181,59 @@ typedef struct win_blob {
   unsigned char info[TC_BACKEND_WIN_INFO_MAX];
 } win_blob_t;
 
+/* 1 on a host communicator (device "cpu"): its window memory is host
+ * memory, which the core may copy and all-gather. */
+static int win_host(const tc_comm_t *c) {
+  return !strncmp(c->device, "cpu", 3) && (!c->device[3] || c->device[3] == ':');
+}
+
+/* Every rank's `len` bytes of mine into all (rank r's at r * len), after
+ * step `step` of creation number `no`: an all-gather on a host
+ * communicator; through the communicator's store on a device one, whose
+ * collectives read device memory only (nccl). A rank deletes its key of
+ * the previous step once it read everyone's of this one (they all read
+ * that one before they wrote this). */
+static int win_gather(tc_comm_t *c, uint64_t no, int step, const void *mine, size_t len,
+                      void *all, const tc_op_options_t *opts) {
+  if (win_host(c))
+    return tc_all_gather_single(c->handle, all, mine, len, TC_UINT8, opts, NULL);
+  double timeout = opts && opts->timeout_s > 0 ? opts->timeout_s : c->timeout_s;
+  char key[96];
+  snprintf(key, sizeof key, "window/%llu/%d/%d", (unsigned long long)no, step, c->rank);
+  int rc = tc_store_set(c->store, key, mine, len);
+  for (int r = 0; r < c->size && rc == TC_OK; r++) {
+    void *v = NULL;
+    size_t got = 0;
+    snprintf(key, sizeof key, "window/%llu/%d/%d", (unsigned long long)no, step, r);
+    rc = tc_store_get(c->store, key, &v, &got, timeout);
+    if (rc == TC_OK && got != len) rc = TC_ERR_PROTOCOL;
+    if (rc == TC_OK) memcpy((char *)all + (size_t)r * len, v, len);
+    tc_free(v);
+    if (rc != TC_OK)
+      return tc__comm_error(c, rc, "new_window", "rank %d's window description did not "
+                            "arrive through the store within %.1f s (is every rank creating "
+                            "this window?)", r, timeout);
+  }
+  if (rc != TC_OK)
+    return tc__comm_error(c, rc, "new_window", "publishing the window description in the "
+                          "store failed (is the store reachable?)");
+  /* step 0 follows step 1 of the previous creation */
+  uint64_t pno = step ? no : no - 1;
+  if (step || no > 0) {
+    snprintf(key, sizeof key, "window/%llu/%d/%d", (unsigned long long)pno, !step, c->rank);
+    tc_store_delete(c->store, key, NULL);
+  }
+  return TC_OK;
+}
+
 /* Every rank's status after a step: TC_OK, or the first failure with the
  * rank and its reason in why. */
-static int all_ok(tc_comm_t *c, int mine, const char *my_why, const tc_op_options_t *opts,
-                  char *why, size_t wl) {
+static int all_ok(tc_comm_t *c, uint64_t no, int mine, const char *my_why,
+                  const tc_op_options_t *opts, char *why, size_t wl) {
   struct { int32_t rc; char why[236]; } me = {mine, ""}, *all = calloc((size_t)c->size, sizeof me);
   if (!all) return TC_ERR_NOMEM;
   snprintf(me.why, sizeof me.why, "%s", my_why ? my_why : "");
-  int rc = tc_all_gather_single(c->handle, all, &me, sizeof me, TC_UINT8, opts, NULL);
+  int rc = win_gather(c, no, 1, &me, sizeof me, all, opts);
   if (rc != TC_OK) {
     snprintf(why, wl, "%s", tc_last_error());
     free(all);
@@ -260,7 +305,10 @@ int tc_window_create(tc_comm_t *c, void *buf, size_t bytes, const tc_op_options_
   mine->info_len = (uint32_t)info_len;
   mine->bytes = bytes;
   snprintf(mine->why, sizeof mine->why, "%.230s", err[0] ? err : tc_strerror(mine->status));
-  rc = tc_all_gather_single(c->handle, all, mine, sizeof *mine, TC_UINT8, opts, NULL);
+  pthread_mutex_lock(&c->win_mu);
+  const uint64_t no = c->win_seq++; /* every rank creates its windows in one order */
+  pthread_mutex_unlock(&c->win_mu);
+  rc = win_gather(c, no, 0, mine, sizeof *mine, all, opts);
   if (rc != TC_OK) goto fail_backend; /* the message is the all-gather's */
   for (int r = 0; r < c->size; r++) {
     if (all[r].status != TC_OK) {
@@ -276,7 +324,7 @@ int tc_window_create(tc_comm_t *c, void *buf, size_t bytes, const tc_op_options_
     memmove(infos + (size_t)r * TC_BACKEND_WIN_INFO_MAX, all[r].info, TC_BACKEND_WIN_INFO_MAX);
   err[0] = 0;
   int arc = c->ops->window_attach(w->bwin, infos, TC_BACKEND_WIN_INFO_MAX, err, sizeof err);
-  rc = all_ok(c, arc, err, opts, why, sizeof why);
+  rc = all_ok(c, no, arc, err, opts, why, sizeof why);
   if (rc != TC_OK) {
     rc = tc__comm_error(c, rc, fn, "%s", why);
     goto fail_backend;
@@ -285,8 +333,7 @@ int tc_window_create(tc_comm_t *c, void *buf, size_t bytes, const tc_op_options_
   /* the core's own copies (memmove) need host memory: on a device
    * communicator ("cuda": the nccl backend) window memory is device memory,
    * and every operation goes through the backend */
-  const int host = !strncmp(c->device, "cpu", 3) && (!c->device[3] || c->device[3] == ':');
-  for (int r = 0; r < c->size && host; r++)
+  for (int r = 0; r < c->size && win_host(c); r++)
     w->map[r] = r == c->rank ? (w->sizes[r] ? w->base : NULL) : c->ops->window_map(w->bwin, r);
   free(mine);
   free(all);
