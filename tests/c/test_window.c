@@ -6,19 +6,27 @@
  * misuse refused before any byte moves; a dead peer fails the waits on it
  * at once; nothing is left in /dev/shm. */
 #include <dirent.h>
+#include <errno.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include "coll_util.h"
+#include "transport/shm_internal.h"
 
 #define WIN_CHUNK 4096u
 
+/* Names in /dev/shm of this transport whose creator is dead: what a test's
+ * ranks (all exited when it is called) left behind. Other jobs' live
+ * segments on a shared machine do not count. */
 static int shm_names(void) {
   DIR *d = opendir("/dev/shm");
   int n = 0;
   struct dirent *e;
-  while (d && (e = readdir(d)))
-    if (!strncmp(e->d_name, "torchcomms", 10)) n++;
+  while (d && (e = readdir(d))) {
+    tc_shm_owner_t o;
+    if (strncmp(e->d_name, "torchcomms", 10) || tc__shm_name_owner(e->d_name, &o) != 0) continue;
+    if (kill(o.pid, 0) != 0 && errno == ESRCH) n++;
+  }
   if (d) closedir(d);
   return n;
 }
