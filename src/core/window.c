@@ -683,3 +683,10 @@ int tc_window_wait_signal(tc_window_t *h, int peer, const tc_op_options_t *o, tc
   win_leave(w);
   return rc;
 }
+
+int tc_window_fence(tc_window_t *h, const tc_op_options_t *opts) {
+  tc_window_t *w = h;
+  TC_CHECK(win_enter(&w, "fence"));
+  TC_CHECK(tc_window_flush(h, -1, opts, NULL));
+  return tc_barrier(w->comm->handle, opts, NULL);
+}

@@ -122,6 +122,14 @@ static void all_pairs_rank(tc_ctx_t *ctx) {
     }
   }
   TC_ASSERT_OK(tc_window_flush(w, -1, NULL, NULL));
+  /* fence: a put before it is visible everywhere after it, no signal */
+  int64_t v = 5000 + me;
+  TC_ASSERT_OK(tc_window_put(w, &v, sizeof v, (me + 1) % n, (size_t)me * WIN_CHUNK, NULL, NULL));
+  TC_ASSERT_OK(tc_window_fence(w, NULL));
+  int prev = (me - 1 + n) % n;
+  int64_t got64;
+  memcpy(&got64, mem + (size_t)prev * WIN_CHUNK, sizeof got64);
+  TC_ASSERT_EQ(got64, 5000 + prev);
   TC_ASSERT_OK(tc_window_free(w));
   TC_ASSERT_OK(tc_comm_finalize(c));
   tc_comm_destroy(c);
