@@ -20,7 +20,8 @@
 #                    private RSS, descriptors and threads flat (SOAK_OPS=...;
 #                    the short one is tests/py/test_soak.py)
 #   make bench       our cpu backend against Gloo, Open MPI and memcpy, 2 then
-#                    4 ranks, side by side (bench/run_bench.py; BENCH_RUNS=3)
+#                    4 ranks, side by side, and window put/get against MPI
+#                    RMA (bench/run_bench.py; BENCH_RUNS=3; docs/benchmarks.md)
 #   make fuzz        the parsers that read the network (store protocol, TCP
 #                    hello, message header) under ASan+UBSan with random and
 #                    mutated inputs, FUZZ_TIME seconds each (default 60) or

@@ -15,6 +15,26 @@ each rank count and each collective, it measures over 8 B and 16 B .. 64 MiB
   mpi-tcp     the same with --mca btl self,tcp
   memcpy      ../shared/bench/memcpy_bw.c (one thread, once per run)
 
+One-sided windows ("put" and "get", 2 ranks only; rank 0 the origin, rank 1
+the target; see docs/benchmarks.md), in the same runs and the same CSVs:
+
+  ours-c      build/tcperf -c put|get (library-allocated window in shared
+              memory; put = tc_window_put + tc_window_flush, get =
+              tc_window_get)
+  ours-tcp    the same with TORCHCOMMS_CPU_TRANSPORT=tcp
+  mpi-shm     bench/mpi_rma_perf.c under mpirun, Open MPI's default osc
+              component (MPI_Win_allocate, MPI_Win_lock_all once, then
+              MPI_Put|MPI_Get + MPI_Win_flush per iteration)
+  mpi-oscsm   the same with --mca osc sm (Open MPI's shared-memory window:
+              a put is a memcpy into the mapped peer segment)
+  mpi-tcp     the same with --mca btl self,tcp --mca osc pt2pt (osc rdma
+              refuses the tcp btl, and with btl self,tcp alone Open MPI
+              silently falls back to osc sm, i.e. shared memory; pt2pt is
+              excluded by Debian's openmpi-mca-params.conf and named here
+              explicitly). Skipped with a message when Open MPI refuses it.
+
+--colls put,get runs the window part alone; the default runs everything.
+
 Iterations follow the anchors' rule for everyone (1000 below 64 KiB, 100
 below 4 MiB, 10 from 4 MiB; 5 warm-up). Writes bench/results/raw.csv (every
 row of every run), bench/results/median.csv (median over runs),
@@ -36,9 +56,17 @@ ANCHORS = os.path.normpath(os.environ.get("TC_BENCH_ANCHORS", os.path.join(ROOT,
 BUILD = os.environ.get("TC_BUILD_DIR", os.path.join(ROOT, "build"))
 OUT = os.path.join(ROOT, "bench", "results")
 COLLS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
+WIN_COLLS = ["put", "get"]  # one-sided windows: 2 ranks only
 MPI_NAME = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reduce_scatter",
             "broadcast": "bcast", "all_to_all": "alltoall"}
-IMPLS = ["ours-c", "ours-py", "ours-tcp", "gloo", "mpi-shm", "mpi-tcp"]
+IMPLS = ["ours-c", "ours-py", "ours-tcp", "gloo", "mpi-shm", "mpi-tcp", "mpi-oscsm"]
+COLL_IMPLS = ["ours-c", "ours-py", "ours-tcp", "gloo", "mpi-shm", "mpi-tcp"]
+WIN_IMPLS = ["ours-c", "ours-tcp", "mpi-shm", "mpi-oscsm", "mpi-tcp"]
+# Open MPI options of each MPI implementation, for the collectives and for the
+# windows (osc: the one-sided component; see the docstring)
+MPI_OPTS = {"mpi-shm": [], "mpi-tcp": ["--mca", "btl", "self,tcp"]}
+MPI_WIN_OPTS = {"mpi-shm": [], "mpi-oscsm": ["--mca", "osc", "sm"],
+                "mpi-tcp": ["--mca", "btl", "self,tcp", "--mca", "osc", "pt2pt"]}
 SIZES = [8] + [16 * 4 ** k for k in range(12)]  # 8 B, 16 B .. 64 MiB
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
 
@@ -72,7 +100,7 @@ def parse_times(text):
 def busbw(coll, n, size, time_us):
     """nccl-tests bus bandwidth in GB/s of the requested size (computed here, not
     read back, so that rounding in the printed columns does not matter)."""
-    f = 2 * (n - 1) / n if coll == "all_reduce" else 1.0 if coll == "broadcast" else (n - 1) / n
+    f = 2 * (n - 1) / n if coll == "all_reduce" else 1.0 if coll in ("broadcast", *WIN_COLLS) else (n - 1) / n
     return size / (time_us * 1e-6) / 1e9 * f
 
 
@@ -88,10 +116,17 @@ def run_cmd(cmd, env=None, timeout=600):
 
 def size_ranges():
     """(min, max) calls covering SIZES with x4 steps."""
-    return [(8, 8), (16, SIZES[-1])]
+    return [(8, 8)] + ([(16, SIZES[-1])] if SIZES[-1] >= 16 else [])
 
 
 SETTLE_S = float(os.environ.get("BENCH_SETTLE_S", "0.5"))
+
+
+def applies(impl, coll, n):
+    """Whether impl measures coll at n ranks."""
+    if coll in WIN_COLLS:
+        return n == 2 and impl in WIN_IMPLS
+    return impl in COLL_IMPLS
 
 
 def measure(impl, coll, n, tools):
@@ -111,9 +146,11 @@ def measure(impl, coll, n, tools):
             cmd = [tools["python"], os.path.join(ANCHORS, "gloo_perf.py"), "--nproc", str(n), "--coll", coll,
                    "--min-bytes", str(lo), "--max-bytes", str(hi), "--factor", "4", "--port", str(free_port())]
             out, _ = run_cmd(cmd)
+        elif coll in WIN_COLLS:
+            cmd = [*MPIRUN, *MPI_WIN_OPTS[impl], "-np", str(n), tools["mpi_rma_perf"], coll, str(lo), str(hi)]
+            out, _ = run_cmd(cmd)
         else:
-            btl = ["--mca", "btl", "self,tcp"] if impl == "mpi-tcp" else []
-            cmd = [*MPIRUN, *btl, "-np", str(n), tools["mpi_perf"], MPI_NAME[coll], str(lo), str(hi)]
+            cmd = [*MPIRUN, *MPI_OPTS[impl], "-np", str(n), tools["mpi_perf"], MPI_NAME[coll], str(lo), str(hi)]
             out, _ = run_cmd(cmd)
         want = [lo * 4 ** k for k in range(64) if lo * 4 ** k <= hi]
         times = parse_times(out)
@@ -138,7 +175,8 @@ def build_tools(skip_mpi):
     tools = {"tcrun": os.path.join(BUILD, "tcrun"), "tcperf": os.path.join(BUILD, "tcperf"),
              "python": sys.executable,
              "memcpy_bw": os.path.join(BUILD, "bench", "memcpy_bw"),
-             "mpi_perf": os.path.join(BUILD, "bench", "mpi_perf")}
+             "mpi_perf": os.path.join(BUILD, "bench", "mpi_perf"),
+             "mpi_rma_perf": os.path.join(BUILD, "bench", "mpi_rma_perf")}
     for t in ("tcrun", "tcperf"):
         if not os.access(tools[t], os.X_OK):
             sys.exit(f"bench: {tools[t]} is missing: run `make build` first")
@@ -151,6 +189,8 @@ def build_tools(skip_mpi):
             sys.exit("bench: Open MPI is missing (mpicc, mpirun): `make bench` installs Debian's "
                      "openmpi-bin and libopenmpi-dev; or pass --no-mpi")
         subprocess.run(["mpicc", "-O2", "-o", tools["mpi_perf"], os.path.join(ANCHORS, "mpi_perf.c")], check=True)
+        subprocess.run(["mpicc", "-O2", "-o", tools["mpi_rma_perf"], os.path.join(ROOT, "bench", "mpi_rma_perf.c")],
+                       check=True)
     return tools
 
 
@@ -174,24 +214,77 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
+OSC_VERBOSE = ["--mca", "osc_base_verbose", "1", "--mca", "osc_rdma_verbose", "100",
+               "--mca", "osc_pt2pt_verbose", "100", "--mca", "osc_ucx_verbose", "100"]
+
+
+def probe_osc(impls, tools):
+    """Runs each MPI window implementation once at 8 B with the osc components'
+    verbosity up (rdma, pt2pt and ucx name themselves when the window is
+    freed; sm does not, so a window none named is sm's): returns
+    {impl: "osc <component>"}, or {impl: "refused (<why>)"} for those that do
+    not work here (e.g. an Open MPI without osc pt2pt for mpi-tcp), which are
+    skipped."""
+    import re
+    found = {}
+    for impl in impls:
+        if impl not in MPI_WIN_OPTS:
+            continue
+        cmd = [*MPIRUN, *MPI_WIN_OPTS[impl], *OSC_VERBOSE, "-np", "2", tools["mpi_rma_perf"], "put", "8", "8"]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            p = None
+        text = (p.stdout + p.stderr) if p else ""
+        comps = set(re.findall(r"(\w+) component destroying window", text))
+        if p is None or p.returncode != 0 or "# check ok" not in p.stdout:
+            lines = text.splitlines()
+            errs = [ln for ln in lines if "MPI_ERR" in ln] or [ln for ln in lines if "rror" in ln]
+            why = "timed out" if p is None else (errs or text.strip().splitlines()[-1:] or ["no output"])[0].strip()
+            found[impl] = f"refused ({why}): skipped"
+            continue
+        found[impl] = "osc " + ("/".join(sorted(comps)) if comps else "sm")
+    return found
+
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=int(os.environ.get("BENCH_RUNS", "3")))
     ap.add_argument("--ranks", default=os.environ.get("BENCH_RANKS", "2,4"))
-    ap.add_argument("--colls", default=os.environ.get("BENCH_COLLS", ",".join(COLLS)))
+    ap.add_argument("--colls", default=os.environ.get("BENCH_COLLS", ",".join(COLLS + WIN_COLLS)),
+                    help="collectives and/or put,get (--colls put,get: the window part alone)")
     ap.add_argument("--impls", default=os.environ.get("BENCH_IMPLS", ",".join(IMPLS)))
+    ap.add_argument("--max-size", type=int, default=int(os.environ.get("BENCH_MAX_SIZE", str(SIZES[-1]))),
+                    help="largest size in bytes (default 64 MiB; smaller for a quick check)")
     ap.add_argument("--no-mpi", action="store_true", help="skip Open MPI (when it cannot be installed)")
     ap.add_argument("--no-plot", action="store_true")
     a = ap.parse_args()
     ranks = [int(x) for x in a.ranks.split(",")]
+    SIZES[:] = [s for s in SIZES if s <= a.max_size] or [8]
     colls = [c for c in a.colls.split(",") if c]
     impls = [i for i in a.impls.split(",") if i and not (a.no_mpi and i.startswith("mpi"))]
     for c in colls:
-        if c not in COLLS:
-            sys.exit(f"bench: unknown collective {c!r} (one of {', '.join(COLLS)})")
+        if c not in COLLS + WIN_COLLS:
+            sys.exit(f"bench: unknown collective {c!r} (one of {', '.join(COLLS + WIN_COLLS)})")
+    for i in impls:
+        if i not in IMPLS:
+            sys.exit(f"bench: unknown implementation {i!r} (one of {', '.join(IMPLS)})")
+    wcolls = [c for c in colls if c in WIN_COLLS]
+    colls_c = [c for c in colls if c not in WIN_COLLS]
+    ranks_c = ranks  # the collectives' rank counts (as asked); put/get: 2 ranks only
+    if wcolls and 2 not in ranks:
+        log("bench: put/get are measured at 2 ranks only, and --ranks has no 2: adding 2 for them")
+        ranks = sorted(set(ranks) | {2})
     tools = build_tools(a.no_mpi or not any(i.startswith("mpi") for i in impls))
     os.makedirs(OUT, exist_ok=True)
+    osc = {}
+    if wcolls and not a.no_mpi:
+        osc = probe_osc(impls, tools)
+        for impl, comp in osc.items():
+            log(f"bench: {impl} for put/get: mpirun {' '.join(MPI_WIN_OPTS[impl]) or '(defaults)'} -> {comp}")
+    skip = {(i, c) for i in WIN_IMPLS if i in MPI_WIN_OPTS and not osc.get(i, "").startswith("osc ")
+            for c in WIN_COLLS}
 
     raw, mem = {}, {}
     failures = []
@@ -201,7 +294,11 @@ def main():
             mem.setdefault(size, []).append(bw)
         for n in ranks:
             for coll in colls:
+                if (n != 2) if coll in WIN_COLLS else (n not in ranks_c):
+                    continue
                 for impl in impls:
+                    if not applies(impl, coll, n) or (impl, coll) in skip:
+                        continue
                     try:
                         rows = measure(impl, coll, n, tools)
                     except (RuntimeError, subprocess.TimeoutExpired) as e:
@@ -234,13 +331,14 @@ def main():
     # One table of ratios: busbw of ours-c over each reference (> 1: we are faster).
     refs = [i for i in ("mpi-shm", "gloo", "ours-py") if i in impls]
     rrows = []
-    print(f"\n# make bench: {a.runs} run(s), medians; ratio = busbw(ours-c) / busbw(reference)"
-          f" (same sizes, same run); ours-tcp / mpi-tcp in the last column")
-    hdr = f"{'ranks':>5} {'collective':<15}{'size':>6} {'ours us':>9} {'ours GB/s':>9}" + "".join(
-        f" {('x ' + r):>9}" for r in refs) + f" {'tcp/mpitcp':>10}"
-    print(hdr)
-    for n in ranks:
-        for coll in colls:
+    if colls_c:
+        print(f"\n# make bench: {a.runs} run(s), medians; ratio = busbw(ours-c) / busbw(reference)"
+              f" (same sizes, same run); ours-tcp / mpi-tcp in the last column")
+        hdr = f"{'ranks':>5} {'collective':<15}{'size':>6} {'ours us':>9} {'ours GB/s':>9}" + "".join(
+            f" {('x ' + r):>9}" for r in refs) + f" {'tcp/mpitcp':>10}"
+        print(hdr)
+    for n in ranks_c:
+        for coll in colls_c:
             for size in SIZES:
                 ours = get("ours-c", n, coll, size)
                 ot = get("ours-c", n, coll, size, 0)
@@ -252,13 +350,16 @@ def main():
                 print(f"{n:>5} {coll:<15}{fmt_size(size):>6} {ot:>9.2f} {ours:>9.3f}" + "".join(
                     f" {x:>9.2f}" if x is not None else f" {'-':>9}" for x in rs) +
                     (f" {tr:>10.2f}" if tr is not None else f" {'-':>10}"))
-    with open(os.path.join(OUT, "ratios.csv"), "w", newline="") as f:
+    with open(os.path.join(OUT, "ratios.csv") if colls_c else os.devnull, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["ranks", "collective", "size", "ours_time_us", "ours_busbw_GBps",
                     *[f"ratio_vs_{r}" for r in refs], "ratio_tcp_vs_mpi_tcp"])
         w.writerows(rrows)
 
-    print_targets(get, ranks, colls, memmed)
+    if colls_c:
+        print_targets(get, ranks_c, colls_c, memmed)
+    if wcolls:
+        window_report(get, wcolls, impls, osc)
     if not a.no_plot:
         plot(med, memmed, ranks, colls, impls)
     for f in failures:
@@ -310,6 +411,74 @@ def print_targets(get, ranks, colls, memmed):
     return out
 
 
+def window_report(get, wcolls, impls, osc):
+    """The put/get ratio table (bench/results/ratios_window.csv) and the issue's
+    window targets (issue 15), 2 ranks."""
+    refs = [i for i in ("mpi-shm", "mpi-oscsm") if i in impls]
+    print("\n# one-sided windows, 2 ranks (rank 0 origin, rank 1 target); medians; ratio = "
+          "bandwidth(ours-c) / bandwidth(reference), > 1: we are faster; ours-tcp / mpi-tcp last")
+    for impl in ("mpi-shm", "mpi-oscsm", "mpi-tcp"):
+        if impl in impls:
+            print(f"#   {impl}: mpirun {' '.join(MPI_WIN_OPTS[impl]) or '(defaults)'} -> "
+                  f"{osc.get(impl, 'not measured')}")
+    hdr = f"{'op':<4}{'size':>6} {'ours us':>9} {'ours GB/s':>9}" + "".join(
+        f" {(r + ' us'):>13} {('x ' + r):>11}" for r in refs) + f" {'tcp us':>9} {'mpitcp us':>9} {'tcp/mpitcp':>10}"
+    print(hdr)
+    rows = []
+    for op in wcolls:
+        for size in SIZES:
+            ours, ot = get("ours-c", 2, op, size), get("ours-c", 2, op, size, 0)
+            if ours is None:
+                continue
+            rs = [(get(r, 2, op, size, 0), ratio(ours, get(r, 2, op, size))) for r in refs]
+            tt, mt = get("ours-tcp", 2, op, size, 0), get("mpi-tcp", 2, op, size, 0)
+            tr = ratio(get("ours-tcp", 2, op, size), get("mpi-tcp", 2, op, size))
+            rows.append([op, size, ot, ours, *[x for pair in rs for x in pair], tt, mt, tr])
+
+            def f(x, w, p=2):
+                return f" {x:>{w}.{p}f}" if x is not None else f" {'-':>{w}}"
+            print(f"{op:<4}{fmt_size(size):>6}{f(ot, 9)}{f(ours, 9, 3)}" +
+                  "".join(f"{f(t, 13)}{f(r, 11)}" for t, r in rs) + f"{f(tt, 9)}{f(mt, 9)}{f(tr, 10)}")
+    with open(os.path.join(OUT, "ratios_window.csv"), "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["op", "size", "ours_time_us", "ours_GBps",
+                    *[x for r in refs for x in (f"{r}_time_us", f"ratio_vs_{r}")],
+                    "ours_tcp_time_us", "mpi_tcp_time_us", "ratio_tcp_vs_mpi_tcp"])
+        w.writerows(rows)
+
+    print("\n# targets (issue 15), 2 ranks, shared memory; medians over runs; MPI = Open MPI's "
+          "default osc component (mpi-shm)")
+
+    def target(name, ok, detail):
+        print(f"  [{'PASS' if ok else 'MISS' if ok is not None else 'N/A '}] {name}: {detail}")
+
+    def lat(ref):
+        o, m = get("ours-c", 2, "put", 8, 0), get(ref, 2, "put", 8, 0)
+        return (None if o is None or m is None else o <= m), f"ours {o} us, {ref} {m} us"
+
+    def bw(ref):
+        worst_r, where = None, None
+        for op in wcolls:
+            for s in SIZES:
+                if s < 64 << 10:
+                    continue
+                r = ratio(get("ours-c", 2, op, s), get(ref, 2, op, s))
+                if r is not None and (worst_r is None or r < worst_r):
+                    worst_r, where = r, f"{op} {fmt_size(s)}"
+        if worst_r is None:
+            return None, "not measured"
+        return worst_r >= 1.0, f"lowest ratio {worst_r:.2f} at {where} (want >= 1)"
+
+    if "put" in wcolls:
+        target("put latency <= MPI_Put's at 8 B (shm)", *lat("mpi-shm"))
+    target(f"{' and '.join(wcolls)} bandwidth >= MPI's at every size >= 64 KiB (shm)", *bw("mpi-shm"))
+    if "mpi-oscsm" in impls:
+        print("# for reference, against Open MPI's osc sm (not the issue's target):")
+        if "put" in wcolls:
+            target("put latency <= MPI_Put's (osc sm) at 8 B", *lat("mpi-oscsm"))
+        target(f"{' and '.join(wcolls)} bandwidth >= MPI's (osc sm) at every size >= 64 KiB", *bw("mpi-oscsm"))
+
+
 def plot(med, memmed, ranks, colls, impls):
     try:
         import matplotlib
@@ -319,8 +488,11 @@ def plot(med, memmed, ranks, colls, impls):
         log("bench: matplotlib is not installed: no plot (make bench installs it into .venv)")
         return
     for n in ranks:
-        fig, axes = plt.subplots(1, len(colls), figsize=(4.2 * len(colls), 4), squeeze=False)
-        for ax, coll in zip(axes[0], colls):
+        ncolls = [c for c in colls if any(nn == n and cc == c for (_, nn, cc, _) in med)]
+        if not ncolls:
+            continue
+        fig, axes = plt.subplots(1, len(ncolls), figsize=(4.2 * len(ncolls), 4), squeeze=False)
+        for ax, coll in zip(axes[0], ncolls):
             for impl in impls:
                 pts = sorted((s, v[1]) for (i, nn, c, s), v in med.items() if i == impl and nn == n and c == coll)
                 if pts:

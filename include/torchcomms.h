@@ -837,6 +837,10 @@ TC_API int tc_window_wait_signal(tc_window_t *win, int peer,
  * visible in the peer's memory. */
 TC_API int tc_window_flush(tc_window_t *win, int peer, const tc_op_options_t *opts,
                            tc_work_t **work);
+/* Collective (MPI_Win_fence): every rank's puts before it, to any rank, are
+ * visible everywhere when it returns on any rank (a flush to every peer,
+ * then a barrier of the communicator). */
+TC_API int tc_window_fence(tc_window_t *win, const tc_op_options_t *opts);
 
 /* ------------------------------------------------------------------------ */
 /* Environment (for launchers and tests)                                     */

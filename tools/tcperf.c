@@ -6,7 +6,7 @@
  *                          [--csv FILE] [--hooks]
  *
  *   -c  all_reduce | all_gather | reduce_scatter | broadcast | reduce |
- *       all_to_all | send_recv                                  (required)
+ *       all_to_all | send_recv | put | get                      (required)
  *   -b, -e  smallest / largest size in bytes (suffixes K, M, G: 1024-based;
  *       default 8 and 64M); -f  multiply the size by FACTOR (default 4).
  *       Sizes are those of the whole array, as in nccl-tests: for
@@ -40,6 +40,18 @@
  * broadcast, reduce and send_recv (rank r sends to r+1 and receives from r-1
  * in one tc_batch). redop is "none" and root -1 where they do not apply.
  *
+ * put and get (one-sided windows; 2 ranks or more): every rank creates a
+ * library-allocated window (buf NULL) of the largest size; rank 0 is the
+ * origin, rank 1 the target, the others only take part in the barriers and
+ * the timing all_reduce. One put iteration is tc_window_put(size bytes to
+ * rank 1 at offset 0) + tc_window_flush(win, 1) (the completion MPI_Put +
+ * MPI_Win_flush gives); one get iteration is tc_window_get (complete on
+ * return). algbw = busbw = size / time; the time is rank 0's (the maximum
+ * over ranks, where the others time an empty loop). -z: put checks rank
+ * 1's window against rank 0's pattern after a put, a flush and a barrier;
+ * get checks what rank 0 read of rank 1's window, which rank 1 filled by
+ * local stores before a barrier.
+ *
  * Exit status: 0; 1 on a failed operation or when -z found wrong elements;
  * 2 on bad usage. Only the public API (torchcomms.h) is used.
  */
@@ -59,12 +71,12 @@
 
 typedef enum {
   C_ALL_REDUCE, C_ALL_GATHER, C_REDUCE_SCATTER, C_BROADCAST, C_REDUCE,
-  C_ALL_TO_ALL, C_SEND_RECV, C_COUNT
+  C_ALL_TO_ALL, C_SEND_RECV, C_PUT, C_GET, C_COUNT
 } coll_t;
 
 static const char *const coll_names[C_COUNT] = {
     "all_reduce", "all_gather", "reduce_scatter", "broadcast",
-    "reduce",     "all_to_all", "send_recv"};
+    "reduce",     "all_to_all", "send_recv", "put", "get"};
 
 static const struct { const char *name; tc_redop_type_t op; } op_names[] = {
     {"sum", TC_SUM},   {"prod", TC_PRODUCT}, {"min", TC_MIN},
@@ -96,6 +108,8 @@ typedef struct {
   size_t out_elems;   /* elements of `out` used (0: in place) */
   char *in, *out;
   tc_batch_t *batch;  /* send_recv */
+  tc_window_t *win;   /* put, get */
+  size_t bytes;       /* put, get: the bytes of one operation */
 } bench_t;
 
 static const char *prog = "tcperf";
@@ -107,7 +121,7 @@ static void usage(FILE *f) {
           "          [-d DTYPE] [-o OP] [-r ROOT] [-z] [-m avg|median] "
           "[-t TIMEOUT_S] [-B BACKEND] [--csv FILE] [--hooks]\n"
           "  COLL: all_reduce all_gather reduce_scatter broadcast reduce "
-          "all_to_all send_recv\n"
+          "all_to_all send_recv put get\n"
           "  DTYPE: float32 float64 float16 bfloat16 float8_e4m3fn float8_e5m2 "
           "int8 uint8\n         int16 int32 int64 bool\n"
           "  OP: sum prod min max avg band bor bxor premul_sum\n"
@@ -179,6 +193,8 @@ static int is_float(tc_dtype_t d) {
   return d == TC_FLOAT32 || d == TC_FLOAT64 || d == TC_FLOAT16 ||
          d == TC_BFLOAT16 || is_fp8(d);
 }
+
+static int is_window(coll_t c) { return c == C_PUT || c == C_GET; }
 
 static int is_reduction(coll_t c) {
   return c == C_ALL_REDUCE || c == C_REDUCE_SCATTER || c == C_REDUCE;
@@ -473,9 +489,10 @@ static size_t layout(bench_t *B, size_t bytes) {
     B->in_elems = B->a->coll == C_ALL_GATHER ? B->count : B->count * n;
     B->out_elems = B->a->coll == C_REDUCE_SCATTER ? B->count : B->count * n;
     return B->count * n * es;
-  case C_SEND_RECV:
+  case C_SEND_RECV: case C_PUT: case C_GET:
     B->count = bytes / es ? bytes / es : 1;
     B->in_elems = B->out_elems = B->count;
+    B->bytes = B->count * es;
     return B->count * es;
   default: /* in place: all_reduce, broadcast, reduce */
     B->count = bytes / es ? bytes / es : 1;
@@ -497,6 +514,14 @@ static int run_once(bench_t *B) {
   case C_REDUCE_SCATTER:
     return tc_reduce_scatter_single(c, B->out, B->in, B->count, dt, redop(a), NULL, NULL);
   case C_ALL_TO_ALL: return tc_all_to_all_single(c, B->out, B->in, B->count, dt, NULL, NULL);
+  case C_PUT: {
+    if (B->rank != 0) return TC_OK; /* the target and the others idle */
+    int rc = tc_window_put(B->win, B->in, B->bytes, 1, 0, NULL, NULL);
+    return rc ? rc : tc_window_flush(B->win, 1, NULL, NULL);
+  }
+  case C_GET:
+    if (B->rank != 0) return TC_OK;
+    return tc_window_get(B->win, B->out, B->bytes, 1, 0, NULL, NULL);
   default: return tc_batch_issue(B->batch, NULL, NULL);
   }
 }
@@ -511,8 +536,40 @@ static void setup_batch(bench_t *B) {
     fail_op(B, "tc_batch_*", rc);
 }
 
+/* -z for put and get: rank 0 puts its pattern into rank 1's window (put),
+ * or reads rank 1's pattern out of it (get); the reader compares. */
+static int64_t verify_window(bench_t *B) {
+  const args_t *a = B->a;
+  size_t es = B->es;
+  char *base = tc_window_base(B->win);
+  int rc;
+  if (a->coll == C_PUT) {
+    if (B->rank == 1) memset(base, 0xFF, B->bytes);
+    if ((rc = tc_barrier(B->comm, NULL, NULL))) fail_op(B, "tc_barrier", rc);
+    fill(B, B->in, B->in_elems, 0);
+    if ((rc = run_once(B))) fail_op(B, "the checked put", rc);
+  } else {
+    if (B->rank == 1) fill(B, base, B->count, 1);
+    memset(B->out, 0xFF, B->out_elems * es);
+    if ((rc = tc_barrier(B->comm, NULL, NULL))) fail_op(B, "tc_barrier", rc);
+    if ((rc = run_once(B))) fail_op(B, "the checked get", rc);
+  }
+  if ((rc = tc_barrier(B->comm, NULL, NULL))) fail_op(B, "tc_barrier", rc);
+  int reader = a->coll == C_PUT ? 1 : 0, writer = a->coll == C_PUT ? 0 : 1;
+  if (B->rank != reader) return 0;
+  const char *got = a->coll == C_PUT ? base : B->out;
+  int64_t wrong = 0;
+  unsigned char exp[16];
+  for (size_t j = 0; j < B->count; j++) {
+    put(exp, 0, a->dtype, pattern(a, writer, j));
+    if (memcmp(exp, got + j * es, es)) wrong++;
+  }
+  return wrong;
+}
+
 /* Fresh inputs, one run, exact comparison; returns this rank's wrong count. */
 static int64_t verify(bench_t *B) {
+  if (is_window(B->a->coll)) return verify_window(B);
   const args_t *a = B->a;
   tc_dtype_t dt = a->dtype;
   size_t es = B->es, n = (size_t)B->n, cnt = B->count;
@@ -617,21 +674,37 @@ int main(int argc, char **argv) {
   }
   B.rank = tc_comm_rank(B.comm);
   B.n = tc_comm_size(B.comm);
+  if (is_window(a.coll) && B.n < 2) {
+    if (B.rank == 0) fprintf(stderr, "%s: %s needs 2 ranks or more (rank 0 origin, rank 1 target)\n",
+                             prog, coll_names[a.coll]);
+    tc_comm_finalize(B.comm);
+    tc_comm_destroy(B.comm);
+    return 2;
+  }
   if (a.root >= B.n) {
     if (B.rank == 0) fprintf(stderr, "%s: root %d is not a rank (size %d)\n", prog, a.root, B.n);
     tc_comm_finalize(B.comm);
     tc_comm_destroy(B.comm);
     return 2;
   }
-  size_t maxin = 0, maxout = 0;
+  size_t maxin = 0, maxout = 0, maxbytes = 0;
   for (size_t b = a.minb; b <= a.maxb; b = b > SIZE_MAX / a.factor ? SIZE_MAX : b * a.factor) {
-    layout(&B, b);
+    size_t moved = layout(&B, b);
+    if (moved > maxbytes) maxbytes = moved;
     if (B.in_elems > maxin) maxin = B.in_elems;
     if (B.out_elems > maxout) maxout = B.out_elems;
     if (b == SIZE_MAX) break;
   }
   B.in = xalloc(maxin * B.es);
   B.out = xalloc(maxout * B.es);
+  if (is_window(a.coll)) {
+    tc_op_options_t wopts = TC_OP_OPTIONS_INIT;
+    wopts.timeout_s = a.timeout_s;
+    if ((rc = tc_window_create(B.comm, NULL, maxbytes, &wopts, &B.win)))
+      fail_op(&B, "tc_window_create", rc);
+    memset(tc_window_base(B.win), 0, maxbytes); /* touch every page before timing */
+    if ((rc = tc_barrier(B.comm, NULL, NULL))) fail_op(&B, "tc_barrier", rc);
+  }
   double *samples = calloc((size_t)(a.iters ? a.iters : 1000), sizeof *samples);
   FILE *csv = NULL;
   int rooted = a.coll == C_BROADCAST || a.coll == C_REDUCE;
@@ -700,6 +773,7 @@ int main(int argc, char **argv) {
   }
   if (csv) fclose(csv);
   if (B.batch) tc_batch_free(B.batch);
+  if (B.win && (rc = tc_window_free(B.win))) fail_op(&B, "tc_window_free", rc);
   rc = tc_comm_finalize(B.comm);
   tc_comm_destroy(B.comm);
   free(B.in);

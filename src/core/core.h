@@ -94,6 +94,7 @@ struct tc_comm {
   /* one-sided windows (window.c) */
   pthread_mutex_t win_mu;
   struct tc_window *wins; /* live windows of this communicator */
+  uint64_t win_seq; /* windows created (the store keys of a device communicator) */
 };
 
 /* A work lives in a slot of the work table (work.c), reused after its last

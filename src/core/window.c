@@ -25,6 +25,10 @@
 #include <string.h>
 
 #define TC_WINDOW_MAGIC 0x574e4457u /* "WDNW" */
+/* Puts and gets below this size into a window mapped here are copied by
+ * the core itself; larger ones go through the backend, which also checks
+ * that the peer is still alive after the copy. */
+#define TC_WIN_FAST_BYTES (64u * 1024u)
 
 struct tc_window {
   uint32_t magic;
@@ -36,6 +40,7 @@ struct tc_window {
   int rank, size;
   size_t *sizes;               /* [size] every rank's window bytes */
   _Atomic uint64_t *expected;  /* [size] signals of each peer waited for so far */
+  char **map;                  /* [size] every window mapped here, or NULL */
   _Atomic int busy;            /* operations inside the backend */
   _Atomic int dead;            /* the backend's side was released */
   char dead_why[160];
@@ -141,6 +146,7 @@ static int win_op_enter(tc_window_t **wp, const char *fn, const tc_op_options_t 
     return tc__comm_error(c, TC_ERR_INVALID_USAGE, fn, "the window can no longer be used: %s",
                           w->dead_why);
   }
+  if (!o && tc__comm_state(c) == TC_STATE_ACTIVE) return TC_OK; /* the common case */
   tc_comm_t *h = c->handle;
   int rc = tc__v_comm(&h, fn, o);
   if (rc != TC_OK) atomic_fetch_sub(&w->busy, 1);
@@ -175,14 +181,59 @@ typedef struct win_blob {
   unsigned char info[TC_BACKEND_WIN_INFO_MAX];
 } win_blob_t;
 
+/* 1 on a host communicator (device "cpu"): its window memory is host
+ * memory, which the core may copy and all-gather. */
+static int win_host(const tc_comm_t *c) {
+  return !strncmp(c->device, "cpu", 3) && (!c->device[3] || c->device[3] == ':');
+}
+
+/* Every rank's `len` bytes of mine into all (rank r's at r * len), after
+ * step `step` of creation number `no`: an all-gather on a host
+ * communicator; through the communicator's store on a device one, whose
+ * collectives read device memory only (nccl). A rank deletes its key of
+ * the previous step once it read everyone's of this one (they all read
+ * that one before they wrote this). */
+static int win_gather(tc_comm_t *c, uint64_t no, int step, const void *mine, size_t len,
+                      void *all, const tc_op_options_t *opts) {
+  if (win_host(c))
+    return tc_all_gather_single(c->handle, all, mine, len, TC_UINT8, opts, NULL);
+  double timeout = opts && opts->timeout_s > 0 ? opts->timeout_s : c->timeout_s;
+  char key[96];
+  snprintf(key, sizeof key, "window/%llu/%d/%d", (unsigned long long)no, step, c->rank);
+  int rc = tc_store_set(c->store, key, mine, len);
+  for (int r = 0; r < c->size && rc == TC_OK; r++) {
+    void *v = NULL;
+    size_t got = 0;
+    snprintf(key, sizeof key, "window/%llu/%d/%d", (unsigned long long)no, step, r);
+    rc = tc_store_get(c->store, key, &v, &got, timeout);
+    if (rc == TC_OK && got != len) rc = TC_ERR_PROTOCOL;
+    if (rc == TC_OK) memcpy((char *)all + (size_t)r * len, v, len);
+    tc_free(v);
+    if (rc != TC_OK)
+      return tc__comm_error(c, rc, "new_window", "rank %d's window description did not "
+                            "arrive through the store within %.1f s (is every rank creating "
+                            "this window?)", r, timeout);
+  }
+  if (rc != TC_OK)
+    return tc__comm_error(c, rc, "new_window", "publishing the window description in the "
+                          "store failed (is the store reachable?)");
+  /* step 0 follows step 1 of the previous creation */
+  uint64_t pno = step ? no : no - 1;
+  if (step || no > 0) {
+    snprintf(key, sizeof key, "window/%llu/%d/%d", (unsigned long long)pno, !step, c->rank);
+    tc_store_delete(c->store, key, NULL);
+  }
+  return TC_OK;
+}
+
 /* Every rank's status after a step: TC_OK, or the first failure with the
  * rank and its reason in why. */
-static int all_ok(tc_comm_t *c, int mine, const char *my_why, const tc_op_options_t *opts,
-                  char *why, size_t wl) {
+static int all_ok(tc_comm_t *c, uint64_t no, int mine, const char *my_why,
+                  const tc_op_options_t *opts, char *why, size_t wl) {
   struct { int32_t rc; char why[236]; } me = {mine, ""}, *all = calloc((size_t)c->size, sizeof me);
   if (!all) return TC_ERR_NOMEM;
   snprintf(me.why, sizeof me.why, "%s", my_why ? my_why : "");
-  int rc = tc_all_gather_single(c->handle, all, &me, sizeof me, TC_UINT8, opts, NULL);
+  int rc = win_gather(c, no, 1, &me, sizeof me, all, opts);
   if (rc != TC_OK) {
     snprintf(why, wl, "%s", tc_last_error());
     free(all);
@@ -232,10 +283,11 @@ int tc_window_create(tc_comm_t *c, void *buf, size_t bytes, const tc_op_options_
   w->size = c->size;
   w->sizes = calloc((size_t)c->size, sizeof *w->sizes);
   w->expected = calloc((size_t)c->size, sizeof *w->expected);
+  w->map = calloc((size_t)c->size, sizeof *w->map);
   win_blob_t *mine = calloc(1, sizeof *mine), *all = calloc((size_t)c->size, sizeof *all);
   int rc = TC_OK;
   char why[768] = "";
-  if (!w->sizes || !w->expected || !mine || !all) {
+  if (!w->sizes || !w->expected || !w->map || !mine || !all) {
     rc = tc__comm_error(c, TC_ERR_NOMEM, fn, "out of memory");
     goto fail;
   }
@@ -252,8 +304,11 @@ int tc_window_create(tc_comm_t *c, void *buf, size_t bytes, const tc_op_options_
   }
   mine->info_len = (uint32_t)info_len;
   mine->bytes = bytes;
-  snprintf(mine->why, sizeof mine->why, "%s", err[0] ? err : tc_strerror(mine->status));
-  rc = tc_all_gather_single(c->handle, all, mine, sizeof *mine, TC_UINT8, opts, NULL);
+  snprintf(mine->why, sizeof mine->why, "%.230s", err[0] ? err : tc_strerror(mine->status));
+  pthread_mutex_lock(&c->win_mu);
+  const uint64_t no = c->win_seq++; /* every rank creates its windows in one order */
+  pthread_mutex_unlock(&c->win_mu);
+  rc = win_gather(c, no, 0, mine, sizeof *mine, all, opts);
   if (rc != TC_OK) goto fail_backend; /* the message is the all-gather's */
   for (int r = 0; r < c->size; r++) {
     if (all[r].status != TC_OK) {
@@ -269,12 +324,17 @@ int tc_window_create(tc_comm_t *c, void *buf, size_t bytes, const tc_op_options_
     memmove(infos + (size_t)r * TC_BACKEND_WIN_INFO_MAX, all[r].info, TC_BACKEND_WIN_INFO_MAX);
   err[0] = 0;
   int arc = c->ops->window_attach(w->bwin, infos, TC_BACKEND_WIN_INFO_MAX, err, sizeof err);
-  rc = all_ok(c, arc, err, opts, why, sizeof why);
+  rc = all_ok(c, no, arc, err, opts, why, sizeof why);
   if (rc != TC_OK) {
     rc = tc__comm_error(c, rc, fn, "%s", why);
     goto fail_backend;
   }
   if (c->ops->window_ready) c->ops->window_ready(w->bwin);
+  /* the core's own copies (memmove) need host memory: on a device
+   * communicator ("cuda": the nccl backend) window memory is device memory,
+   * and every operation goes through the backend */
+  for (int r = 0; r < c->size && win_host(c); r++)
+    w->map[r] = r == c->rank ? (w->sizes[r] ? w->base : NULL) : c->ops->window_map(w->bwin, r);
   free(mine);
   free(all);
 
@@ -299,8 +359,10 @@ fail:
   free(all);
   free(w->sizes);
   free((void *)w->expected);
+  free(w->map);
   w->sizes = NULL;
   w->expected = NULL;
+  w->map = NULL;
   tc__htable_put(&windows, idx);
   return rc;
 }
@@ -347,8 +409,10 @@ int tc_window_free(tc_window_t *win) {
   pthread_mutex_unlock(&c->win_mu);
   free(win->sizes);
   free((void *)win->expected);
+  free(win->map);
   win->sizes = NULL;
   win->expected = NULL;
+  win->map = NULL;
   win->magic = 0;
   tc__htable_put(&windows, win->slot);
   tc__comm_unref(c);
@@ -493,6 +557,18 @@ static int win_now(tc_window_t *h, tc_win_kind_t kind, const char *fn, void *buf
                           kind == TC_WIN_PUT ? "written" : "read");
   }
   tc_backend_win_op_t op;
+  if (rc == TC_OK && peer >= 0 && w->map[peer] &&
+      ((kind != TC_WIN_SIGNAL && bytes < TC_WIN_FAST_BYTES) || kind == TC_WIN_FLUSH)) {
+    /* a window mapped here: a small put or get is a copy, and a flush has
+     * nothing to wait for (copies are visible when they return); no clock,
+     * no call into the backend. A peer's death shows at the next signal,
+     * wait_signal or large put. */
+    if (kind == TC_WIN_PUT) memmove(w->map[peer] + offset, buf, bytes);
+    else if (kind == TC_WIN_GET) memmove(buf, w->map[peer] + offset, bytes);
+    win_leave(w);
+    if (work) win_done_work(w, fn, win_timeout(w, o), TC_OK, work);
+    return TC_OK;
+  }
   if (rc == TC_OK) {
     win_op_init(&op, w, kind, fn, peer, o);
     op.buf = buf;
@@ -606,4 +682,11 @@ int tc_window_wait_signal(tc_window_t *h, int peer, const tc_op_options_t *o, tc
   rc = win_run(w, &op, fn);
   win_leave(w);
   return rc;
+}
+
+int tc_window_fence(tc_window_t *h, const tc_op_options_t *opts) {
+  tc_window_t *w = h;
+  TC_CHECK(win_enter(&w, "fence"));
+  TC_CHECK(tc_window_flush(h, -1, opts, NULL));
+  return tc_barrier(w->comm->handle, opts, NULL);
 }

@@ -6,19 +6,27 @@
  * misuse refused before any byte moves; a dead peer fails the waits on it
  * at once; nothing is left in /dev/shm. */
 #include <dirent.h>
+#include <errno.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include "coll_util.h"
+#include "transport/shm_internal.h"
 
 #define WIN_CHUNK 4096u
 
+/* Names in /dev/shm of this transport whose creator is dead: what a test's
+ * ranks (all exited when it is called) left behind. Other jobs' live
+ * segments on a shared machine do not count. */
 static int shm_names(void) {
   DIR *d = opendir("/dev/shm");
   int n = 0;
   struct dirent *e;
-  while (d && (e = readdir(d)))
-    if (!strncmp(e->d_name, "torchcomms", 10)) n++;
+  while (d && (e = readdir(d))) {
+    tc_shm_owner_t o;
+    if (strncmp(e->d_name, "torchcomms", 10) || tc__shm_name_owner(e->d_name, &o) != 0) continue;
+    if (kill(o.pid, 0) != 0 && errno == ESRCH) n++;
+  }
   if (d) closedir(d);
   return n;
 }
@@ -114,6 +122,14 @@ static void all_pairs_rank(tc_ctx_t *ctx) {
     }
   }
   TC_ASSERT_OK(tc_window_flush(w, -1, NULL, NULL));
+  /* fence: a put before it is visible everywhere after it, no signal */
+  int64_t v = 5000 + me;
+  TC_ASSERT_OK(tc_window_put(w, &v, sizeof v, (me + 1) % n, (size_t)me * WIN_CHUNK, NULL, NULL));
+  TC_ASSERT_OK(tc_window_fence(w, NULL));
+  int prev = (me - 1 + n) % n;
+  int64_t got64;
+  memcpy(&got64, mem + (size_t)prev * WIN_CHUNK, sizeof got64);
+  TC_ASSERT_EQ(got64, 5000 + prev);
   TC_ASSERT_OK(tc_window_free(w));
   TC_ASSERT_OK(tc_comm_finalize(c));
   tc_comm_destroy(c);

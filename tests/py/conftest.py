@@ -17,6 +17,7 @@ SHM_PASS_ONLY = {
     "test_store_variants.py": "stores (no transport under them)",
     "test_store_interop.py": "stores (no transport under them)",
     "test_nccl_fake.py": "the nccl backend (the cpu transport is not used)",
+    "test_nccl_fake_windows.py": "the nccl backend's windows (the cpu transport is not used)",
     "test_plugin_example.py": "a plugin backend (the cpu transport is not used)",
     "test_fp8_py.py": "fp8 conversions and reduction kernels",
     "test_hooks_py.py": "hooks, called by the core around every backend",

@@ -448,6 +448,16 @@ static int net_send(cpu_win_t *w, int p, uint32_t kind, uint64_t off, const void
                     size_t len, const tc_backend_win_op_t *op, char *err, size_t errlen) {
   win_msg_t m = {WIN_MAGIC, kind, off, len};
   char why[160];
+  if (kind == MSG_PUT && len <= 4096) { /* one write for a small put */
+    unsigned char one[sizeof m + 4096];
+    memcpy(one, &m, sizeof m);
+    memcpy(one + sizeof m, data, len);
+    int rc = tc__winsock_io(w->ofd[p], 1, one, sizeof m + len, op->deadline, w->c->wake_fd, why,
+                            sizeof why);
+    if (rc == TC_ERR_REMOTE) return peer_gone(w, p, op->opname, err, errlen);
+    if (rc != TC_OK) return fail(err, errlen, rc, "%s sending to peer %d's window service", why, p);
+    return TC_OK;
+  }
   int rc = tc__winsock_io(w->ofd[p], 1, &m, sizeof m, op->deadline, w->c->wake_fd, why, sizeof why);
   if (rc == TC_OK && kind == MSG_PUT && len)
     rc = tc__winsock_io(w->ofd[p], 1, (void *)(uintptr_t)data, len, op->deadline, w->c->wake_fd,

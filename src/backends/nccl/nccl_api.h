@@ -66,6 +66,20 @@ typedef enum {
   ncclScalarHostImmediate = 1
 } ncclScalarResidence_t;
 
+/* Windows (NCCL >= 2.27) and host-initiated one-sided operations (NCCL
+ * >= 2.29): a window handle, the registration flags, and what
+ * ncclWaitSignal waits for (opCnt more signals from peer; sigIdx and ctx
+ * must be 0). */
+typedef struct ncclWindow_vidmem *ncclWindow_t;
+#define NCCL_WIN_DEFAULT 0x00
+#define NCCL_WIN_COLL_SYMMETRIC 0x01
+typedef struct {
+  int opCnt;
+  int peer;
+  int sigIdx;
+  int ctx;
+} ncclWaitSignalDesc_t;
+
 #define NCCL_SPLIT_NOCOLOR (-1)
 #define NCCL_CONFIG_UNDEF_INT INT_MIN
 #define NCCL_API_MAGIC 0xcafebeefu
@@ -106,6 +120,7 @@ typedef int cudaError_t;
 #define cudaErrorNotReady 600
 #define cudaStreamNonBlocking 0x01u
 #define cudaEventDisableTiming 0x02u
+#define cudaMemcpyDefault 4 /* direction from the pointers (unified addressing) */
 
 /* ---- the table of entry points (nccl_load.c) ---- */
 
@@ -154,7 +169,20 @@ typedef int cudaError_t;
   X(Recv, ncclRecv, 1, ncclResult_t,                                           \
     (void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t))           \
   X(GroupStart, ncclGroupStart, 1, ncclResult_t, (void))                       \
-  X(GroupEnd, ncclGroupEnd, 1, ncclResult_t, (void))
+  X(GroupEnd, ncclGroupEnd, 1, ncclResult_t, (void))                           \
+  X(MemAlloc, ncclMemAlloc, 0, ncclResult_t, (void **, size_t))                \
+  X(MemFree, ncclMemFree, 0, ncclResult_t, (void *))                           \
+  X(CommWindowRegister, ncclCommWindowRegister, 0, ncclResult_t,               \
+    (ncclComm_t, void *, size_t, ncclWindow_t *, int))                         \
+  X(CommWindowDeregister, ncclCommWindowDeregister, 0, ncclResult_t,           \
+    (ncclComm_t, ncclWindow_t))                                                \
+  X(GetPeerDevicePointer, ncclGetPeerDevicePointer, 0, ncclResult_t,           \
+    (ncclWindow_t, size_t, int, void **))                                      \
+  X(PutSignal, ncclPutSignal, 0, ncclResult_t,                                 \
+    (const void *, size_t, ncclDataType_t, int, ncclWindow_t, size_t, int,     \
+     int, unsigned int, ncclComm_t, cudaStream_t))                             \
+  X(WaitSignal, ncclWaitSignal, 0, ncclResult_t,                               \
+    (int, ncclWaitSignalDesc_t *, ncclComm_t, cudaStream_t))
 
 #define TCN_CUDA_SYMBOLS(X)                                                    \
   X(GetDeviceCount, cudaGetDeviceCount, 1, cudaError_t, (int *))               \
@@ -173,6 +201,8 @@ typedef int cudaError_t;
   X(Malloc, cudaMalloc, 1, cudaError_t, (void **, size_t))                     \
   X(Free, cudaFree, 1, cudaError_t, (void *))                                  \
   X(Memset, cudaMemset, 1, cudaError_t, (void *, int, size_t))                 \
+  X(MemcpyAsync, cudaMemcpyAsync, 0, cudaError_t,                              \
+    (void *, const void *, size_t, int, cudaStream_t))                         \
   X(GetErrorString, cudaGetErrorString, 1, const char *, (cudaError_t))
 
 typedef struct tcn_nccl_fns {

@@ -3,6 +3,8 @@
  *   nccl_comm.c  init (unique id through the store), split, finalize,
  *                abort, destroy, the completion poller
  *   nccl_ops.c   every operation mapped to NCCL calls, and the table
+ *   nccl_window.c  one-sided windows (ncclCommWindowRegister, ncclPutSignal,
+ *                ncclWaitSignal), by NCCL version
  *
  * Execution model (torchcomms' TorchCommNCCL): each communicator owns an
  * internal non-blocking CUDA stream. Posting an operation records an event
@@ -43,6 +45,8 @@ typedef struct tcn_rec {
 
 enum { TCN_ACTIVE = 0, TCN_BROKEN, TCN_ABORTED, TCN_FINALIZED };
 
+struct tcn_rma; /* the one-sided state of a communicator (nccl_window.c) */
+
 typedef struct tcn_comm {
   const tc_backend_host_t *host;
   const tcn_api_t *api;
@@ -65,6 +69,7 @@ typedef struct tcn_comm {
   int state;           /* TCN_* */
   int broken_rc;
   char broken_msg[1024];
+  struct tcn_rma *rma; /* created with the first window, or NULL */
 } tcn_comm_t;
 
 /* Monotonic clock, seconds. */
@@ -113,5 +118,16 @@ int tcn_finalize(void *bcomm, char *err, size_t errlen);
 int tcn_abort(void *bcomm);
 void tcn_destroy(void *bcomm);
 int tcn_supports(void *bcomm, tc_op_type_t type, tc_dtype_t dt, int redop);
+
+/* Window entries (nccl_window.c). */
+int tcn_window_create(void *bcomm, void *buf, size_t bytes, void **bwin, void **base,
+                      void *info, size_t *info_len, char *err, size_t errlen);
+int tcn_window_attach(void *bwin, const void *infos, size_t info_len, char *err,
+                      size_t errlen);
+int tcn_window_op(void *bwin, const tc_backend_win_op_t *op, char *err, size_t errlen);
+void *tcn_window_map(void *bwin, int peer);
+void tcn_window_free(void *bwin);
+/* Releases the communicator's one-sided state (tcn_destroy). */
+void tcn_rma_destroy(tcn_comm_t *c);
 
 #endif /* TC_NCCL_BACKEND_H */

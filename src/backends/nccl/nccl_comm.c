@@ -692,6 +692,7 @@ void tcn_destroy(void *bcomm) {
   if (c->dep) api->cuda.EventDestroy(c->dep);
   if (c->stream) api->cuda.StreamDestroy(c->stream);
   if (c->barrier_buf) api->cuda.Free(c->barrier_buf);
+  tcn_rma_destroy(c);
   tcn_device_leave(c, prev);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);

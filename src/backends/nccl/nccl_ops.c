@@ -461,4 +461,9 @@ TC_API const tc_backend_ops_t tc_backend_table = {
     .post = tcn_post,
     .supports = tcn_supports,
     .split = tcn_split,
+    .window_create = tcn_window_create,
+    .window_attach = tcn_window_attach,
+    .window_op = tcn_window_op,
+    .window_map = tcn_window_map,
+    .window_free = tcn_window_free,
 };

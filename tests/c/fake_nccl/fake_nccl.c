@@ -30,6 +30,9 @@
  *                               ncclFloat8e4m3 / ncclFloat8e5m2 are
  *                               refused below 22400, as by NCCL < 2.24)
  *   TCFAKE_NCCL_TIMEOUT=120     seconds, the cpu communicators' timeout
+ *                               (and how long ncclWaitSignal waits)
+ * Windows and one-sided operations: fake_nccl_win.c (TCFAKE_NCCL_VERSION
+ * below 22700 makes the backend refuse windows, below 22900 put/signal).
  * Built as build/fake_nccl/libtcfake_nccl.so (tests/c/test_nccl.c).
  */
 #include <stdio.h>
@@ -436,6 +439,7 @@ static void fk_join_bg(struct ncclComm *c) {
 
 static void fk_free(struct ncclComm *c) {
   if (c->cpu) tc_comm_destroy(c->cpu); /* aborts it unless finalized */
+  fk_rma_free(c);
   if (c->store) tc_store_release(c->store);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);

@@ -1,6 +1,7 @@
 /* fake_nccl.h -- the fake NCCL's communicator, shared by fake_nccl.c
- * (creation, split, state, premultiplied sums, finalize, abort) and
- * fake_nccl_ops.c (collectives, point to point, groups). See fake_nccl.c. */
+ * (creation, split, state, premultiplied sums, finalize, abort),
+ * fake_nccl_ops.c (collectives, point to point, groups) and fake_nccl_win.c
+ * (ncclMemAlloc, windows, ncclPutSignal / ncclWaitSignal). See fake_nccl.c. */
 #ifndef TC_FAKE_NCCL_H
 #define TC_FAKE_NCCL_H
 
@@ -47,6 +48,7 @@ struct ncclComm {
   double premul[FK_MAX_PREMUL];
   unsigned char premul_used[FK_MAX_PREMUL];
   char last_error[512];
+  struct fk_rma *rma; /* windows and signals (fake_nccl_win.c), or NULL */
 };
 
 /* Records tc_last_error() of a failed library call in c's last error
@@ -54,6 +56,8 @@ struct ncclComm {
 void fk_err(struct ncclComm *c, const char *what, int rc);
 /* Waits until no task of c is queued or running. */
 void fk_drain(struct ncclComm *c);
+/* Releases c's windows and signal counters (fake_nccl_win.c). */
+void fk_rma_free(struct ncclComm *c);
 /* What ncclGetVersion reports: TCFAKE_NCCL_VERSION, by default 22703. */
 int fk_version(void);
 
