@@ -20,6 +20,7 @@
  *                    backend table that runs them, get_backend_impl)
  *   _comms_win.c     one-sided windows: TorchComm.new_window,
  *                    TorchCommWindow (over tc_window_*)
+ *   _comms_winmem.c  tensors over window memory, re-homing, dropped windows
  */
 #ifndef TORCHCOMMS_PY_COMMS_H
 #define TORCHCOMMS_PY_COMMS_H
@@ -374,9 +375,27 @@ TCPY_HIDDEN extern PyMethodDef tcpy_comm_win_methods[];
 /* Readies TorchCommWindow (and its memory type) and adds it to the module;
  * 0 or -1. */
 TCPY_HIDDEN int tcpy_win_ready_types(PyObject *module);
+/* ---- window memory (_comms_winmem.c) ---- */
 /* Frees the C windows of comm whose TorchCommWindow was dropped while
  * registered (freeing is collective, so dealloc defers it): call once comm
- * is finalized or aborted, or before it is destroyed. */
+ * is finalized, aborted or destroyed. */
 TCPY_HIDDEN void tcpy_win_release_orphans(tc_comm_t *comm);
+/* Keeps win (registered, dropped) until tcpy_win_release_orphans(comm);
+ * comm NULL (the communicator is gone): frees it at once. */
+TCPY_HIDDEN void tcpy_win_orphan_add(tc_comm_t *comm, tc_window_t *win);
+/* The torch module (imported on first use; borrowed), or NULL with an
+ * exception. */
+TCPY_HIDDEN PyObject *tcpy_win_torch_mod(void);
+/* A tensor of dtype and shape (numel elements of itemsize bytes) over ptr,
+ * a hold of tc_window_map_ref that the tensor's storage takes over (released
+ * on failure too). */
+TCPY_HIDDEN PyObject *tcpy_win_tensor_over(void *ptr, size_t numel,
+                                           size_t itemsize, PyObject *dtype,
+                                           PyObject *shape);
+/* Points `tensor` at `flat`'s storage (same size and strides) with autograd
+ * off; 0 or -1 with an exception. */
+TCPY_HIDDEN int tcpy_win_rehome(PyObject *tensor, PyObject *flat);
+/* Readies the memory object's type; 0 or -1. */
+TCPY_HIDDEN int tcpy_winmem_ready(void);
 
 #endif /* TORCHCOMMS_PY_COMMS_H */
