@@ -409,6 +409,9 @@ def main_parts():
 
 
 def main_dead():
+    """The survivors post an asynchronous wait_signal on the victim, then tell
+    it (through the store) to die; the wait fails naming it. Later a
+    synchronous wait_signal, a put, a get and a signal to it fail too."""
     victim = N - 1
     comm = torchcomms.new_comm("cpu", torch.device("cpu"), name="dead", rank=RANK, size=N,
                                store=store, timeout=timedelta(seconds=60))
@@ -416,15 +419,33 @@ def main_dead():
     win = comm.new_window(buf)
     comm.barrier(False)
     if RANK == victim:
+        store.wait(["waiting_all"], timedelta(seconds=60))
         os.kill(os.getpid(), signal.SIGKILL)
     PART[0] = "dead"
+    w = win.wait_signal(victim, True)
+    if store.add("waiting", 1) == N - 1:
+        store.set("waiting_all", "1")
     t0 = time.monotonic()
     try:
-        win.wait_signal(victim, False)
-        fail("wait_signal on a dead peer returned")
+        w.wait()
+        fail("an asynchronous wait_signal on a dead peer completed")
     except RuntimeError as e:
         DATA["error"] = str(e)
     DATA["elapsed_s"] = round(time.monotonic() - t0, 3)
+    later = {}
+    for name, fn in (("wait_signal", lambda: win.wait_signal(victim, False)),
+                     ("put", lambda: win.put(torch.ones(4), victim, 0, False)),
+                     ("get", lambda: win.get(torch.ones(4), victim, 0, False)),
+                     ("signal", lambda: win.signal(victim, False))):
+        t1 = time.monotonic()
+        try:
+            fn()
+            later[name] = "no error"
+        except RuntimeError as e:
+            later[name] = str(e)
+        if time.monotonic() - t1 > 10:
+            fail(f"{name} to the dead peer took {time.monotonic() - t1:.1f} s")
+    DATA["later"] = later
     PARTS.append("dead")
     comm.abort()
     win.tensor_deregister()  # the communicator is down: no barrier
