@@ -74,8 +74,7 @@ def main() -> int:
         win.wait_signal(right_rank, async_op=False)
         u = step(u, halo[p:p + 1], halo[2 + p:3 + p])
 
-    comm.barrier(async_op=False)  # nobody frees the window under a put
-    win.tensor_deregister()
+    win.tensor_deregister()  # collective: a barrier first, then the window goes
 
     gathered = [torch.empty(m, dtype=torch.float64) for _ in range(n)]
     comm.all_gather(gathered, u, async_op=False)

@@ -362,6 +362,9 @@ class TorchCommWindow:
     def flush(self, peer_rank: int = -1, async_op: bool = False, hints: _Hints = None,
               timeout: _Timeout = None) -> TorchWork:
         """Not in torchcomms: every put to peer_rank (-1: all) is in place."""
+    def fence(self, hints: _Hints = None, timeout: _Timeout = None) -> None:
+        """Not in torchcomms: collective; every rank's earlier puts are in
+        place everywhere (MPI_Win_fence)."""
     def map_remote_tensor(self, rank: int) -> Any: ...
     def get_attr(self, peer_rank: int) -> TorchCommWindowAttr: ...
     def get_device_window(self, signal_count: int = -1, counter_count: int = -1,

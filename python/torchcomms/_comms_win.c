@@ -181,7 +181,7 @@ static int tcpy_win_bounds(WindowObject *self, const char *op, int peer,
 
 /* The window's calls, run with the GIL released. */
 enum { TCPY_WIN_PUT, TCPY_WIN_GET, TCPY_WIN_SIGNAL, TCPY_WIN_WAIT,
-       TCPY_WIN_FLUSH };
+       TCPY_WIN_FLUSH, TCPY_WIN_FENCE };
 
 /* Runs one window call and returns its TorchWork (holding `refs` while it
  * runs) or NULL with an exception. */
@@ -205,7 +205,8 @@ static PyObject *tcpy_win_call(WindowObject *self, int kind, void *buf,
   case TCPY_WIN_GET: rc = tc_window_get(w, buf, bytes, peer, off, &o.o, wp); break;
   case TCPY_WIN_SIGNAL: rc = tc_window_signal(w, peer, &o.o, wp); break;
   case TCPY_WIN_WAIT: rc = tc_window_wait_signal(w, peer, &o.o, wp); break;
-  default: rc = tc_window_flush(w, peer, &o.o, wp); break;
+  case TCPY_WIN_FLUSH: rc = tc_window_flush(w, peer, &o.o, wp); break;
+  default: rc = tc_window_fence(w, &o.o); break;
   }
   if (rc != TC_OK) snprintf(text, sizeof text, "%s", tc_last_error());
   Py_END_ALLOW_THREADS
@@ -473,6 +474,21 @@ static PyObject *tcpy_win_flush(WindowObject *self, PyObject *args,
   }
   return tcpy_win_call(self, TCPY_WIN_FLUSH, NULL, 0, peer, 0, async_op, hints,
                        timeout, NULL, op);
+}
+
+static PyObject *tcpy_win_fence(WindowObject *self, PyObject *args,
+                                PyObject *kw) {
+  static char *kwlist[] = {"hints", "timeout", NULL};
+  PyObject *hints = Py_None, *timeout = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|OO:fence", kwlist, &hints,
+                                   &timeout))
+    return NULL;
+  if (tcpy_win_ready(self, "fence") < 0) return NULL;
+  PyObject *w = tcpy_win_call(self, TCPY_WIN_FENCE, NULL, 0, -1, 0, 0, hints,
+                              timeout, NULL, "fence");
+  if (!w) return NULL;
+  Py_DECREF(w);
+  Py_RETURN_NONE;
 }
 
 /* ---- mapping and attributes ---- */
@@ -744,6 +760,11 @@ static PyMethodDef tcpy_win_methods[] = {
      "flush(peer_rank=-1, async_op=False, hints=None, timeout=None) -> "
      "TorchWork: returns once every put this rank issued to peer_rank (-1: "
      "to every rank) is in the peer's memory. Not in torchcomms."},
+    {"fence", (PyCFunction)(void (*)(void))tcpy_win_fence,
+     METH_VARARGS | METH_KEYWORDS,
+     "fence(hints=None, timeout=None): collective (MPI_Win_fence): every "
+     "rank's puts before it are in place everywhere when it returns. Not in "
+     "torchcomms."},
     {"map_remote_tensor",
      (PyCFunction)(void (*)(void))tcpy_win_map_remote_tensor,
      METH_VARARGS | METH_KEYWORDS,

@@ -1,6 +1,6 @@
 """One-sided windows from Python (issue 15, point 3): TorchComm.new_window,
 TorchCommWindow (tensor_register, put, get, signal, wait_signal, flush,
-map_remote_tensor, get_attr), TorchCommWinAccessType, on real processes at
+fence, map_remote_tensor, get_attr), TorchCommWinAccessType, on real processes at
 2, 3 and 4 ranks over the transport of the pass (make test runs tests/py
 over shared memory, then with TORCHCOMMS_CPU_TRANSPORT=tcp). The parts are
 in tests/py/workers/windows_worker.py; a dead peer: one rank SIGKILLs
@@ -34,7 +34,7 @@ LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RAN
               "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
               "TORCHELASTIC_RUN_ID", "TORCHCOMM_RANK", "TORCHCOMM_SIZE")
 TIMEOUT = 150
-PARTS = ["random", "rma", "map", "async_wait", "misuse", "hooks"]
+PARTS = ["random", "rma", "map", "async_wait", "fence", "misuse", "hooks"]
 SIZES = [2, 3, 4]
 
 

@@ -16,8 +16,8 @@ Parts (every value checked exactly, on every rank):
   seeded random offsets and sizes; every rank's window has its own size),
   signals it, waits for every peer's signal, then checks its own
   registered tensor (which was moved onto the window memory) and its
-  map_remote_tensor(own rank); after a barrier, gets of random regions of
-  every window. Three rounds: sync, async, sync.
+  map_remote_tensor(own rank); after a barrier (a fence in round 1), gets
+  of random regions of every window. Three rounds: sync, async, sync.
 - rma: torchcomms' WindowRmaTest pattern: put to the next rank, signal it,
   wait for the previous, 10 iterations, async and sync put and signal, for
   float32, int32, int8 and bfloat16, 4 and 1024 elements (and 64 Ki
@@ -31,6 +31,7 @@ Parts (every value checked exactly, on every rank):
   mapping one raises RuntimeError.
 - async_wait: an async wait_signal's TorchWork is not complete until the
   peer signals.
+- fence: puts without signals, then fence (ours): every put is in place.
 - misuse: double register, deregister without register, operations before
   registering, a put beyond the target's window (the target's memory is
   unchanged), bad ranks, negative offsets, a non-contiguous tensor, another
@@ -176,7 +177,10 @@ def part_random(comm):
         eq(f"round {rnd}: the registered tensor", buf, exp)
         eq(f"round {rnd}: map_remote_tensor(own rank)", win.map_remote_tensor(RANK), exp)
         eq(f"round {rnd}: get_tensor is the tensor", win.get_tensor() is buf, True)
-        comm.barrier(False)  # every window is complete
+        if rnd == 1:
+            win.fence()  # every window is complete (ours: MPI_Win_fence)
+        else:
+            comm.barrier(False)  # every window is complete (the waits above)
         for p in range(N):
             e = expected(p)
             off = rng.randrange(0, sizes[p])
@@ -293,6 +297,25 @@ def part_async_wait(comm):
     win.tensor_deregister()
 
 
+def part_fence(comm):
+    """Puts without signals, then fence (ours, MPI_Win_fence): every put is
+    in place everywhere."""
+    buf = torch.full((N * 8,), -1, dtype=torch.int64)
+    win = comm.new_window(buf)
+    for it in range(3):
+        for p in range(N):
+            if p != RANK:
+                win.put(torch.arange(8, dtype=torch.int64) + 100 * RANK + 10_000 * it, p,
+                        RANK * 8, it == 1)
+        win.fence()
+        exp = torch.cat([torch.arange(8, dtype=torch.int64) + 100 * o + 10_000 * it
+                         if o != RANK else torch.full((8,), -1, dtype=torch.int64)
+                         for o in range(N)])
+        eq(f"iteration {it}: after the fence", buf, exp)
+        win.fence()  # everyone has looked before the next puts
+    win.tensor_deregister()
+
+
 def part_misuse(comm):
     nxt = (RANK + 1) % N
     win = comm.new_window()
@@ -393,7 +416,8 @@ def part_hooks(comm):
 
 
 PARTS_ALL = [("random", part_random), ("rma", part_rma), ("map", part_map),
-             ("async_wait", part_async_wait), ("misuse", part_misuse), ("hooks", part_hooks)]
+             ("async_wait", part_async_wait), ("fence", part_fence), ("misuse", part_misuse),
+             ("hooks", part_hooks)]
 
 
 def main_parts():
