@@ -510,6 +510,7 @@ static void win_done_work(tc_window_t *w, const char *opname, double timeout, in
                           tc_work_t **work) {
   tc_work_t *wk = tc__work_alloc(w->comm, opname, timeout);
   if (!wk) return;
+  wk->win_h = (uintptr_t)w->handle; /* a window operation (no hang report) */
   wk->start_time = wk->issue_time;
   tc__work_fail_local(wk, rc, rc == TC_OK ? NULL : tc_last_error());
   *work = tc__work_handle(wk);

@@ -53,6 +53,7 @@ tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
   w->timeout_s = timeout_s;
   memset(&w->op, 0, sizeof w->op);
   w->drive = NULL;
+  w->win_h = 0;
   w->msg[0] = 0;
   w->handle = (tc_work_t *)tc__htable_open(&work_table, idx);
   return w;
@@ -113,7 +114,10 @@ static int explainable(int rc) { return rc == TC_ERR_TIMEOUT || rc == TC_ERR_REM
 static int work_finish(tc_work_t *w, int rc, const char *msg) {
   tc_comm_t *c = w->comm;
   char report[1024] = "";
-  if (rc != TC_OK && c && explainable(rc) && !status_terminal(atomic_load(&w->status)))
+  /* a window operation (win_h set) is between two ranks and outside the
+   * operation sequence: no report of who is behind */
+  if (rc != TC_OK && c && explainable(rc) && !w->win_h &&
+      !status_terminal(atomic_load(&w->status)))
     tc__hang_report(c, w, report, sizeof report);
   pthread_mutex_lock(&w->mu);
   int st = atomic_load(&w->status);
