@@ -284,3 +284,31 @@ static void hold_rank(tc_ctx_t *ctx) {
 }
 
 TC_TEST(window_map_ref_outlives_free) { tc_spawn(2, hold_rank, NULL, 60); }
+
+/* Large puts and gets (split between the caller and the window's copy
+ * helper above 8 MiB): every byte where it belongs, both directions. */
+static void large_rank(tc_ctx_t *ctx) {
+  tc_comm_t *c = tc_ctx_comm(ctx, "win", NULL);
+  int peer = 1 - ctx->rank;
+  size_t n = ((size_t)24 << 20) + 4099; /* not a multiple of the pieces */
+  tc_window_t *w = NULL;
+  TC_ASSERT_OK(tc_window_create(c, NULL, n + 64, NULL, &w));
+  unsigned char *src = tc_xmalloc(n), *got = tc_xmalloc(n);
+  for (size_t i = 0; i < n; i++) src[i] = (unsigned char)(i * 7 + ctx->rank * 3 + (i >> 20));
+  TC_ASSERT_OK(tc_window_put(w, src, n, peer, 64, NULL, NULL));
+  TC_ASSERT_OK(tc_window_signal(w, peer, NULL, NULL));
+  TC_ASSERT_OK(tc_window_wait_signal(w, peer, NULL, NULL));
+  const unsigned char *mem = tc_window_base(w);
+  for (size_t i = 0; i < n; i++)
+    if (mem[64 + i] != (unsigned char)(i * 7 + peer * 3 + (i >> 20)))
+      TC_ASSERT_EQ(mem[64 + i], (unsigned char)(i * 7 + peer * 3 + (i >> 20)));
+  TC_ASSERT_OK(tc_window_get(w, got, n, peer, 64, NULL, NULL));
+  TC_ASSERT(memcmp(got, src, n) == 0);
+  TC_ASSERT_OK(tc_window_free(w));
+  free(src);
+  free(got);
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  tc_comm_destroy(c);
+}
+
+TC_TEST(window_large_put_get) { tc_spawn(2, large_rank, NULL, 120); }

@@ -107,6 +107,9 @@ typedef struct cpu_win {
   int th_started;
   int *ifd;             /* [size] the peers' connections to our service */
   double spin_s;
+  /* the copy helper: a thread that takes part in large copies */
+  struct win_copier *cp;
+  pthread_mutex_t cpmu; /* one large copy at a time */
 } cpu_win_t;
 
 static void futex_wait(_Atomic uint32_t *w, uint32_t v, double secs) {
@@ -149,6 +152,127 @@ static void release_munmap(void *p, size_t len) { munmap(p, len); }
 static void release_free(void *p, size_t len) {
   (void)len;
   free(p);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Large copies                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* A copy beyond the last-level cache is bound by one core's memory
+ * bandwidth (measured here: 10.5 GB/s for 16 MiB on one thread, 16 GB/s on
+ * two). A put or get of at least WIN_SPLIT_BYTES into a mapped window is
+ * therefore cut into WIN_SPLIT_CHUNK pieces that the caller and a helper
+ * thread (one per window, started at the first such copy) take in turn
+ * under a lock. The caller never waits for a piece nobody has started: when
+ * the helper is not running (a busy machine), the caller copies every piece
+ * itself, and waits at most for the one piece the helper is copying. */
+#define WIN_SPLIT_BYTES (8u << 20)
+#define WIN_SPLIT_CHUNK (512u << 10)
+
+typedef struct win_copier {
+  pthread_t th;
+  pthread_mutex_t mu;
+  pthread_cond_t go, fin;
+  uint64_t gen;      /* the current job */
+  int stop;
+  char *dst;
+  const char *src;
+  size_t n, next, done;
+} win_copier_t;
+
+/* Takes the next piece of job `gen` (mu held): 1 with *off and *len. */
+static int cp_take(win_copier_t *k, uint64_t gen, size_t *off, size_t *len) {
+  if (k->gen != gen || k->next >= k->n) return 0;
+  *off = k->next;
+  *len = k->n - k->next < WIN_SPLIT_CHUNK ? k->n - k->next : WIN_SPLIT_CHUNK;
+  k->next += *len;
+  return 1;
+}
+
+/* Copies the pieces it can take of job `gen`; mu held on entry and exit. */
+static void cp_work(win_copier_t *k, uint64_t gen) {
+  size_t off, len;
+  while (cp_take(k, gen, &off, &len)) {
+    char *d = k->dst + off;
+    const char *s = k->src + off;
+    pthread_mutex_unlock(&k->mu);
+    memcpy(d, s, len);
+    pthread_mutex_lock(&k->mu);
+    k->done += len;
+    if (k->done == k->n) pthread_cond_broadcast(&k->fin);
+  }
+}
+
+static void *cp_main(void *arg) {
+  win_copier_t *k = arg;
+  pthread_mutex_lock(&k->mu);
+  uint64_t seen = k->gen;
+  for (;;) {
+    while (k->gen == seen && !k->stop) pthread_cond_wait(&k->go, &k->mu);
+    if (k->stop) break;
+    seen = k->gen;
+    cp_work(k, seen);
+  }
+  pthread_mutex_unlock(&k->mu);
+  return NULL;
+}
+
+static void cp_stop(win_copier_t *k) {
+  if (!k) return;
+  pthread_mutex_lock(&k->mu);
+  k->stop = 1;
+  pthread_cond_broadcast(&k->go);
+  pthread_mutex_unlock(&k->mu);
+  pthread_join(k->th, NULL);
+  pthread_mutex_destroy(&k->mu);
+  pthread_cond_destroy(&k->go);
+  pthread_cond_destroy(&k->fin);
+  free(k);
+}
+
+/* memcpy(dst, src, n), split with the window's helper when it is large
+ * and the machine has a core for it. */
+static void win_copy(cpu_win_t *w, char *dst, const char *src, size_t n) {
+  static int cores = 0;
+  if (!cores) cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (n < WIN_SPLIT_BYTES || cores < 2 || w->spin_s <= 0) { /* spin_s 0: oversubscribed */
+    memcpy(dst, src, n);
+    return;
+  }
+  pthread_mutex_lock(&w->cpmu);
+  if (!w->cp) {
+    win_copier_t *k = calloc(1, sizeof *k);
+    if (k) {
+      pthread_mutex_init(&k->mu, NULL);
+      pthread_cond_init(&k->go, NULL);
+      pthread_cond_init(&k->fin, NULL);
+      if (pthread_create(&k->th, NULL, cp_main, k) != 0) {
+        pthread_mutex_destroy(&k->mu);
+        pthread_cond_destroy(&k->go);
+        pthread_cond_destroy(&k->fin);
+        free(k);
+        k = NULL;
+      }
+    }
+    w->cp = k;
+  }
+  win_copier_t *k = w->cp;
+  if (!k) {
+    pthread_mutex_unlock(&w->cpmu);
+    memcpy(dst, src, n);
+    return;
+  }
+  pthread_mutex_lock(&k->mu);
+  uint64_t gen = ++k->gen;
+  k->dst = dst;
+  k->src = src;
+  k->n = n;
+  k->next = k->done = 0;
+  pthread_cond_signal(&k->go);
+  cp_work(k, gen);
+  while (k->done < k->n) pthread_cond_wait(&k->fin, &k->mu);
+  pthread_mutex_unlock(&k->mu);
+  pthread_mutex_unlock(&w->cpmu);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -257,6 +381,7 @@ int tc__cpu_win_create(void *bcomm, void *buf, size_t bytes, void **bwin, void *
   w->size = c->size;
   w->shm = c->shm;
   w->lfd = w->wake = -1;
+  pthread_mutex_init(&w->cpmu, NULL);
   int n = c->size;
   w->info = calloc((size_t)n, sizeof *w->info);
   w->mode = calloc((size_t)n, sizeof *w->mode);
@@ -420,6 +545,8 @@ void tc__cpu_win_free(void *bwin) {
   if (w->area) tc__winmem_unref(w->area);
   if (w->omu)
     for (int p = 0; p < n; p++) pthread_mutex_destroy(&w->omu[p]);
+  cp_stop(w->cp);
+  pthread_mutex_destroy(&w->cpmu);
   free(w->info);
   free(w->mode);
   free(w->parea);
@@ -566,8 +693,8 @@ int tc__cpu_win_op(void *bwin, const tc_backend_win_op_t *op, char *err, size_t 
   switch (w->mode[p]) {
   case WIN_MAP: {
     char *dst = w->parea[p] + w->info[p].data_off + op->offset;
-    if (op->kind == TC_WIN_PUT) memcpy(dst, op->buf, op->bytes);
-    else if (op->kind == TC_WIN_GET) memcpy(op->buf, dst, op->bytes);
+    if (op->kind == TC_WIN_PUT) win_copy(w, dst, op->buf, op->bytes);
+    else if (op->kind == TC_WIN_GET) win_copy(w, op->buf, dst, op->bytes);
     break;
   }
   case WIN_CMA:
