@@ -333,8 +333,12 @@ int tc_window_create(tc_comm_t *c, void *buf, size_t bytes, const tc_op_options_
   /* the core's own copies (memmove) need host memory: on a device
    * communicator ("cuda": the nccl backend) window memory is device memory,
    * and every operation goes through the backend */
-  for (int r = 0; r < c->size && win_host(c); r++)
+  for (int r = 0; r < c->size && win_host(c); r++) {
     w->map[r] = r == c->rank ? (w->sizes[r] ? w->base : NULL) : c->ops->window_map(w->bwin, r);
+    /* the core's own hold on a peer's mapping: it stays mapped until
+     * tc_window_free even when an abort releases the backend's side */
+    if (w->map[r] && r != c->rank && winmem_ref(w->map[r]) != TC_OK) w->map[r] = NULL;
+  }
   free(mine);
   free(all);
 
@@ -407,6 +411,8 @@ int tc_window_free(tc_window_t *win) {
     }
   if (!atomic_load(&win->dead)) win_release_backend(win, "the window was freed");
   pthread_mutex_unlock(&c->win_mu);
+  for (int r = 0; r < win->size && win->map; r++)
+    if (win->map[r] && r != win->rank) tc__winmem_unref(win->map[r]);
   free(win->sizes);
   free((void *)win->expected);
   free(win->map);
@@ -543,6 +549,25 @@ static int win_now(tc_window_t *h, tc_win_kind_t kind, const char *fn, void *buf
                    int peer, size_t offset, const tc_op_options_t *o, tc_work_t **work) {
   tc_window_t *w = h;
   if (work) *work = NULL;
+  TC_CHECK(win_enter(&w, fn));
+  if (!o && !work && kind != TC_WIN_SIGNAL && peer >= 0 && peer < w->size && w->map &&
+      w->map[peer] && bytes < TC_WIN_FAST_BYTES &&
+      !atomic_load_explicit(&w->dead, memory_order_relaxed) &&
+      __atomic_load_n(&w->comm->state, __ATOMIC_ACQUIRE) == TC_STATE_ACTIVE) {
+    /* the common case, without the in-flight count: a window mapped here
+     * (the core holds the mapping until tc_window_free, so a concurrent
+     * abort cannot unmap it under the copy): a small put or get is a copy
+     * and a flush has nothing to wait for. Anything wrong takes the full
+     * path below, which says what. */
+    if (kind == TC_WIN_FLUSH) return TC_OK;
+    size_t have = w->sizes[peer];
+    if ((buf || !bytes) && offset <= have && bytes <= have - offset) {
+      if (kind == TC_WIN_PUT) memmove(w->map[peer] + offset, buf, bytes);
+      else memmove(buf, w->map[peer] + offset, bytes);
+      return TC_OK;
+    }
+  }
+  w = h;
   TC_CHECK(win_op_enter(&w, fn, o));
   int rc = win_peer(w, fn, peer, kind == TC_WIN_FLUSH);
   if (rc == TC_OK && (kind == TC_WIN_PUT || kind == TC_WIN_GET)) {
