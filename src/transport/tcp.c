@@ -434,3 +434,7 @@ const tc_transport_ops_t tc__tcp_transport = {
     .leave = tc__tcp_leave,
     .describe = tcp_describe,
 };
+
+double tc__tcp_poll_spin_s(const tc_transport_ops_t *ops, void *tp) {
+  return ops == &tc__tcp_transport && tp ? ((const tcp_t *)tp)->poll_spin_s : 0;
+}

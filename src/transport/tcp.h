@@ -14,6 +14,11 @@
  * overrides). Exchanges are in tcp.c. */
 TC_INTERNAL extern const tc_transport_ops_t tc__tcp_transport;
 
+/* The TCP transport's busy-poll budget before sleeping in poll, seconds
+ * (TORCHCOMMS_CPU_TCP_SPIN_US, default the machine's spin policy); 0 when
+ * (ops, tp) is another transport. */
+TC_INTERNAL double tc__tcp_poll_spin_s(const tc_transport_ops_t *ops, void *tp);
+
 /* ---- sockets of the one-sided window service (tcp_winsock.c) ---- */
 
 /* Listens on an ephemeral port of the address this rank publishes

@@ -40,6 +40,8 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -279,6 +281,20 @@ static void win_copy(cpu_win_t *w, char *dst, const char *src, size_t n) {
 /* The service                                                               */
 /* ------------------------------------------------------------------------ */
 
+/* Busy-polls fds (poll with no timeout) for up to spin_s seconds: 1 once
+ * one is ready, 0 when the budget is spent. A thread wake-up costs tens of
+ * microseconds on a virtual machine; a round trip of a flush or a get pays
+ * two of them without this. */
+static int spin_ready(struct pollfd *pf, nfds_t n, double spin_s) {
+  if (spin_s <= 0) return 0;
+  double until = tc__now() + spin_s;
+  do {
+    if (poll(pf, n, 0) > 0) return 1;
+    sched_yield();
+  } while (tc__now() < until);
+  return 0;
+}
+
 static void svc_drop(cpu_win_t *w, int p, int clean) {
   if (w->ifd[p] >= 0) close(w->ifd[p]);
   w->ifd[p] = -1;
@@ -333,7 +349,7 @@ static void *svc_main(void *arg) {
         who[k] = p;
         pf[k++] = (struct pollfd){.fd = w->ifd[p], .events = POLLIN};
       }
-    if (poll(pf, (nfds_t)k, -1) < 0) {
+    if (!spin_ready(pf, (nfds_t)k, w->spin_s) && poll(pf, (nfds_t)k, -1) < 0) {
       if (errno == EINTR) continue;
       break;
     }
@@ -341,6 +357,8 @@ static void *svc_main(void *arg) {
     if (pf[1].revents & POLLIN) {
       int fd = accept4(w->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd >= 0) {
+        int one = 1; /* a flush's answer or a get's data go out at once */
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         /* the hello: {magic, MSG_HELLO, rank, 0}, sent right after connect */
         win_msg_t m;
         char err[64];
@@ -432,7 +450,7 @@ int tc__cpu_win_create(void *bcomm, void *buf, size_t bytes, void **bwin, void *
   w->sig = (_Atomic uint64_t *)(w->area + WIN_HDR_BYTES);
   w->mem = buf ? buf : w->area + w->data_off;
   w->bytes = bytes;
-  w->spin_s = w->shm ? tc__shm_spin_s(w->shm) : 0;
+  w->spin_s = w->shm ? tc__shm_spin_s(w->shm) : tc__tcp_poll_spin_s(c->tp_ops, c->tp);
   if (w->spin_s > WIN_SPIN_CAP_S) w->spin_s = WIN_SPIN_CAP_S;
   /* the service */
   win_info_t *me = &w->info[w->rank];
@@ -600,6 +618,8 @@ static int net_send(cpu_win_t *w, int p, uint32_t kind, uint64_t off, const void
 static int net_recv(cpu_win_t *w, int p, void *data, size_t len, const tc_backend_win_op_t *op,
                     char *err, size_t errlen) {
   char why[160];
+  struct pollfd pf = {.fd = w->ofd[p], .events = POLLIN};
+  spin_ready(&pf, 1, w->spin_s); /* the answer is usually microseconds away */
   int rc = tc__winsock_io(w->ofd[p], 0, data, len, op->deadline, w->c->wake_fd, why, sizeof why);
   if (rc == TC_ERR_REMOTE) return peer_gone(w, p, op->opname, err, errlen);
   if (rc == TC_ERR_TIMEOUT)
