@@ -125,6 +125,8 @@ struct tc_work {
    * 0: look once; 1: wait until limit, 0 = the work's deadline), which
    * finishes it with tc__work_fail_local; NULL for every other work */
   void (*drive)(tc_work_t *w, int block, double limit);
+  _Atomic int posting; /* inside the backend's post call (tc__op_issue): a start
+                * reported now is the issue time (no second clock read) */
   uintptr_t win_h; /* the window's handle */
   int win_peer;
   uint64_t win_target;

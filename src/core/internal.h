@@ -28,6 +28,10 @@ TC_INTERNAL int tc__set_error_text(int rc, const char *text);
 
 /* Monotonic clock, seconds (clock.c). */
 TC_INTERNAL double tc__now(void);
+/* The same clock at the kernel tick's resolution (a few ms; never ahead of
+ * tc__now): a third of tc__now's cost (11 vs 29 ns measured here). For
+ * deadlines of seconds, computed once per operation. */
+TC_INTERNAL double tc__now_coarse(void);
 
 /* ---- logging (log.c, log_op.c; docs/logging.md) ----
  * Levels TC_LOG_ERROR (0) .. TC_LOG_TRACE (4) (TORCHCOMMS_LOG, default

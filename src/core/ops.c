@@ -260,7 +260,8 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
       op->backend_arg = opts->backend_arg;
   }
   atomic_fetch_add(&w->refs, 1); /* the backend's reference */
-  char why[768] = "";
+  char why[768];
+  why[0] = 0; /* not "= {0}": zeroing it all costs ~10% of a small operation */
   pthread_mutex_lock(&c->mu);
   int rc;
   if (c->state != TC_STATE_ACTIVE) {
@@ -284,7 +285,9 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
         tc__op_info(w, &info);
         tc__log_op("issue", &info);
       }
+      atomic_store_explicit(&w->posting, 1, memory_order_relaxed);
       rc = c->ops->post(c->bcomm, op, w, why, sizeof why);
+      atomic_store_explicit(&w->posting, 0, memory_order_relaxed);
       if (rc != TC_OK) tc__fr_update(w, TC_FR_FAILED);
     }
   }

@@ -53,6 +53,7 @@ tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
   w->timeout_s = timeout_s;
   memset(&w->op, 0, sizeof w->op);
   w->drive = NULL;
+  atomic_store_explicit(&w->posting, 0, memory_order_relaxed);
   w->win_h = 0;
   w->msg[0] = 0;
   w->handle = (tc_work_t *)tc__htable_open(&work_table, idx);
@@ -113,7 +114,8 @@ static int explainable(int rc) { return rc == TC_ERR_TIMEOUT || rc == TC_ERR_REM
  * recorder is dumped (when a dump file is set) and the post hooks run. */
 static int work_finish(tc_work_t *w, int rc, const char *msg) {
   tc_comm_t *c = w->comm;
-  char report[1024] = "";
+  char report[1024];
+  report[0] = 0; /* not zero-filled: this runs for every operation */
   /* a window operation (win_h set) is between two ranks and outside the
    * operation sequence: no report of who is behind */
   if (rc != TC_OK && c && explainable(rc) && !w->win_h &&
@@ -199,7 +201,8 @@ void tc__work_fail_local(tc_work_t *w, int rc, const char *msg) {
 
 static void host_work_started(tc_work_t *w) {
   pthread_mutex_lock(&w->mu);
-  w->start_time = tc__now();
+  w->start_time = atomic_load_explicit(&w->posting, memory_order_relaxed) ? w->issue_time
+                                                                         : tc__now();
   if (atomic_load(&w->status) == TC_WORK_NOT_STARTED)
     atomic_store(&w->status, TC_WORK_INPROGRESS);
   pthread_cond_broadcast(&w->cv);
