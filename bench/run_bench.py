@@ -417,7 +417,7 @@ def main():
 
     if colls_c:
         print_targets(get, ranks_c, [c for c in colls_c if c in COLLS], memmed)
-        anchor_report(get, anchors, astatus, ranks_c, colls_c)
+        anchor_report(get, anchors, astatus, askip, ranks_c, colls_c)
     if wcolls:
         window_report(get, wcolls, impls, osc)
     if not a.no_plot:
@@ -428,7 +428,7 @@ def main():
     return 1 if failures else 0
 
 
-def anchor_report(get, anchors, astatus, ranks, colls):
+def anchor_report(get, anchors, astatus, askip, ranks, colls):
     """One ratio table per anchor (bench/results/ratios_<anchor>.csv)."""
     for a, why in astatus.items():
         if why is not None:
@@ -451,6 +451,9 @@ def anchor_report(get, anchors, astatus, ranks, colls):
     for a in anchors:
         at = a + "-tcp"
         print(f"\n# anchor {a}: {BA.LABEL[a]}; '{a}' shared memory, '{at}' TCP (run_anchor.sh {a} ... [tcp])")
+        for (x, coll, n), why in sorted(askip.items()):
+            if x == a:
+                print(f"#   not measured: {coll} at {n} ranks: {why}")
         print(f"{'ours/best':>9} {'best':<10}{'ranks':>5} {'collective':<15}{'size':>6} {'ours us':>9} "
               f"{(a + ' us'):>12} {('x ' + a):>10} {'tcp us':>9} {(at + ' us'):>14} {('tcp x ' + at):>14} "
               f"{'tcp/best':>9} note")
@@ -607,11 +610,18 @@ def plot(med, memmed, ranks, colls, impls):
         if not ncolls:
             continue
         fig, axes = plt.subplots(1, len(ncolls), figsize=(4.2 * len(ncolls), 4), squeeze=False)
+        colour = {}
         for ax, coll in zip(axes[0], ncolls):
             for impl in impls:
                 pts = sorted((s, v[1]) for (i, nn, c, s), v in med.items() if i == impl and nn == n and c == coll)
                 if pts:
-                    ax.plot([p[0] for p in pts], [max(p[1], 1e-7) for p in pts], marker=".", label=impl)
+                    # one colour per library, TCP dashed; ours thick
+                    base = "ours" if impl in ("ours-c", "ours-tcp") else impl[:-4] if impl.endswith("-tcp") \
+                        else "mpi" if impl == "mpi-shm" else impl
+                    ax.plot([p[0] for p in pts], [max(p[1], 1e-7) for p in pts], marker=".", label=impl,
+                            color=colour.setdefault(base, f"C{len(colour) % 10}"),
+                            linestyle="--" if impl.endswith("-tcp") else "-",
+                            linewidth=2.2 if base == "ours" else 1.0)
             if memmed:
                 pts = sorted(memmed.items())
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], "k:", label="memcpy")
