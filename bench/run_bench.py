@@ -14,6 +14,19 @@ each rank count and each collective, it measures over 8 B and 16 B .. 64 MiB
               shared memory)
   mpi-tcp     the same with --mca btl self,tcp
   memcpy      ../shared/bench/memcpy_bw.c (one thread, once per run)
+  ompi mpich impi ccl (ccl-mpi ccl-impi)
+              the PyPI-wheel anchors of ../shared/bench/anchors/run_anchor.sh
+              (Open MPI 5, MPICH 5, Intel MPI, oneCCL), each as A (shared
+              memory) and A-tcp; --anchors / BENCH_ANCHORS picks them
+              (default ompi,mpich,impi,ccl; "none": no anchor); installed
+              once into $ANCHOR_CACHE (default /tmp/anchor-cache) and reused.
+              One ratio table per anchor, "ours / best anchor" first
+              (bench/bench_anchors.py).
+
+send_recv (point-to-point): tcperf -c send_recv (every rank sends to r+1
+and receives from r-1 in one batch) against bench/mpi_sendrecv.c's
+MPI_Sendrecv of the same pattern, built with each MPI (Debian's and the
+anchors' Open MPI, MPICH, Intel MPI).
 
 One-sided windows ("put" and "get", 2 ranks only; rank 0 the origin, rank 1
 the target; see docs/benchmarks.md), in the same runs and the same CSVs:
@@ -38,8 +51,9 @@ the target; see docs/benchmarks.md), in the same runs and the same CSVs:
 Iterations follow the anchors' rule for everyone (1000 below 64 KiB, 100
 below 4 MiB, 10 from 4 MiB; 5 warm-up). Writes bench/results/raw.csv (every
 row of every run), bench/results/median.csv (median over runs),
-bench/results/ratios.csv, bench/results/busbw_<N>ranks.png, and prints one
-table of ratios and the issue's targets with PASS/MISS.
+bench/results/ratios.csv, bench/results/ratios_<anchor>.csv,
+bench/results/busbw_<N>ranks.png, and prints the tables of ratios and the
+issues' targets with PASS/MISS.
 """
 import argparse
 import csv
@@ -51,11 +65,14 @@ import subprocess
 import sys
 import time
 
+import bench_anchors as BA
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ANCHORS = os.path.normpath(os.environ.get("TC_BENCH_ANCHORS", os.path.join(ROOT, "..", "shared", "bench")))
 BUILD = os.environ.get("TC_BUILD_DIR", os.path.join(ROOT, "build"))
 OUT = os.path.join(ROOT, "bench", "results")
 COLLS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
+P2P_COLLS = ["send_recv"]  # point-to-point: tcperf -c send_recv, bench/mpi_sendrecv.c
 WIN_COLLS = ["put", "get"]  # one-sided windows: 2 ranks only
 MPI_NAME = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reduce_scatter",
             "broadcast": "bcast", "all_to_all": "alltoall"}
@@ -107,6 +124,7 @@ def busbw(coll, n, size, time_us):
 def run_cmd(cmd, env=None, timeout=600):
     e = dict(os.environ, OMP_NUM_THREADS="1")
     e.update(env or {})
+    e = {k: v for k, v in e.items() if v is not None}  # None: unset
     t0 = time.time()
     p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
@@ -126,11 +144,17 @@ def applies(impl, coll, n):
     """Whether impl measures coll at n ranks."""
     if coll in WIN_COLLS:
         return n == 2 and impl in WIN_IMPLS
+    if coll in P2P_COLLS and impl == "gloo":
+        return False  # gloo_perf.py has no send/recv
     return impl in COLL_IMPLS
+
+
+OVERSUB_SEEN = set()  # (impl, ranks) the anchor script marked OVERSUBSCRIBED
 
 
 def measure(impl, coll, n, tools):
     rows = {}
+    anchor = BA.split_impl(impl)
     for lo, hi in size_ranges():
         # the previous job's processes may still be exiting (mpirun's daemons,
         # torch's workers): a sub-millisecond 8 B measurement must not share
@@ -142,12 +166,22 @@ def measure(impl, coll, n, tools):
                    "-f", "4", "-n", "0", "-w", "5", "-t", "120"]
             env = {"TORCHCOMMS_CPU_TRANSPORT": "tcp"} if impl == "ours-tcp" else None
             out, _ = run_cmd(cmd, env)
+        elif anchor:
+            env, cmd = BA.measure_cmd(impl, coll, n, lo, hi, ANCHORS, tools["p2p"])
+            # GNU nproc honours OMP_NUM_THREADS: the script counts cores with it
+            env["OMP_NUM_THREADS"] = None
+            out, _ = run_cmd(cmd, env, timeout=BA.RUN_TIMEOUT + 60)
+            if "OVERSUBSCRIBED" in out or (coll in P2P_COLLS and BA.oversubscribed(n)):
+                OVERSUB_SEEN.add((impl, n))
         elif impl == "gloo":
             cmd = [tools["python"], os.path.join(ANCHORS, "gloo_perf.py"), "--nproc", str(n), "--coll", coll,
                    "--min-bytes", str(lo), "--max-bytes", str(hi), "--factor", "4", "--port", str(free_port())]
             out, _ = run_cmd(cmd)
         elif coll in WIN_COLLS:
             cmd = [*MPIRUN, *MPI_WIN_OPTS[impl], "-np", str(n), tools["mpi_rma_perf"], coll, str(lo), str(hi)]
+            out, _ = run_cmd(cmd)
+        elif coll in P2P_COLLS:
+            cmd = [*MPIRUN, *MPI_OPTS[impl], "-np", str(n), tools["mpi_sendrecv"], "sendrecv", str(lo), str(hi)]
             out, _ = run_cmd(cmd)
         else:
             cmd = [*MPIRUN, *MPI_OPTS[impl], "-np", str(n), tools["mpi_perf"], MPI_NAME[coll], str(lo), str(hi)]
@@ -176,7 +210,8 @@ def build_tools(skip_mpi):
              "python": sys.executable,
              "memcpy_bw": os.path.join(BUILD, "bench", "memcpy_bw"),
              "mpi_perf": os.path.join(BUILD, "bench", "mpi_perf"),
-             "mpi_rma_perf": os.path.join(BUILD, "bench", "mpi_rma_perf")}
+             "mpi_rma_perf": os.path.join(BUILD, "bench", "mpi_rma_perf"),
+             "mpi_sendrecv": os.path.join(BUILD, "bench", "mpi_sendrecv"), "p2p": {}}
     for t in ("tcrun", "tcperf"):
         if not os.access(tools[t], os.X_OK):
             sys.exit(f"bench: {tools[t]} is missing: run `make build` first")
@@ -190,6 +225,8 @@ def build_tools(skip_mpi):
                      "openmpi-bin and libopenmpi-dev; or pass --no-mpi")
         subprocess.run(["mpicc", "-O2", "-o", tools["mpi_perf"], os.path.join(ANCHORS, "mpi_perf.c")], check=True)
         subprocess.run(["mpicc", "-O2", "-o", tools["mpi_rma_perf"], os.path.join(ROOT, "bench", "mpi_rma_perf.c")],
+                       check=True)
+        subprocess.run(["mpicc", "-O2", "-o", tools["mpi_sendrecv"], os.path.join(ROOT, "bench", "mpi_sendrecv.c")],
                        check=True)
     return tools
 
@@ -252,8 +289,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=int(os.environ.get("BENCH_RUNS", "3")))
     ap.add_argument("--ranks", default=os.environ.get("BENCH_RANKS", "2,4"))
-    ap.add_argument("--colls", default=os.environ.get("BENCH_COLLS", ",".join(COLLS + WIN_COLLS)),
-                    help="collectives and/or put,get (--colls put,get: the window part alone)")
+    ap.add_argument("--colls", default=os.environ.get("BENCH_COLLS", ",".join(COLLS + P2P_COLLS + WIN_COLLS)),
+                    help="collectives, send_recv and/or put,get (--colls put,get: the window part alone)")
+    ap.add_argument("--anchors", default=os.environ.get("BENCH_ANCHORS", BA.DEFAULT),
+                    help=f"PyPI-wheel anchors, comma separated, of {', '.join(BA.KNOWN)}; 'none' for none "
+                         f"(default {BA.DEFAULT}; env BENCH_ANCHORS)")
     ap.add_argument("--impls", default=os.environ.get("BENCH_IMPLS", ",".join(IMPLS)))
     ap.add_argument("--max-size", type=int, default=int(os.environ.get("BENCH_MAX_SIZE", str(SIZES[-1]))),
                     help="largest size in bytes (default 64 MiB; smaller for a quick check)")
@@ -264,9 +304,13 @@ def main():
     SIZES[:] = [s for s in SIZES if s <= a.max_size] or [8]
     colls = [c for c in a.colls.split(",") if c]
     impls = [i for i in a.impls.split(",") if i and not (a.no_mpi and i.startswith("mpi"))]
+    try:
+        anchors = BA.parse_list(a.anchors)
+    except ValueError as e:
+        sys.exit(f"bench: {e}")
     for c in colls:
-        if c not in COLLS + WIN_COLLS:
-            sys.exit(f"bench: unknown collective {c!r} (one of {', '.join(COLLS + WIN_COLLS)})")
+        if c not in COLLS + P2P_COLLS + WIN_COLLS:
+            sys.exit(f"bench: unknown collective {c!r} (one of {', '.join(COLLS + P2P_COLLS + WIN_COLLS)})")
     for i in impls:
         if i not in IMPLS:
             sys.exit(f"bench: unknown implementation {i!r} (one of {', '.join(IMPLS)})")
@@ -278,6 +322,14 @@ def main():
         ranks = sorted(set(ranks) | {2})
     tools = build_tools(a.no_mpi or not any(i.startswith("mpi") for i in impls))
     os.makedirs(OUT, exist_ok=True)
+    # the anchors: installed (first use) and checked once, before any timing
+    astatus = {}
+    if anchors and colls_c:
+        astatus, tools["p2p"] = BA.prepare(anchors, ANCHORS, log)
+    anchors = [x for x in anchors if astatus.get(x, "") is None]
+    aimpls = BA.impl_names(anchors)
+    force_oversub = os.environ.get("BENCH_OVERSUB", "") not in ("", "0")
+    askip = {}  # (impl, coll, n) -> why not measured
     osc = {}
     if wcolls and not a.no_mpi:
         osc = probe_osc(impls, tools)
@@ -287,7 +339,7 @@ def main():
             for c in WIN_COLLS}
 
     raw, mem = {}, {}
-    failures = []
+    failures, afailures = [], []
     t_start = time.time()
     for run in range(1, a.runs + 1):
         for size, bw in memcpy_rows(tools).items():
@@ -296,13 +348,21 @@ def main():
             for coll in colls:
                 if (n != 2) if coll in WIN_COLLS else (n not in ranks_c):
                     continue
-                for impl in impls:
-                    if not applies(impl, coll, n) or (impl, coll) in skip:
+                for impl in impls + (aimpls if coll not in WIN_COLLS else []):
+                    if impl in aimpls:
+                        why = BA.applies(impl, coll, n, astatus, tools["p2p"], force_oversub)
+                        if why:
+                            if run == 1 and (BA.split_impl(impl)[0], coll, n) not in askip:
+                                askip[(BA.split_impl(impl)[0], coll, n)] = why
+                                log(f"bench: {BA.split_impl(impl)[0]} {coll} n={n}: not measured: {why}")
+                            continue
+                    elif not applies(impl, coll, n) or (impl, coll) in skip:
                         continue
                     try:
                         rows = measure(impl, coll, n, tools)
                     except (RuntimeError, subprocess.TimeoutExpired) as e:
-                        failures.append(f"run {run} {impl} {coll} n={n}: {e}")
+                        # an anchor that fails is reported, not a failed bench
+                        (afailures if impl in aimpls else failures).append(f"run {run} {impl} {coll} n={n}: {e}")
                         log(f"bench: FAILED {impl} {coll} n={n}: {str(e)[:300]}")
                         continue
                     for size, v in rows.items():
@@ -357,15 +417,76 @@ def main():
         w.writerows(rrows)
 
     if colls_c:
-        print_targets(get, ranks_c, colls_c, memmed)
+        print_targets(get, ranks_c, [c for c in colls_c if c in COLLS], memmed)
+        anchor_report(get, anchors, astatus, askip, ranks_c, colls_c)
     if wcolls:
         window_report(get, wcolls, impls, osc)
     if not a.no_plot:
-        plot(med, memmed, ranks, colls, impls)
+        plot(med, memmed, ranks, colls, impls + aimpls)
     for f in failures:
         log("bench: failed: " + f.splitlines()[0])
+    for f in afailures:
+        log("bench: anchor failed (left out of its points): " + f.splitlines()[0])
     log(f"bench: results in {OUT} ({time.time() - t_start:.0f} s)")
     return 1 if failures else 0
+
+
+def anchor_report(get, anchors, astatus, askip, ranks, colls):
+    """One ratio table per anchor (bench/results/ratios_<anchor>.csv)."""
+    for a, why in astatus.items():
+        if why is not None:
+            print(f"\n# anchor {a} ({BA.LABEL[a]}): SKIPPED, {why}")
+    if not anchors:
+        return
+    print(f"\n# anchors ({', '.join(anchors)}); medians over runs. Every ratio is "
+          "busbw(ours) / busbw(anchor) at the same point, which is time(anchor) / time(ours) "
+          "(the same size and busbw factor on both sides), so > 1: we are faster, for the "
+          "latency rows (8 B, send_recv) as for the bandwidth rows.")
+    print("#   ours/best = ours-c over the best (highest busbw) anchor in shared memory at that point; "
+          "tcp/best = ours-tcp over the best anchor with TCP. Runs of a busy-polling anchor "
+          f"({', '.join(sorted(BA.BUSY_POLL))}) with more ranks than cores ({BA.ncpu()}) are "
+          "OVERSUBSCRIBED, collapse to time slices and are left out of best (and not run unless "
+          "BENCH_OVERSUB=1).")
+
+    def f(x, w, p=2):
+        return f" {x:>{w}.{p}f}" if x is not None else f" {'-':>{w}}"
+
+    for a in anchors:
+        at = a + "-tcp"
+        print(f"\n# anchor {a}: {BA.LABEL[a]}; '{a}' shared memory, '{at}' TCP (run_anchor.sh {a} ... [tcp])")
+        for (x, coll, n), why in sorted(askip.items()):
+            if x == a:
+                print(f"#   not measured: {coll} at {n} ranks: {why}")
+        print(f"{'ours/best':>9} {'best':<10}{'ranks':>5} {'collective':<15}{'size':>6} {'ours us':>9} "
+              f"{(a + ' us'):>12} {('x ' + a):>10} {'tcp us':>9} {(at + ' us'):>14} {('tcp x ' + at):>14} "
+              f"{'tcp/best':>9} note")
+        rows = []
+        for n in ranks:
+            for coll in colls:
+                for size in SIZES:
+                    ours, ot = get("ours-c", n, coll, size), get("ours-c", n, coll, size, 0)
+                    tcp, tt = get("ours-tcp", n, coll, size), get("ours-tcp", n, coll, size, 0)
+                    if ours is None and tcp is None:
+                        continue
+                    bb, bi = BA.best(get, anchors, n, coll, size, False)
+                    tb, _ = BA.best(get, anchors, n, coll, size, True)
+                    am, amt = get(a, n, coll, size), get(a, n, coll, size, 0)
+                    atb, att = get(at, n, coll, size), get(at, n, coll, size, 0)
+                    note = ";".join(x for x in (
+                        "OVERSUBSCRIBED" if (a, n) in OVERSUB_SEEN or (at, n) in OVERSUB_SEEN else "",
+                        "not best: collapsing" if BA.collapsing(a, n) and am is not None else "") if x)
+                    row = [ratio(ours, bb), bi, n, coll, size, ot, amt, ratio(ours, am), tt, att,
+                           ratio(tcp, atb), ratio(tcp, tb), note]
+                    rows.append(row)
+                    print(f"{f(row[0], 9)[1:]} {(bi or '-'):<10}{n:>5} {coll:<15}{fmt_size(size):>6}"
+                          f"{f(ot, 9)}{f(amt, 12)}{f(row[7], 10)}{f(tt, 9)}{f(att, 14)}{f(row[10], 14)}"
+                          f"{f(row[11], 9)} {note}")
+        with open(os.path.join(OUT, f"ratios_{a}.csv"), "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["ours_over_best_anchor", "best_anchor", "ranks", "collective", "size", "ours_time_us",
+                        f"{a}_time_us", f"ratio_vs_{a}", "ours_tcp_time_us", f"{at}_time_us",
+                        f"ratio_tcp_vs_{at}", "ours_tcp_over_best_tcp_anchor", "note"])
+            w.writerows(rows)
 
 
 def print_targets(get, ranks, colls, memmed):
@@ -492,11 +613,18 @@ def plot(med, memmed, ranks, colls, impls):
         if not ncolls:
             continue
         fig, axes = plt.subplots(1, len(ncolls), figsize=(4.2 * len(ncolls), 4), squeeze=False)
+        colour = {}
         for ax, coll in zip(axes[0], ncolls):
             for impl in impls:
                 pts = sorted((s, v[1]) for (i, nn, c, s), v in med.items() if i == impl and nn == n and c == coll)
                 if pts:
-                    ax.plot([p[0] for p in pts], [max(p[1], 1e-7) for p in pts], marker=".", label=impl)
+                    # one colour per library, TCP dashed; ours thick
+                    base = "ours" if impl in ("ours-c", "ours-tcp") else impl[:-4] if impl.endswith("-tcp") \
+                        else "mpi" if impl == "mpi-shm" else impl
+                    ax.plot([p[0] for p in pts], [max(p[1], 1e-7) for p in pts], marker=".", label=impl,
+                            color=colour.setdefault(base, f"C{len(colour) % 10}"),
+                            linestyle="--" if impl.endswith("-tcp") else "-",
+                            linewidth=2.2 if base == "ours" else 1.0)
             if memmed:
                 pts = sorted(memmed.items())
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], "k:", label="memcpy")
