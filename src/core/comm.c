@@ -354,7 +354,12 @@ static tc_comm_t *comm_new(void) {
     pthread_mutex_destroy(&c->err_mu);
     pthread_mutex_destroy(&c->hints_mu);
     pthread_mutex_destroy(&c->win_mu);
+    /* the spare work stays with the struct for its next life */
+    tc_work_t *spare = atomic_load(&c->spare_work);
+    int made = atomic_load(&c->spare_made);
     memset(c, 0, sizeof *c);
+    atomic_store(&c->spare_work, spare);
+    atomic_store(&c->spare_made, made);
   } else if ((c = calloc(1, sizeof *c))) {
     tc__htable_set(&comms, idx, c); /* kept for the slot's later lives */
   } else {

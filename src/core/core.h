@@ -36,6 +36,10 @@ struct tc_comm {
   uint32_t magic;
   uint32_t slot;   /* index in the communicator table */
   _Atomic int refs; /* the user's handle until destroyed, + one per work */
+  /* a work kept for the next synchronous operation (no table, no handle);
+   * stays with the struct when it is reused */
+  _Atomic(tc_work_t *) spare_work;
+  _Atomic int spare_made; /* the spare exists (made once per struct) */
   tc_comm_t *handle; /* the handle users hold (slot + generation) */
   char name[128];
   char backend_name[64];
@@ -126,7 +130,15 @@ struct tc_work {
    * finishes it with tc__work_fail_local; NULL for every other work */
   void (*drive)(tc_work_t *w, int block, double limit);
   _Atomic int posting; /* inside the backend's post call (tc__op_issue): a start
-                * reported now is the issue time (no second clock read) */
+                * reported now is the issue time (no second clock read), and no
+                * one can be waiting on the work yet */
+  _Atomic int fr_start_due; /* started while posting: the recorder's "started"
+                * is written after the post (or with the end, if sooner) */
+  _Atomic int finishing; /* the first caller of work_finish set it */
+  _Atomic int waiters;   /* threads in a wait on cv (under mu): a finisher
+                * with none to wake takes no lock */
+  int spare;       /* a communicator's spare work (tc_comm_t.spare_work), outside
+                    * the work table: synchronous operations only, no handle */
   uintptr_t win_h; /* the window's handle */
   int win_peer;
   uint64_t win_target;
@@ -152,6 +164,10 @@ struct tc_batch {
 TC_INTERNAL void tc__windows_drop(tc_comm_t *c, const char *why);
 
 /* Work objects (work.c). */
+/* A work for a synchronous operation: the communicator's spare when free
+ * (no handle table, no handle), else tc__work_alloc's. */
+TC_INTERNAL tc_work_t *tc__work_alloc_sync(tc_comm_t *comm, const char *opname,
+                                           double timeout_s);
 TC_INTERNAL tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
                                       double timeout_s);
 /* Reserves `bytes` of owned array space in the work (aligned 16). */
@@ -164,6 +180,10 @@ TC_INTERNAL int tc__work_enter(tc_work_t **w, const char *fn);
 TC_INTERNAL tc_work_t *tc__work_handle(const tc_work_t *w);
 /* Waits for w until its deadline (tc_work_wait on the struct). */
 TC_INTERNAL int tc__work_wait(tc_work_t *w);
+/* Called once the backend's post returned: records a start reported inside
+ * the post (host_work_started defers it so that an operation run inline
+ * updates the flight recorder once). */
+TC_INTERNAL void tc__work_posted(tc_work_t *w);
 /* Completes a work that never reached the backend (validation failure). */
 TC_INTERNAL void tc__work_fail_local(tc_work_t *w, int rc, const char *msg);
 TC_INTERNAL extern const tc_backend_host_t tc__host;

@@ -238,7 +238,8 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
                           (f & TC_OPF_REDUCE) ? (int)a->redop.type : -1));
   if (work) *work = NULL;
   double timeout = opts && opts->timeout_s > 0 ? opts->timeout_s : c->timeout_s;
-  tc_work_t *w = tc__work_alloc(c, tc__op_name(a->type), timeout);
+  tc_work_t *w = work ? tc__work_alloc(c, tc__op_name(a->type), timeout)
+                      : tc__work_alloc_sync(c, tc__op_name(a->type), timeout);
   if (!w) TC_FAIL(c, fn, TC_ERR_NOMEM, "out of memory");
   tc_backend_op_t *op = &w->op;
   size_t need = tc__op_arrays_size(a, c->rank, c->size);
@@ -289,6 +290,7 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
       rc = c->ops->post(c->bcomm, op, w, why, sizeof why);
       atomic_store_explicit(&w->posting, 0, memory_order_relaxed);
       if (rc != TC_OK) tc__fr_update(w, TC_FR_FAILED);
+      else tc__work_posted(w);
     }
   }
   pthread_mutex_unlock(&c->mu);

@@ -17,33 +17,26 @@
 static tc__htable_t work_table = TC__HTABLE_INIT(TC__HANDLE_WORK);
 
 
-tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
-                          double timeout_s) {
-  uint32_t idx;
-  void *obj;
-  if (tc__htable_take(&work_table, &idx, &obj)) return NULL;
-  tc_work_t *w = obj;
-  if (!w) { /* a new slot: its work is kept for every later use */
-    w = calloc(1, sizeof *w);
-    if (!w) {
-      tc__htable_put(&work_table, idx);
-      return NULL;
-    }
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&w->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    pthread_mutex_init(&w->mu, NULL);
-    w->slot = idx;
-    tc__htable_set(&work_table, idx, w);
-  }
+/* A new work's lock and condition (monotonic clock: deadlines are). */
+static tc_work_t *work_new(void) {
+  tc_work_t *w = calloc(1, sizeof *w);
+  if (!w) return NULL;
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&w->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&w->mu, NULL);
+  return w;
+}
+
+static void work_init(tc_work_t *w, tc_comm_t *comm, const char *opname, double timeout_s) {
   w->magic = TC_WORK_MAGIC;
-  atomic_store(&w->refs, 1);
+  atomic_store_explicit(&w->refs, 1, memory_order_relaxed);
   if (comm) tc__comm_ref(comm);
   w->comm = comm;
   w->opname = opname;
-  atomic_store(&w->status, TC_WORK_NOT_STARTED);
+  atomic_store_explicit(&w->status, TC_WORK_NOT_STARTED, memory_order_relaxed);
   w->rc = TC_OK;
   w->issue_time = tc__now();
   w->start_time = 0;
@@ -51,12 +44,48 @@ tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
   w->fr_id = 0;
   w->coll_seq = w->p2p_seq = 0;
   w->timeout_s = timeout_s;
-  memset(&w->op, 0, sizeof w->op);
   w->drive = NULL;
   atomic_store_explicit(&w->posting, 0, memory_order_relaxed);
+  atomic_store_explicit(&w->fr_start_due, 0, memory_order_relaxed);
+  atomic_store_explicit(&w->finishing, 0, memory_order_relaxed);
   w->win_h = 0;
   w->msg[0] = 0;
+}
+
+tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
+                          double timeout_s) {
+  uint32_t idx;
+  void *obj;
+  if (tc__htable_take(&work_table, &idx, &obj)) return NULL;
+  tc_work_t *w = obj;
+  if (!w) { /* a new slot: its work is kept for every later use */
+    w = work_new();
+    if (!w) {
+      tc__htable_put(&work_table, idx);
+      return NULL;
+    }
+    w->slot = idx;
+    tc__htable_set(&work_table, idx, w);
+  }
+  work_init(w, comm, opname, timeout_s);
+  memset(&w->op, 0, sizeof w->op);
   w->handle = (tc_work_t *)tc__htable_open(&work_table, idx);
+  return w;
+}
+
+tc_work_t *tc__work_alloc_sync(tc_comm_t *comm, const char *opname, double timeout_s) {
+  tc_work_t *w = atomic_exchange_explicit(&comm->spare_work, NULL, memory_order_acquire);
+  if (!w) {
+    /* in use (another thread's operation, or the backend has not yet let
+     * go of the previous one): the table's pool; the communicator struct
+     * gets exactly one spare, made the first time */
+    if (atomic_exchange(&comm->spare_made, 1)) return tc__work_alloc(comm, opname, timeout_s);
+    w = work_new();
+    if (!w) return tc__work_alloc(comm, opname, timeout_s);
+    w->spare = 1;
+  }
+  work_init(w, comm, opname, timeout_s);
+  w->handle = NULL; /* synchronous: never given out; tc__op_describe sets op */
   return w;
 }
 
@@ -77,8 +106,14 @@ void tc__work_unref(tc_work_t *w) {
   w->magic = TC_WORK_FREED;
   tc_comm_t *c = w->comm;
   w->comm = NULL;
-  tc__htable_close_slot(&work_table, w->slot);
-  tc__htable_put(&work_table, w->slot);
+  if (w->spare) {
+    /* back to its communicator (its only spare) for the next synchronous
+     * operation */
+    atomic_store_explicit(&c->spare_work, w, memory_order_release);
+  } else {
+    tc__htable_close_slot(&work_table, w->slot);
+    tc__htable_put(&work_table, w->slot);
+  }
   if (c) tc__comm_unref(c);
 }
 
@@ -121,12 +156,7 @@ static int work_finish(tc_work_t *w, int rc, const char *msg) {
   if (rc != TC_OK && c && explainable(rc) && !w->win_h &&
       !status_terminal(atomic_load(&w->status)))
     tc__hang_report(c, w, report, sizeof report);
-  pthread_mutex_lock(&w->mu);
-  int st = atomic_load(&w->status);
-  if (status_terminal(st) || w->end_time > 0) { /* another caller finishes it */
-    pthread_mutex_unlock(&w->mu);
-    return 0;
-  }
+  if (atomic_exchange(&w->finishing, 1)) return 0; /* another caller finishes it */
   w->rc = rc;
   w->end_time = tc__now();
   if (rc == TC_OK)
@@ -138,15 +168,22 @@ static int work_finish(tc_work_t *w, int rc, const char *msg) {
     snprintf(w->msg, sizeof w->msg, "%s", msg ? msg : tc_strerror(rc));
   if (rc == TC_OK && (!c || !atomic_load_explicit(&c->nhooks[TC_HOOK_POST],
                                                   memory_order_relaxed))) {
-    /* the common case, in one section: nothing runs between the end and the
-     * waiters but the recorder's and the board's few stores */
+    /* the common case: nothing runs between the end and the waiters but
+     * the recorder's and the board's few stores; the lock is taken only
+     * when someone waits (work_wait_until counts itself in under it
+     * before it looks at the status: either it sees the end or it is
+     * counted here) */
     if (c) {
+      atomic_store_explicit(&w->fr_start_due, 0, memory_order_relaxed);
       tc__fr_update(w, TC_FR_COMPLETED);
       tc__board_done(c, w, rc);
     }
     atomic_store(&w->status, TC_WORK_COMPLETED);
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
+    if (atomic_load(&w->waiters)) {
+      pthread_mutex_lock(&w->mu);
+      pthread_cond_broadcast(&w->cv);
+      pthread_mutex_unlock(&w->mu);
+    }
     if (c) {
       if (tc__log_on(TC_LOG_TRACE, TC_LOG_COLL | TC_LOG_P2P)) {
         tc_op_info_t info;
@@ -157,9 +194,9 @@ static int work_finish(tc_work_t *w, int rc, const char *msg) {
     }
     return 1;
   }
-  pthread_mutex_unlock(&w->mu);
   if (c) {
     if (rc != TC_OK) tc__comm_record_error(c, w->msg);
+    atomic_store_explicit(&w->fr_start_due, 0, memory_order_relaxed);
     tc__fr_update(w, rc == TC_OK ? TC_FR_COMPLETED
                      : rc == TC_ERR_TIMEOUT ? TC_FR_TIMED_OUT : TC_FR_FAILED);
     tc__board_done(c, w, rc);
@@ -183,10 +220,10 @@ static int work_finish(tc_work_t *w, int rc, const char *msg) {
   }
   /* waiters see the end only now: the trace and the hooks' effects are
    * complete when they do */
-  pthread_mutex_lock(&w->mu);
   atomic_store(&w->status, rc == TC_OK            ? TC_WORK_COMPLETED
                            : rc == TC_ERR_TIMEOUT ? TC_WORK_TIMEDOUT
                                                   : TC_WORK_ERROR);
+  pthread_mutex_lock(&w->mu);
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
   if (c) atomic_store(&c->last_progress_ns, (int64_t)(w->end_time * 1e9));
@@ -200,16 +237,34 @@ void tc__work_fail_local(tc_work_t *w, int rc, const char *msg) {
 /* ---- host services given to backends ---- */
 
 static void host_work_started(tc_work_t *w) {
+  if (atomic_load_explicit(&w->posting, memory_order_relaxed)) {
+    /* inside the post: no one can wait on the work yet (the handle is not
+     * out), so no lock and no wake-up; the start is the issue time, and the
+     * recorder learns of it after the post, or with the end when that is
+     * sooner (an operation run inline: one recorder update, not two) */
+    w->start_time = w->issue_time;
+    int ns = TC_WORK_NOT_STARTED;
+    atomic_compare_exchange_strong(&w->status, &ns, TC_WORK_INPROGRESS);
+    atomic_store_explicit(&w->fr_start_due, 1, memory_order_release);
+    if (w->comm) atomic_store(&w->comm->last_progress_ns, (int64_t)(w->start_time * 1e9));
+    return;
+  }
   pthread_mutex_lock(&w->mu);
-  w->start_time = atomic_load_explicit(&w->posting, memory_order_relaxed) ? w->issue_time
-                                                                         : tc__now();
-  if (atomic_load(&w->status) == TC_WORK_NOT_STARTED)
-    atomic_store(&w->status, TC_WORK_INPROGRESS);
-  pthread_cond_broadcast(&w->cv);
+  w->start_time = tc__now();
+  int ns = TC_WORK_NOT_STARTED;
+  atomic_compare_exchange_strong(&w->status, &ns, TC_WORK_INPROGRESS);
   double t = w->start_time;
+  if (atomic_load(&w->waiters)) pthread_cond_broadcast(&w->cv); /* a deadline to re-read */
   pthread_mutex_unlock(&w->mu);
   tc__fr_update(w, TC_FR_STARTED);
   if (w->comm) atomic_store(&w->comm->last_progress_ns, (int64_t)(t * 1e9));
+}
+
+/* After the post: a start reported inside it reaches the recorder now
+ * (unless the end already did). */
+void tc__work_posted(tc_work_t *w) {
+  if (atomic_exchange_explicit(&w->fr_start_due, 0, memory_order_acquire))
+    tc__fr_update(w, TC_FR_STARTED);
 }
 
 /* The backend's reason becomes the library's one message format. */
@@ -271,21 +326,27 @@ static double work_deadline(tc_work_t *w) {
 /* Waits for w until `limit` (absolute, 0 = the work's own deadline). */
 static int work_wait_until(tc_work_t *w, double limit, const char *fn) {
   if (w->drive && !status_terminal(atomic_load(&w->status))) w->drive(w, 1, limit);
+  /* done well already (an operation run inside its post): no lock */
+  if (status_terminal(atomic_load(&w->status)) && w->rc == TC_OK) return TC_OK;
+  int gave_up = 0;
   pthread_mutex_lock(&w->mu);
+  atomic_fetch_add(&w->waiters, 1);
   for (;;) {
     int st = atomic_load(&w->status);
     if (status_terminal(st)) break;
     double dl = work_deadline(w);
     double now = tc__now();
     if (limit > 0 && now >= limit) {
+      atomic_fetch_sub(&w->waiters, 1);
       pthread_mutex_unlock(&w->mu);
       return tc__set_error(TC_ERR_TIMEOUT,
                            "torchcomms: %s: %s did not finish within the "
                            "given wait time (it is still %s)",
                            fn, w->opname, tc_work_status_name(st));
     }
-    if (limit <= 0 && now >= dl) {
+    if (limit <= 0 && now >= dl && !gave_up) {
       /* The backend missed its own deadline: fail the work ourselves. */
+      atomic_fetch_sub(&w->waiters, 1);
       pthread_mutex_unlock(&w->mu);
       char why[256], msg[512];
       snprintf(why, sizeof why, "timed out after %.1f s (%s); the communicator must be aborted",
@@ -295,14 +356,17 @@ static int work_wait_until(tc_work_t *w, double limit, const char *fn) {
       tc__comm_message(w->comm, w->opname, why, msg, sizeof msg);
       work_finish(w, TC_ERR_TIMEOUT, msg);
       pthread_mutex_lock(&w->mu);
-      break;
+      atomic_fetch_add(&w->waiters, 1);
+      gave_up = 1; /* another finisher may still be publishing its end */
+      continue;
     }
-    double until = limit > 0 && limit < dl ? limit : dl;
+    double until = limit > 0 && limit < dl ? limit : gave_up ? now + 0.25 : dl;
     if (until > now + 0.25) until = now + 0.25; /* re-read the deadline */
     struct timespec ts;
     deadline_ts(until, &ts);
     pthread_cond_timedwait(&w->cv, &w->mu, &ts);
   }
+  atomic_fetch_sub(&w->waiters, 1);
   int rc = w->rc;
   if (rc != TC_OK) tc__set_error_text(rc, w->msg);
   pthread_mutex_unlock(&w->mu);

@@ -80,6 +80,10 @@ typedef struct shm_waiter {
 
 enum { SHM_RETRY = 0, SHM_NOT_YET = 1, SHM_DEADLINE = 2 };
 
+/* Pauses before a wait first reads the clock (a pause is ~10-140 cycles:
+ * at most a few microseconds, within any spin budget). */
+#define SHM_PRESPIN 24
+
 /* One round of waiting for ready(arg) once nothing could progress. Returns
  * SHM_RETRY (look again), SHM_NOT_YET (spin budget spent and !may_sleep),
  * SHM_DEADLINE (the caller formats the timeout), or a negative error. */
@@ -187,6 +191,14 @@ int tc__shm_wait_word(tc_shm_t *s, int r, const _Atomic uint64_t *word, uint64_t
                       double spin_s, int may_sleep, const tc_tp_op_t *op) {
   flag_arg_t a = {r, v, word};
   if (flag_ready(s, &a)) return TC_OK;
+  /* a peer a fraction of a microsecond behind (the common case of a small
+   * operation) is seen here without a clock read; with more ranks than
+   * cores (yield_poll) the core is given up at once instead */
+  if (!s->yield_poll && spin_s > 0)
+    for (int i = 0; i < SHM_PRESPIN; i++) {
+      shm_pause();
+      if (flag_ready(s, &a)) return TC_OK;
+    }
   shm_waiter_t w = {0, 0, 0};
   double spin = s->spin_s > 0 ? spin_s : 0;
   for (;;) {

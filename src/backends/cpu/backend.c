@@ -14,7 +14,12 @@
  * is late it stops at a wait and goes on to the thread, first in line, from
  * where it stopped. The post never sleeps, and order is kept: while it runs
  * other posts queue behind it, and it reports after anything the thread
- * finished before it.
+ * finished before it. Any other synchronous operation (point-to-point,
+ * batches, large ones without a shared-memory path) posted on an idle
+ * communicator runs to its end on the caller's thread, which waits for it
+ * anyway. Which of the caller and the thread runs is decided by one flag,
+ * the lane (`running`), taken with a compare-and-swap: the common inline
+ * operation takes no lock.
  *
  * Abort sets a flag, writes an eventfd that is in every poll set of the TCP
  * transport and wakes the futex waits of the shared-memory transport, so a
@@ -267,7 +272,7 @@ static int cpu_exec(cpu_comm_t *c, cpu_qent_t *e, double inline_spin) {
      * inline; an inline operation reports only after this report */
     atomic_store(&c->reporting, 1);
     pthread_mutex_lock(&c->mu);
-    c->running = 0;
+    atomic_store(&c->running, 0);
     pthread_cond_broadcast(&c->idle_cv);
     pthread_mutex_unlock(&c->mu);
     c->host->work_complete(e->work, rc, rc == TC_OK ? NULL : ctx.msg);
@@ -279,26 +284,69 @@ static int cpu_exec(cpu_comm_t *c, cpu_qent_t *e, double inline_spin) {
   return 1;
 }
 
+/* With mu held: waits until no operation runs (an inline one may). */
+static void cpu_wait_idle(cpu_comm_t *c) {
+  atomic_fetch_add(&c->idle_waiters, 1);
+  while (atomic_load(&c->running)) pthread_cond_wait(&c->idle_cv, &c->mu);
+  atomic_fetch_sub(&c->idle_waiters, 1);
+}
+
 static void *cpu_thread(void *arg) {
   cpu_comm_t *c = arg;
   for (;;) {
     pthread_mutex_lock(&c->mu);
-    while ((c->qlen == 0 || c->running) && !c->draining && !atomic_load(&c->aborted))
+    for (;;) {
+      int z = 0;
+      if (atomic_load(&c->qlen) > 0 && atomic_compare_exchange_strong(&c->running, &z, 1))
+        break; /* the lane is the thread's: run the first in line */
+      if (c->draining || atomic_load(&c->aborted)) {
+        if (atomic_load(&c->running)) { /* let an inline operation end */
+          cpu_wait_idle(c);
+          continue;
+        }
+        if (atomic_load(&c->qlen) == 0) { /* nothing left */
+          pthread_mutex_unlock(&c->mu);
+          return NULL;
+        }
+        continue;
+      }
       pthread_cond_wait(&c->cv, &c->mu);
-    while (c->running) /* draining or aborted: let an inline operation end */
-      pthread_cond_wait(&c->idle_cv, &c->mu);
-    if (c->qlen == 0) { /* draining or aborted, and nothing left */
-      pthread_mutex_unlock(&c->mu);
-      break;
     }
     cpu_qent_t e = c->q[c->qhead];
     c->qhead = (c->qhead + 1) % c->qcap;
-    c->qlen--;
-    c->running = 1;
+    atomic_fetch_sub(&c->qlen, 1);
     pthread_mutex_unlock(&c->mu);
     cpu_exec(c, &e, -1); /* clears running */
   }
-  return NULL;
+}
+
+/* Takes the lane for an inline run, without mu: nothing running, nothing
+ * queued, still accepting (checked after the swap: finalize and abort clear
+ * accepting, then wait for the lane; a poster that queued meanwhile is run
+ * first, by the thread). 1: taken. */
+static int cpu_lane_take(cpu_comm_t *c) {
+  int z = 0;
+  if (atomic_load(&c->qlen) != 0 || !atomic_compare_exchange_strong(&c->running, &z, 1))
+    return 0;
+  if (atomic_load(&c->accepting) && atomic_load(&c->qlen) == 0) return 1;
+  atomic_store(&c->running, 0);
+  pthread_mutex_lock(&c->mu);
+  if (atomic_load(&c->qlen)) pthread_cond_signal(&c->cv);
+  pthread_cond_broadcast(&c->idle_cv);
+  pthread_mutex_unlock(&c->mu);
+  return 0;
+}
+
+/* Gives the lane back; mu only when someone is to be woken (the thread,
+ * for posts queued meanwhile, or a wait for idle). */
+static void cpu_lane_give(cpu_comm_t *c) {
+  atomic_store(&c->running, 0);
+  if (atomic_load(&c->qlen) || atomic_load(&c->idle_waiters)) {
+    pthread_mutex_lock(&c->mu);
+    if (atomic_load(&c->qlen)) pthread_cond_signal(&c->cv);
+    pthread_cond_broadcast(&c->idle_cv);
+    pthread_mutex_unlock(&c->mu);
+  }
 }
 
 /* With mu held: room for one more entry. */
@@ -318,8 +366,55 @@ static int cpu_queue_room(cpu_comm_t *c) {
 static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work, char *err,
                     size_t errlen) {
   cpu_comm_t *c = bc;
+  cpu_qent_t e = {.op = op, .work = work};
+  if (c->inline_max > 0 && !cpu_on_thread(c) && cpu_lane_take(c)) {
+    if (tc__cpu_fast_kind(c, op, &e.fst) && e.fst.bytes <= c->inline_max) {
+      /* idle: run it on the caller's thread, spinning at most briefly; an
+       * operation that cannot finish that soon goes on to the thread.
+       * After a hand-off the peers may be waking up on their threads,
+       * which takes longer than the usual spin: wait longer for a while,
+       * so that the ranks fall back into step instead of handing off every
+       * other operation; a peer late even so is slow, not waking: stop */
+      double base = tc__shm_spin_s(c->shm);
+      int boosted = c->inline_boost > 0;
+      int done = cpu_exec(c, &e, boosted ? CPU_INLINE_BOOST * base : base);
+      if (done) c->inline_boost -= boosted;
+      else c->inline_boost = boosted ? 0 : CPU_INLINE_BOOST_OPS; /* late even so: a slow peer */
+      if (done) {
+        cpu_lane_give(c);
+        return TC_OK;
+      }
+      /* first in line: posts during the attempt queued behind it */
+      pthread_mutex_lock(&c->mu);
+      int rc = cpu_queue_room(c);
+      if (rc == TC_OK) {
+        c->qhead = (c->qhead + c->qcap - 1) % c->qcap;
+        c->q[c->qhead] = e;
+        atomic_fetch_add(&c->qlen, 1);
+      }
+      atomic_store(&c->running, 0);
+      pthread_cond_signal(&c->cv);
+      pthread_cond_broadcast(&c->idle_cv);
+      pthread_mutex_unlock(&c->mu);
+      if (rc != TC_OK) /* begun: it cannot be refused any more */
+        c->host->work_complete(work, TC_ERR_NOMEM,
+                               "out of memory growing the operation queue");
+      return TC_OK;
+    }
+    if (!e.fst.kind && (c->size == 1 || !(op->flags & TC_BACKEND_OP_ASYNC))) {
+      /* nothing to wait for (world size 1) or a synchronous operation (its
+       * caller waits for it anyway; point-to-point, batches, the rest): run
+       * it here, sparing two thread hand-offs; abort still interrupts it
+       * (the eventfd in every poll set of TCP, the futex bell of shared
+       * memory) */
+      cpu_exec(c, &e, 0.0);
+      cpu_lane_give(c);
+      return TC_OK;
+    }
+    cpu_lane_give(c);
+  }
   pthread_mutex_lock(&c->mu);
-  if (!c->accepting) {
+  if (!atomic_load(&c->accepting)) {
     int aborted = atomic_load(&c->aborted);
     pthread_mutex_unlock(&c->mu);
     if (aborted) return cpu_err(err, errlen, TC_ERR_ABORTED, "communicator was aborted");
@@ -329,55 +424,9 @@ static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work, char *
     pthread_mutex_unlock(&c->mu);
     return cpu_err(err, errlen, TC_ERR_NOMEM, "out of memory growing the operation queue");
   }
-  size_t bytes;
-  cpu_qent_t e = {.op = op, .work = work};
-  e.fst.kind = tc__cpu_fast_kind(c, op, &bytes);
-  if (e.fst.kind && bytes <= c->inline_max && c->qlen == 0 && !c->running &&
-      !cpu_on_thread(c)) {
-    /* idle: run it on the caller's thread, spinning at most briefly; an
-     * operation that cannot finish that soon goes on to the thread */
-    c->running = 1;
-    pthread_mutex_unlock(&c->mu);
-    /* after a hand-off the peers may be waking up on their threads, which
-     * takes longer than the usual spin: wait longer for a while, so that
-     * the ranks fall back into step instead of handing off every other
-     * operation; a peer late even so is slow, not waking: stop */
-    double base = tc__shm_spin_s(c->shm);
-    int boosted = c->inline_boost > 0;
-    int done = cpu_exec(c, &e, boosted ? CPU_INLINE_BOOST * base : base);
-    if (done) c->inline_boost -= boosted;
-    else c->inline_boost = boosted ? 0 : CPU_INLINE_BOOST_OPS; /* late even so: a slow peer */
-    pthread_mutex_lock(&c->mu);
-    c->running = 0;
-    if (!done) { /* first in line: posts during the attempt queued behind it */
-      c->qhead = (c->qhead + c->qcap - 1) % c->qcap;
-      c->q[c->qhead] = e;
-      c->qlen++;
-    }
-    if (c->qlen) pthread_cond_signal(&c->cv);
-    pthread_cond_broadcast(&c->idle_cv);
-    pthread_mutex_unlock(&c->mu);
-    return TC_OK;
-  }
-  if (!e.fst.kind && c->qlen == 0 && !c->running && !cpu_on_thread(c) &&
-      c->inline_max > 0 &&
-      (c->size == 1 || (!c->shm && !(op->flags & TC_BACKEND_OP_ASYNC)))) {
-    /* idle, and either nothing to wait for (world size 1) or a synchronous
-     * operation over TCP (its caller waits for it anyway): run it here,
-     * sparing two thread hand-offs; abort still interrupts it through the
-     * wake-up descriptor the sockets are polled with */
-    c->running = 1;
-    pthread_mutex_unlock(&c->mu);
-    cpu_exec(c, &e, 0.0);
-    pthread_mutex_lock(&c->mu);
-    c->running = 0;
-    if (c->qlen) pthread_cond_signal(&c->cv);
-    pthread_cond_broadcast(&c->idle_cv);
-    pthread_mutex_unlock(&c->mu);
-    return TC_OK;
-  }
-  c->q[(c->qhead + c->qlen) % c->qcap] = e;
-  c->qlen++;
+  tc__cpu_fast_kind(c, op, &e.fst);
+  c->q[(c->qhead + atomic_load(&c->qlen)) % c->qcap] = e;
+  atomic_fetch_add(&c->qlen, 1);
   pthread_cond_signal(&c->cv);
   pthread_mutex_unlock(&c->mu);
   return TC_OK;
@@ -399,7 +448,7 @@ static void cpu_join(cpu_comm_t *c) {
 static void cpu_close_transport(cpu_comm_t *c) {
   if (c->closed) return;
   pthread_mutex_lock(&c->mu); /* an inline operation may still use it */
-  while (c->running) pthread_cond_wait(&c->idle_cv, &c->mu);
+  cpu_wait_idle(c);
   pthread_mutex_unlock(&c->mu);
   pthread_mutex_lock(&c->tp_mu);
   if (c->tp && c->leave_clean && c->tp_ops->leave) c->tp_ops->leave(c->tp);

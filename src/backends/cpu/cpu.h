@@ -67,6 +67,8 @@ typedef struct cpu_fast {
   int h;      /* the big half of the current round */
   uint64_t s; /* the current sync point */
   size_t off; /* the current round's offset */
+  int fam;      /* the shared-memory family (shm_algos.c), set with kind */
+  size_t bytes; /* bytes one rank puts through its slot or halves, set with kind */
 } cpu_fast_t;
 
 typedef struct cpu_qent {
@@ -93,11 +95,19 @@ typedef struct cpu_comm {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   cpu_qent_t *q;
-  size_t qcap, qhead, qlen;
+  size_t qcap, qhead;
+  atomic_size_t qlen; /* changed under mu; read without it by an inline post */
   int draining;  /* finalize: run what is queued, then exit */
-  int accepting; /* 0 once finalize or abort began: posts are refused */
+  atomic_int accepting; /* 0 once finalize or abort began: posts are refused */
 
-  int running;           /* an operation is executing (thread or inline) */
+  /* an operation is executing (thread or inline): the "lane". The thread
+   * takes it under mu; an inline post takes it without mu (a compare and
+   * swap), then checks accepting and qlen again, so that it never runs
+   * beside the thread, behind queued posts, or after finalize and abort
+   * began; it gives it back without mu unless someone waits (idle_waiters,
+   * or a queue to hand to the thread) */
+  atomic_int running;
+  atomic_int idle_waiters; /* threads waiting on idle_cv (counted under mu) */
   atomic_int reporting;  /* the thread is reporting an op it finished */
   int inline_boost;      /* inline attempts left with a longer spin (inline only) */
   pthread_cond_t idle_cv; /* signalled when running drops to 0 */
@@ -150,6 +160,8 @@ typedef struct cpu_ctx {
   double deadline, timeout_s;
   tc_opfp_t fp; /* this rank's fingerprint of the op (collectives) */
   int fp_todo;  /* 1 until the fingerprints were exchanged and compared */
+  int fam;       /* a shared-memory operation: its family and bytes per rank */
+  size_t fbytes; /* (cpu_fast_t's, copied here by tc__cpu_fast_run) */
   char msg[1024]; /* the error text when the op fails */
 } cpu_ctx_t;
 
@@ -230,7 +242,7 @@ static inline tc_redop_type_t cpu_kop(const tc_backend_op_t *op) {
 /* The kind of shared-memory path op takes (0: none: the algorithms over the
  * exchange), and the bytes one rank contributes. */
 TC_INTERNAL int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op,
-                                  size_t *bytes);
+                                  cpu_fast_t *st);
 /* Shared memory, an operation without a shared-memory path (the exchange
  * algorithms): one sync point whose slot headers carry every rank's
  * fingerprint, checked before the algorithm runs. */

@@ -154,13 +154,10 @@ static size_t part_bytes(size_t half, int n, size_t es) {
   return p / es * es;
 }
 
-int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, size_t *bytes) {
-  *bytes = 0;
+static int fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, int fam, size_t b) {
+  size_t es = tc_dtype_size(op->dtype);
   if (!c->shm || c->size < 2) return 0;
-  size_t b = fp_bytes(c, op), es = tc_dtype_size(op->dtype);
   if (b == SIZE_MAX || (b == 0 && op->kind != TC_KIND_BARRIER)) return 0;
-  *bytes = b;
-  int fam = fam_of(op->type);
   size_t bcast_max = c->size > 2 ? CPU_CMA_MAX_BCAST_MANY : CPU_CMA_MAX_BCAST;
   if ((fam == FAM_AG || fam == FAM_A2A || (fam == FAM_BCAST && b <= bcast_max)) &&
       b >= c->cma_min)
@@ -172,6 +169,14 @@ int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, size_t *by
       part_bytes(tc__shm_half_bytes(c->shm), c->size, fam == FAM_A2A ? 1 : es) == 0)
     return 0;
   return CPU_FAST_BIG;
+}
+
+int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, cpu_fast_t *st) {
+  st->fam = fam_of(op->type);
+  st->bytes = st->fam && c->shm && c->size > 1 ? fp_bytes(c, op) : SIZE_MAX;
+  st->kind = fast_kind(c, op, st->fam, st->bytes);
+  if (!st->kind) st->bytes = 0;
+  return st->kind;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -234,11 +239,11 @@ static int fp_mismatch(cpu_ctx_t *ctx, int q, const fp_hdr_t *h, uint32_t fam, s
 static int fp_check_hdrs(cpu_ctx_t *ctx, uint64_t s, int only) {
   cpu_comm_t *c = ctx->c;
   const tc_backend_op_t *op = ctx->op;
-  int fam = fam_of(op->type);
+  int fam = ctx->fam;
   for (int q = 0; q < ctx->size; q++) {
     if (q == ctx->rank || (only >= 0 && q != only)) continue;
     const fp_hdr_t *h = (const fp_hdr_t *)tc__shm_slot(c->shm, q, (int)(s & 1));
-    size_t want = fam == FAM_AG ? op->recv[q].count * ctx->es : fp_bytes(c, op);
+    size_t want = fam == FAM_AG ? op->recv[q].count * ctx->es : ctx->fbytes;
     TC_CHECK(fp_mismatch(ctx, q, h, (uint32_t)fam, want));
   }
   return TC_OK;
@@ -254,7 +259,7 @@ static size_t fp_write(cpu_ctx_t *ctx, char *d) {
   int r = ctx->rank, n = ctx->size;
   size_t es = ctx->es, b = 0;
   int premul = op->redop.type == TC_PREMUL_SUM;
-  switch (fam_of(op->type)) {
+  switch (ctx->fam) {
   case FAM_AR:
     b = op->count * es;
     if (premul) tc__scale(d, op->recvbuf, op->count, op->dtype, op->redop.factor);
@@ -291,13 +296,13 @@ static size_t fp_write(cpu_ctx_t *ctx, char *d) {
 static int fp_read(cpu_ctx_t *ctx, uint64_t s) {
   cpu_comm_t *c = ctx->c;
   const tc_backend_op_t *op = ctx->op;
-  int r = ctx->rank, n = ctx->size, fam = fam_of(op->type);
+  int r = ctx->rank, n = ctx->size, fam = ctx->fam;
   size_t es = ctx->es;
   int si = (int)(s & 1);
   tc_redop_type_t kop = cpu_kop(op);
   /* headers first: nothing is written on a mismatch */
   TC_CHECK(fp_check_hdrs(ctx, s, fam == FAM_BCAST && !c->check_fp ? op->root : -1));
-  const size_t doff = fp_data_off(fp_bytes(c, op));
+  const size_t doff = fp_data_off(ctx->fbytes);
 #define SLOT(q) (tc__shm_slot(c->shm, (q), si) + doff)
   switch (fam) {
   case FAM_AR: {
@@ -350,12 +355,12 @@ static int small_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     FP_TRY(fp_begin(c, spin, 0, &top, &s));
     st->s = s;
     size_t b = fp_write(ctx, tc__shm_slot(c->shm, ctx->rank, (int)(s & 1)) +
-                                 fp_data_off(fp_bytes(c, op)));
+                                 fp_data_off(ctx->fbytes));
     fp_put_hdr(ctx, s, b);
     tc__shm_post(c->shm, s);
     st->stage = 1;
   }
-  if (fam_of(op->type) == FAM_BCAST && !c->check_fp) {
+  if (ctx->fam == FAM_BCAST && !c->check_fp) {
     if (ctx->rank != op->root) FP_TRY(fp_wait_hdr(c, op->root, st->s, spin, &top));
   } else { /* a broadcast too: the root must learn of a mismatch as well */
     FP_TRY(fp_wait_hdr(c, -1, st->s, spin, &top));
@@ -749,9 +754,11 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
 }
 
 int tc__cpu_fast_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
+  ctx->fam = st->fam;
+  ctx->fbytes = st->bytes;
   if (st->kind == CPU_FAST_SMALL) return small_run(ctx, st, spin);
   if (st->kind == CPU_FAST_CMA) return cma_run(ctx, st, spin);
-  switch (fam_of(ctx->op->type)) {
+  switch (st->fam) {
   case FAM_AR: return big_all_reduce(ctx, st, spin);
   case FAM_BCAST: return big_broadcast(ctx, st, spin);
   case FAM_AG: return big_all_gather(ctx, st, spin);
