@@ -154,6 +154,8 @@ uint64_t tc__shm_flag(tc_shm_t *s, int r) {
   return atomic_load_explicit(&shm_ctl(s, r)->flag, memory_order_acquire);
 }
 
+_Atomic uint64_t *tc__shm_aux(tc_shm_t *s, int r) { return &shm_ctl(s, r)->aux; }
+
 void tc__shm_post(tc_shm_t *s, uint64_t v) {
   atomic_store_explicit(&s->me->flag, v, memory_order_release);
   atomic_thread_fence(memory_order_seq_cst);

@@ -53,13 +53,22 @@ TC_INTERNAL tc_shm_t *tc__shm_of(const tc_transport_ops_t *ops, void *tp);
 /* Geometry (identical on every rank). */
 TC_INTERNAL size_t tc__shm_slot_bytes(const tc_shm_t *s); /* each small slot */
 TC_INTERNAL size_t tc__shm_half_bytes(const tc_shm_t *s); /* each big half */
-/* Small slot i (0 or 1) and big half i of rank r's segment. 4 KiB aligned. */
+/* Small slots per rank: the k-th sync point of the communicator uses slot
+ * k % TC_SHM_SLOTS (a ring, so that a broadcast root may run up to
+ * TC_SHM_SLOTS - 1 operations ahead of its receivers). */
+#define TC_SHM_SLOTS 4
+/* Small slot i (0 .. TC_SHM_SLOTS-1) and big half i (0 or 1) of rank r's
+ * segment. 4 KiB aligned. */
 TC_INTERNAL char *tc__shm_slot(tc_shm_t *s, int r, int i);
 TC_INTERNAL char *tc__shm_half(tc_shm_t *s, int r, int i);
 
 /* Sync flags. Every rank has one monotonic counter, written only by itself;
  * a collective sync point s is "rank r has reached s" (flag >= s). */
 TC_INTERNAL uint64_t tc__shm_flag(tc_shm_t *s, int r);
+/* Rank r's second word, written only by r, read by every rank (the cpu
+ * backend's lowest sync point whose peers' headers r has not yet checked,
+ * 0: none; shm_algos.c). Zero at creation. */
+TC_INTERNAL _Atomic uint64_t *tc__shm_aux(tc_shm_t *s, int r);
 /* Publishes the own flag (release: what was written before is visible to a
  * reader that sees the flag) and wakes sleeping peers. */
 TC_INTERNAL void tc__shm_post(tc_shm_t *s, uint64_t v);

@@ -9,7 +9,7 @@
 #include "transport/shm.h"
 
 #define SHM_MAGIC 0x314d48535443ull /* "CTSHM1" */
-#define SHM_VERSION 1u
+#define SHM_VERSION 2u /* 2: TC_SHM_SLOTS small slots, the aux word */
 #define SHM_LINE 64u
 #define SHM_PAGE 4096u
 #define SHM_NAME_PREFIX "torchcomms-"
@@ -41,6 +41,7 @@ typedef struct shm_ctl {
   _Alignas(64) _Atomic uint32_t bell;     /* futex word; peers ring it */
   _Alignas(64) _Atomic uint32_t sleepers; /* owner threads about to sleep */
   _Alignas(64) _Atomic uint64_t flag;     /* the owner's sync flag */
+  _Atomic uint64_t aux;                   /* beside it: read with it (tc__shm_aux) */
   _Alignas(64) char end[1];
 } shm_ctl_t;
 

@@ -56,7 +56,7 @@ static void shm_geometry(struct tc_shm *s, size_t budget) {
   s->half_bytes = pow2_floor(budget / 8);
   if (s->half_bytes > SHM_HALF_MAX) s->half_bytes = SHM_HALF_MAX;
   if (s->half_bytes < SHM_HALF_MIN) s->half_bytes = SHM_HALF_MIN;
-  size_t used = 2 * s->half_bytes + 2 * s->slot_bytes;
+  size_t used = 2 * s->half_bytes + TC_SHM_SLOTS * s->slot_bytes;
   size_t rings = budget > used ? budget - used : 0;
   size_t ring = n > 1 ? pow2_floor(rings / (size_t)(n - 1) + 1) : 0;
   if (ring < 16 * 1024) ring = 16 * 1024;
@@ -65,7 +65,7 @@ static void shm_geometry(struct tc_shm *s, size_t budget) {
   s->off_rctl = SHM_PAGE;
   s->off_ring = s->off_rctl + round_up((size_t)n * sizeof(shm_ring_ctl_t), SHM_PAGE);
   s->off_slot = s->off_ring + (size_t)(n - 1) * ring;
-  s->off_half = s->off_slot + 2 * s->slot_bytes;
+  s->off_half = s->off_slot + TC_SHM_SLOTS * s->slot_bytes;
   s->total = s->off_half + 2 * s->half_bytes;
 }
 

@@ -597,9 +597,22 @@ static int cpu_finalize(void *bc, char *err, size_t errlen) {
                  "an earlier operation failed (%s); connections were closed "
                  "without the orderly goodbye", c->broken_msg);
   } else if (c->tp) {
+    if (c->lazy_lo) { /* broadcasts it rooted, still to be checked */
+      cpu_ctx_t ctx;
+      memset(&ctx, 0, offsetof(cpu_ctx_t, msg));
+      ctx.msg[0] = 0;
+      ctx.c = c;
+      ctx.opname = "finalize";
+      ctx.rank = c->rank;
+      ctx.size = c->size;
+      ctx.timeout_s = c->timeout_s;
+      ctx.deadline = tc__now() + c->timeout_s;
+      rc = tc__cpu_fast_settle(&ctx);
+      if (rc != TC_OK) cpu_err(err, errlen, rc, "%s", ctx.msg);
+    }
     tc_tp_op_t t = {.opname = "finalize", .deadline = tc__now() + c->timeout_s,
                     .timeout_s = c->timeout_s, .msg = err, .msglen = errlen};
-    rc = c->tp_ops->goodbye(c->tp, &t);
+    if (rc == TC_OK) rc = c->tp_ops->goodbye(c->tp, &t);
   }
   cpu_close_transport(c);
   pthread_mutex_unlock(&c->life_mu);

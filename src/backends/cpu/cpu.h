@@ -129,6 +129,12 @@ typedef struct cpu_comm {
   tc_shm_t *shm;
   uint64_t sync;      /* the last sync point this rank posted */
   uint64_t known_all; /* every rank's flag is known to be >= this */
+  /* small broadcasts this rank rooted without waiting for its receivers:
+   * their fingerprints, checked against the receivers' headers at a later
+   * sync point (shm_algos.c, fp_lazy_check); lazy_lo is the lowest one not
+   * yet checked (0: none), published in the transport's aux word */
+  struct { uint64_t s; tc_opfp_t fp; } lazy[TC_SHM_SLOTS];
+  uint64_t lazy_lo;
   uint64_t big_round;
   size_t small_ar;    /* TORCHCOMMS_CPU_SHM_SMALL_BYTES */
   size_t inline_max;  /* TORCHCOMMS_CPU_INLINE_BYTES */
@@ -241,6 +247,9 @@ static inline tc_redop_type_t cpu_kop(const tc_backend_op_t *op) {
 /* shm_algos.c: collectives on the shared segments. */
 /* The kind of shared-memory path op takes (0: none: the algorithms over the
  * exchange), and the bytes one rank contributes. */
+/* Finalize: checks what small broadcasts this rank rooted left unchecked
+ * (shm_algos.c). */
+TC_INTERNAL int tc__cpu_fast_settle(cpu_ctx_t *ctx);
 TC_INTERNAL int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op,
                                   cpu_fast_t *st);
 /* Shared memory, an operation without a shared-memory path (the exchange

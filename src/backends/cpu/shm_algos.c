@@ -7,14 +7,20 @@
  * read at sync k into its own segment, posts k, waits for the flags it
  * needs, and reads. Peers read data of sync k only before they post k+1, so
  * a rank that has seen every flag >= k-1 may overwrite anything but what it
- * wrote at k-1: small slots alternate by the parity of k, big halves by a
- * round counter, and each round's writes after its first sync touch only
- * the writer's own slice, which nobody reads at that sync.
+ * wrote at k-1: small slots rotate through a ring of TC_SHM_SLOTS by k, big
+ * halves alternate by a round counter, and each round's writes after its
+ * first sync touch only the writer's own slice, which nobody reads at that
+ * sync. The root of a small broadcast is the exception: it writes its slot
+ * once every peer has left that slot's last use (flag >= k-TC_SHM_SLOTS+1)
+ * and returns without waiting for its receivers, so it runs ahead of them;
+ * the mismatch check of their headers is made later (fp_begin_root,
+ * fp_lazy_check).
  *
  *  small (one sync, resumable, may run inline on the caller's thread):
  *   all_reduce      every rank copies its input into its slot; all reduce
  *                   all slots in rank order: identical bits everywhere.
- *   broadcast       the root copies into its slot, the others copy out.
+ *   broadcast       the root copies into its slot and returns (up to
+ *                   TC_SHM_SLOTS-1 ahead), the others copy out.
  *   barrier         post, wait for all.
  *   all_gather*     every rank copies its block in, everyone copies all out.
  *   reduce_scatter* every rank copies its whole input in; each reduces its
@@ -47,6 +53,8 @@ typedef struct fp_hdr {
  * aligned); data that fits beside the header follows it at once instead, so
  * that a tiny operation's sync word, header and data share one cache line. */
 #define FP_HDR 64u
+/* The small slot of sync point k (transport/shm.h: a ring of TC_SHM_SLOTS). */
+#define SLOT_I(k) ((int)((k) % TC_SHM_SLOTS))
 _Static_assert(sizeof(fp_hdr_t) % 8 == 0 && sizeof(fp_hdr_t) <= FP_HDR, "slot header");
 static size_t fp_data_off(size_t bytes) {
   return bytes + sizeof(fp_hdr_t) <= FP_HDR ? sizeof(fp_hdr_t) : FP_HDR;
@@ -102,14 +110,103 @@ static int fp_wait(cpu_comm_t *c, int q, uint64_t v, double spin, int inop,
   return TC_OK;
 }
 
+static int fp_lazy_check(cpu_ctx_t *ctx, uint64_t upto);
+
 /* The next sync point, once every peer is done with what this rank wrote
- * two sync points ago. */
-static int fp_begin(cpu_comm_t *c, double spin, int inop, const tc_tp_op_t *top,
+ * two sync points ago (every peer's flag >= the previous one); the
+ * broadcasts this rank rooted without waiting are checked up to there. */
+static int fp_begin(cpu_ctx_t *ctx, double spin, int inop, const tc_tp_op_t *top,
                     uint64_t *s) {
+  cpu_comm_t *c = ctx->c;
   int rc = fp_wait(c, -1, c->sync, spin, inop, top);
   if (rc != TC_OK) return rc;
+  if (c->lazy_lo) TC_CHECK(fp_lazy_check(ctx, c->sync));
   *s = ++c->sync;
   return TC_OK;
+}
+
+/* The next sync point u for the root of a small broadcast, which writes
+ * only its own slot u % TC_SHM_SLOTS and waits for no receiver: once every
+ * peer is done with that slot's last use (flag >= u - TC_SHM_SLOTS + 1),
+ * and no peer still has to check its header there (a peer with a check
+ * pending that far back, aux <= u - TC_SHM_SLOTS, does it before it posts
+ * u - 1: that flag is awaited instead). So a root runs up to
+ * TC_SHM_SLOTS - 1 broadcasts ahead of its receivers. */
+static int fp_begin_root(cpu_ctx_t *ctx, double spin, const tc_tp_op_t *top, uint64_t *s) {
+  cpu_comm_t *c = ctx->c;
+  const uint64_t u = c->sync + 1, k = TC_SHM_SLOTS;
+  const uint64_t need = u >= k ? u - k + 1 : 0;
+  int rc = fp_wait(c, -1, need, spin, 0, top);
+  if (rc != TC_OK) return rc;
+  if (c->known_all < u - 1 && u > k)
+    for (int p = 0; p < c->size; p++) {
+      if (p == c->rank || tc__shm_flag(c->shm, p) >= u - 1) continue;
+      uint64_t lp = atomic_load_explicit(tc__shm_aux(c->shm, p), memory_order_acquire);
+      if (lp && lp <= u - k) {
+        rc = fp_wait(c, p, u - 1, spin, 0, top);
+        if (rc != TC_OK) return rc;
+      }
+    }
+  if (c->lazy_lo) TC_CHECK(fp_lazy_check(ctx, need));
+  if (c->check_fp && c->size > 1) { /* checked later, by fp_lazy_check */
+    c->lazy[u % k].s = u;
+    c->lazy[u % k].fp = ctx->fp;
+    if (!c->lazy_lo) {
+      c->lazy_lo = u;
+      atomic_store_explicit(tc__shm_aux(c->shm, c->rank), u, memory_order_release);
+    }
+  }
+  *s = ++c->sync;
+  return TC_OK;
+}
+
+/* Checks the peers' headers of the broadcasts this rank rooted without
+ * waiting, through sync point `upto` (every peer's flag is >= upto, so
+ * their headers of those points are written, and kept until this rank
+ * posts a flag past them: see fp_begin_root). A mismatch is reported by the
+ * operation that finds it, naming the broadcast. */
+static int fp_lazy_check(cpu_ctx_t *ctx, uint64_t upto) {
+  cpu_comm_t *c = ctx->c;
+  const uint64_t k = TC_SHM_SLOTS;
+  uint64_t t = c->lazy_lo;
+  for (; t <= upto && t <= c->sync; t++) {
+    if (c->lazy[t % k].s != t) continue;
+    for (int q = 0; q < c->size; q++) {
+      if (q == c->rank) continue;
+      const fp_hdr_t *h = (const fp_hdr_t *)tc__shm_slot(c->shm, q, SLOT_I(t));
+      uint64_t hs = atomic_load_explicit(&h->sync, memory_order_acquire);
+      char why[400];
+      if (hs != t)
+        return tc__cpu_fail(ctx, TC_ERR_INTERNAL,
+                            "internal error: peer %d's header of sync point %llu was "
+                            "overwritten (%llu) before this rank checked it",
+                            q, (unsigned long long)t, (unsigned long long)hs);
+      if (tc__opfp_mismatch(&c->lazy[t % k].fp, c->rank, &h->fp, q, why, sizeof why))
+        return tc__cpu_fail(ctx, TC_ERR_PROTOCOL,
+                            "%s (found by a later operation: the root of a small broadcast "
+                            "does not wait for its receivers, and checks them afterwards)",
+                            why);
+    }
+  }
+  uint64_t lo = 0;
+  for (; t <= c->sync; t++)
+    if (c->lazy[t % k].s == t) {
+      lo = t;
+      break;
+    }
+  c->lazy_lo = lo;
+  atomic_store_explicit(tc__shm_aux(c->shm, c->rank), lo, memory_order_release);
+  return TC_OK;
+}
+
+/* Finalize: the broadcasts this rank rooted are checked before it leaves
+ * (every peer reached them), so a mismatch is never left unreported. */
+int tc__cpu_fast_settle(cpu_ctx_t *ctx) {
+  cpu_comm_t *c = ctx->c;
+  if (!c->shm || !c->lazy_lo) return TC_OK;
+  tc_tp_op_t top = fp_top(ctx);
+  TC_CHECK(fp_wait(c, -1, c->sync, -1, 0, &top));
+  return fp_lazy_check(ctx, c->sync);
 }
 
 /* A wait that may give up (inline): CPU_PENDING; errors as they are. */
@@ -184,7 +281,7 @@ int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, cpu_fast_t
 /* ------------------------------------------------------------------------ */
 
 static void fp_put_hdr(cpu_ctx_t *ctx, uint64_t s, size_t bytes) {
-  fp_hdr_t *h = (fp_hdr_t *)tc__shm_slot(ctx->c->shm, ctx->rank, (int)(s & 1));
+  fp_hdr_t *h = (fp_hdr_t *)tc__shm_slot(ctx->c->shm, ctx->rank, SLOT_I(s));
   h->fp = ctx->fp; /* set for every collective, the check on or off */
   h->bytes = bytes;
   atomic_store_explicit(&h->sync, s, memory_order_release);
@@ -197,7 +294,7 @@ static void fp_put_hdr(cpu_ctx_t *ctx, uint64_t s, size_t bytes) {
  * be) >= s, which is what known_all records. */
 static int fp_wait_hdr(cpu_comm_t *c, int q, uint64_t v, double spin, const tc_tp_op_t *top) {
   double sp = spin >= 0 ? spin : tc__shm_spin_s(c->shm);
-  int sleep = spin < 0, si = (int)(v & 1);
+  int sleep = spin < 0, si = SLOT_I(v);
   for (int p = q < 0 ? 0 : q; p < (q < 0 ? c->size : q + 1); p++) {
     if (p == c->rank) continue;
     const fp_hdr_t *h = (const fp_hdr_t *)tc__shm_slot(c->shm, p, si);
@@ -242,7 +339,7 @@ static int fp_check_hdrs(cpu_ctx_t *ctx, uint64_t s, int only) {
   int fam = ctx->fam;
   for (int q = 0; q < ctx->size; q++) {
     if (q == ctx->rank || (only >= 0 && q != only)) continue;
-    const fp_hdr_t *h = (const fp_hdr_t *)tc__shm_slot(c->shm, q, (int)(s & 1));
+    const fp_hdr_t *h = (const fp_hdr_t *)tc__shm_slot(c->shm, q, SLOT_I(s));
     size_t want = fam == FAM_AG ? op->recv[q].count * ctx->es : ctx->fbytes;
     TC_CHECK(fp_mismatch(ctx, q, h, (uint32_t)fam, want));
   }
@@ -298,9 +395,10 @@ static int fp_read(cpu_ctx_t *ctx, uint64_t s) {
   const tc_backend_op_t *op = ctx->op;
   int r = ctx->rank, n = ctx->size, fam = ctx->fam;
   size_t es = ctx->es;
-  int si = (int)(s & 1);
+  int si = SLOT_I(s);
   tc_redop_type_t kop = cpu_kop(op);
   /* headers first: nothing is written on a mismatch */
+  if (fam == FAM_BCAST && r == op->root) return TC_OK; /* checked later (fp_lazy_check) */
   TC_CHECK(fp_check_hdrs(ctx, s, fam == FAM_BCAST && !c->check_fp ? op->root : -1));
   const size_t doff = fp_data_off(ctx->fbytes);
 #define SLOT(q) (tc__shm_slot(c->shm, (q), si) + doff)
@@ -350,21 +448,24 @@ static int small_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   cpu_comm_t *c = ctx->c;
   const tc_backend_op_t *op = ctx->op;
   tc_tp_op_t top = fp_top(ctx);
+  const int root = ctx->fam == FAM_BCAST && ctx->rank == op->root;
   if (st->stage == 0) {
     uint64_t s;
-    FP_TRY(fp_begin(c, spin, 0, &top, &s));
+    if (root) FP_TRY(fp_begin_root(ctx, spin, &top, &s));
+    else FP_TRY(fp_begin(ctx, spin, 0, &top, &s));
     st->s = s;
-    size_t b = fp_write(ctx, tc__shm_slot(c->shm, ctx->rank, (int)(s & 1)) +
+    size_t b = fp_write(ctx, tc__shm_slot(c->shm, ctx->rank, SLOT_I(s)) +
                                  fp_data_off(ctx->fbytes));
     fp_put_hdr(ctx, s, b);
     tc__shm_post(c->shm, s);
     st->stage = 1;
   }
-  if (ctx->fam == FAM_BCAST && !c->check_fp) {
-    if (ctx->rank != op->root) FP_TRY(fp_wait_hdr(c, op->root, st->s, spin, &top));
-  } else { /* a broadcast too: the root must learn of a mismatch as well */
-    FP_TRY(fp_wait_hdr(c, -1, st->s, spin, &top));
-  }
+  /* the root's receivers are checked later (fp_lazy_check); a receiver
+   * waits for every header when the check is on, so that a mismatch among
+   * receivers fails all of them at once */
+  if (root) return TC_OK;
+  if (ctx->fam == FAM_BCAST && !c->check_fp) FP_TRY(fp_wait_hdr(c, op->root, st->s, spin, &top));
+  else FP_TRY(fp_wait_hdr(c, -1, st->s, spin, &top));
   st->stage = 2;
   return fp_read(ctx, st->s);
 }
@@ -373,13 +474,13 @@ int tc__cpu_fast_fpsync(cpu_ctx_t *ctx) {
   cpu_comm_t *c = ctx->c;
   tc_tp_op_t top = fp_top(ctx);
   uint64_t s;
-  TC_CHECK(fp_begin(c, -1, 0, &top, &s));
+  TC_CHECK(fp_begin(ctx, -1, 0, &top, &s));
   fp_put_hdr(ctx, s, 0);
   tc__shm_post(c->shm, s);
   TC_CHECK(fp_wait_hdr(c, -1, s, -1, &top));
   for (int q = 0; q < ctx->size; q++) {
     if (q == ctx->rank) continue;
-    const fp_hdr_t *h = (const fp_hdr_t *)tc__shm_slot(c->shm, q, (int)(s & 1));
+    const fp_hdr_t *h = (const fp_hdr_t *)tc__shm_slot(c->shm, q, SLOT_I(s));
     char why[400];
     if (tc__opfp_mismatch(&ctx->fp, ctx->rank, &h->fp, q, why, sizeof why))
       return tc__cpu_fail(ctx, TC_ERR_PROTOCOL, "%s", why);
@@ -411,7 +512,7 @@ static int big_all_reduce(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     case 0: { /* copy in everything but the own slice (nobody else reads it) */
       if (base >= count) return TC_OK;
       uint64_t s1;
-      FP_TRY(fp_begin(c, spin, base > 0, &top, &s1));
+      FP_TRY(fp_begin(ctx, spin, base > 0, &top, &s1));
       st->s = s1;
       st->h = (int)(c->big_round++ & 1);
       mine = tc__shm_half(s, r, st->h);
@@ -488,7 +589,7 @@ static int big_broadcast(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       }
       if (r == root) {
         uint64_t k;
-        FP_TRY(fp_begin(c, spin, off > 0, &top, &k));
+        FP_TRY(fp_begin(ctx, spin, off > 0, &top, &k));
         if (c->check_fp && off > 0 && !st->init) { /* every flag >= k - 1 is known */
           TC_CHECK(fp_check_hdrs(ctx, k - 1, -1));
           st->init = 1;
@@ -505,7 +606,7 @@ static int big_broadcast(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
        * the others in later rounds */
       if (off == 0 && c->check_fp) {
         uint64_t k;
-        FP_TRY(fp_begin(c, spin, 0, &top, &k));
+        FP_TRY(fp_begin(ctx, spin, 0, &top, &k));
         st->s = k;
         fp_put_hdr(ctx, k, bytes);
       } else {
@@ -544,7 +645,7 @@ static int big_all_gather(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     if (st->stage == 0) {
       if (off >= most) return TC_OK;
       uint64_t k;
-      FP_TRY(fp_begin(c, spin, off > 0, &top, &k));
+      FP_TRY(fp_begin(ctx, spin, off > 0, &top, &k));
       st->s = k;
       st->h = (int)(c->big_round++ & 1);
       if (off == 0) fp_put_hdr(ctx, k, mylen);
@@ -592,7 +693,7 @@ static int big_reduce_scatter(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
         return TC_OK;
       }
       uint64_t k;
-      FP_TRY(fp_begin(c, spin, off > 0, &top, &k));
+      FP_TRY(fp_begin(ctx, spin, off > 0, &top, &k));
       st->s = k;
       st->h = (int)(c->big_round++ & 1);
       char *mine = tc__shm_half(s, r, st->h);
@@ -654,7 +755,7 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     if (st->stage == 0) {
       if (off >= bb) return TC_OK;
       uint64_t k;
-      FP_TRY(fp_begin(c, spin, off > 0, &top, &k));
+      FP_TRY(fp_begin(ctx, spin, off > 0, &top, &k));
       st->s = k;
       st->h = (int)(c->big_round++ & 1);
       char *mine = tc__shm_half(s, r, st->h);
@@ -694,7 +795,7 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   size_t es = ctx->es, bb = op->count * es;
   if (st->stage == 0) {
     uint64_t k;
-    FP_TRY(fp_begin(c, spin, 0, &top, &k));
+    FP_TRY(fp_begin(ctx, spin, 0, &top, &k));
     const char *src = op->recvbuf;
     size_t mine = bb;
     if (fam == FAM_AG) {
@@ -721,7 +822,7 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       src = send;
     }
     fp_put_hdr(ctx, k, mine);
-    ((fp_hdr_t *)tc__shm_slot(s, r, (int)(k & 1)))->addr = (uint64_t)(uintptr_t)src;
+    ((fp_hdr_t *)tc__shm_slot(s, r, SLOT_I(k)))->addr = (uint64_t)(uintptr_t)src;
     tc__shm_post(s, k);
     st->s = k;
     st->stage = 1;
@@ -736,7 +837,7 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     }
     for (int q = 0; q < n; q++) {
       if (q == r || (only >= 0 && q != only) || (fam == FAM_BCAST && r == op->root)) continue;
-      uint64_t a = ((const fp_hdr_t *)tc__shm_slot(s, q, (int)(k & 1)))->addr;
+      uint64_t a = ((const fp_hdr_t *)tc__shm_slot(s, q, SLOT_I(k)))->addr;
       char *dst;
       size_t len = bb;
       if (fam == FAM_AG) dst = op->recv[q].buf, len = op->recv[q].count * es;

@@ -1,0 +1,103 @@
+/* test_bcast_ring.c -- the root of a small broadcast over shared memory
+ * runs ahead of its receivers (a ring of TC_SHM_SLOTS slots per rank,
+ * shm_algos.c), and the mismatch check it skips is made later.
+ *
+ *  - runs_ahead: the root completes TC_SHM_SLOTS - 1 broadcasts before any
+ *    receiver has issued one (a receiver waits on a flag the root sets
+ *    after them); a root that waited for its receivers would never set it
+ *    and the test would fail at its deadline. Every receiver then gets
+ *    every value, in order.
+ *  - stream: 3000 broadcasts of changing data from changing roots, mixed
+ *    with all_reduces, receivers lagging by uneven work: exact values.
+ *  - two_roots_finalize: two ranks each broadcast as root (a mismatch that
+ *    no receiver sees); finalize finds it and fails, naming both sides
+ *    (over TCP the broadcast itself fails). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll_util.h"
+
+#define SLOTS 4 /* TC_SHM_SLOTS (transport/shm.h) */
+
+static tc_comm_t *shm_comm(tc_ctx_t *ctx, const char *name) {
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  o.timeout_s = 30;
+  return tc_ctx_comm(ctx, name, &o);
+}
+
+static void ahead_rank(tc_ctx_t *ctx) {
+  _Atomic int *flag = ctx->arg;
+  /* shared memory even in the suite's TCP pass (a forked rank: its own
+   * environment): over TCP a broadcast root waits for its receivers */
+  setenv("TORCHCOMMS_CPU_TRANSPORT", "shm", 1);
+  tc_comm_t *c = shm_comm(ctx, "ring-ahead");
+  int v[4];
+  if (ctx->rank == 0) {
+    for (int i = 0; i < SLOTS - 1; i++) {
+      for (int j = 0; j < 4; j++) v[j] = 100 * i + j;
+      TC_ASSERT_OK(tc_broadcast(c, v, 4, TC_INT32, 0, NULL, NULL));
+    }
+    atomic_store(flag, 1); /* only now may the receivers begin */
+  } else {
+    tc_wait_flag(flag, 1, 20);
+    for (int i = 0; i < SLOTS - 1; i++) {
+      memset(v, 0, sizeof v);
+      TC_ASSERT_OK(tc_broadcast(c, v, 4, TC_INT32, 0, NULL, NULL));
+      for (int j = 0; j < 4; j++) TC_ASSERT_EQ(v[j], 100 * i + j);
+    }
+  }
+  float x = 1;
+  TC_ASSERT_OK(tc_all_reduce(c, &x, 1, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL));
+  TC_ASSERT_EQ((int)x, ctx->size);
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  tc_comm_destroy(c);
+}
+
+TC_TEST(bcast_ring_runs_ahead_w2) {
+  tc_spawn(2, ahead_rank, tc_shared_zalloc(sizeof(_Atomic int)), 60);
+}
+TC_TEST(bcast_ring_runs_ahead_w3) {
+  tc_spawn(3, ahead_rank, tc_shared_zalloc(sizeof(_Atomic int)), 60);
+}
+
+static void stream_rank(tc_ctx_t *ctx) {
+  tc_comm_t *c = shm_comm(ctx, "ring-stream");
+  volatile uint64_t sink = 0;
+  for (int i = 0; i < 3000; i++) {
+    int root = (i / 7) % ctx->size;
+    size_t n = 1 + (size_t)(i % 37);
+    int64_t v[37];
+    for (size_t j = 0; j < n; j++) v[j] = ctx->rank == root ? (int64_t)i * 1000 + (int64_t)j : -1;
+    TC_ASSERT_OK(tc_broadcast(c, v, n, TC_INT64, root, NULL, NULL));
+    for (size_t j = 0; j < n; j++) TC_ASSERT_EQ(v[j], (int64_t)i * 1000 + (int64_t)j);
+    if (i % 11 == 0) {
+      int64_t s = ctx->rank + i;
+      TC_ASSERT_OK(tc_all_reduce(c, &s, 1, TC_INT64, TC_OP(TC_SUM), NULL, NULL));
+      TC_ASSERT_EQ(s, (int64_t)ctx->size * i + (int64_t)ctx->size * (ctx->size - 1) / 2);
+    }
+    /* receivers lag by uneven amounts of work (no sleeping) */
+    for (int k = 0; k < ((i * 31 + ctx->rank * 17) % 97) * 50; k++) sink += (uint64_t)k;
+  }
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  tc_comm_destroy(c);
+}
+
+TC_TEST(bcast_ring_stream_w2) { tc_spawn(2, stream_rank, NULL, 120); }
+TC_TEST(bcast_ring_stream_w4) { tc_spawn(4, stream_rank, NULL, 120); }
+
+static void two_roots_rank(tc_ctx_t *ctx) {
+  tc_comm_t *c = shm_comm(ctx, "ring-two-roots");
+  int v[4] = {ctx->rank, ctx->rank, ctx->rank, ctx->rank};
+  /* each rank believes it is the root: neither waits for the other */
+  int rc = tc_broadcast(c, v, 4, TC_INT32, ctx->rank, NULL, NULL);
+  /* over TCP the fingerprints travel with the data: found at once */
+  if (rc == TC_OK) rc = tc_comm_finalize(c);
+  else tc_comm_abort(c);
+  TC_ASSERT_EQ(rc, TC_ERR_PROTOCOL);
+  TC_ASSERT_CONTAINS(tc_last_error(), "mismatched collectives");
+  TC_ASSERT_CONTAINS(tc_last_error(), "broadcast #1 of 4 int32 from root 0");
+  TC_ASSERT_CONTAINS(tc_last_error(), "broadcast #1 of 4 int32 from root 1");
+  tc_comm_destroy(c);
+}
+
+TC_TEST(bcast_ring_two_roots_finalize_w2) { tc_spawn(2, two_roots_rank, NULL, 60); }
