@@ -9,6 +9,9 @@ each rank count and each collective, it measures over 8 B and 16 B .. 64 MiB
   ours-c      build/tcperf under build/tcrun (shared memory: the default here)
   ours-py     python -m torchcomms.perf under build/tcrun (torch tensors)
   ours-tcp    build/tcperf with TORCHCOMMS_CPU_TRANSPORT=tcp
+  ours-c-bf16, ours-c-fp16
+              build/tcperf -d bfloat16 / -d float16: all_reduce and
+              reduce_scatter at 2 ranks (issue 16, point 5)
   gloo        ../shared/bench/gloo_perf.py (torch.distributed, Gloo)
   mpi-shm     ../shared/bench/mpi_perf.c under mpirun (Open MPI's default:
               shared memory)
@@ -26,7 +29,8 @@ each rank count and each collective, it measures over 8 B and 16 B .. 64 MiB
 send_recv (point-to-point): tcperf -c send_recv (every rank sends to r+1
 and receives from r-1 in one batch) against bench/mpi_sendrecv.c's
 MPI_Sendrecv of the same pattern, built with each MPI (Debian's and the
-anchors' Open MPI, MPICH, Intel MPI).
+anchors' Open MPI, MPICH, Intel MPI), and bench/ccl_sendrecv.cpp's
+ccl::send + ccl::recv for the oneCCL anchors.
 
 One-sided windows ("put" and "get", 2 ranks only; rank 0 the origin, rank 1
 the target; see docs/benchmarks.md), in the same runs and the same CSVs:
@@ -52,8 +56,14 @@ Iterations follow the anchors' rule for everyone (1000 below 64 KiB, 100
 below 4 MiB, 10 from 4 MiB; 5 warm-up). Writes bench/results/raw.csv (every
 row of every run), bench/results/median.csv (median over runs),
 bench/results/ratios.csv, bench/results/ratios_<anchor>.csv,
+bench/results/timing.csv (seconds per measurement call),
 bench/results/busbw_<N>ranks.png, and prints the tables of ratios and the
-issues' targets with PASS/MISS.
+issues' targets with PASS/MISS, issue 16's last (bench/bench_targets.py,
+which --targets, or make bench-targets, prints again from saved CSVs).
+
+--load (make bench-load: --load --colls none): 8 B all_reduce at 2, 4, 8
+ranks quiet and under a CPU hog on every core, and the idle CPU cost of a
+blocking wait (bench/bench_load.py; issue 16, point 3).
 """
 import argparse
 import csv
@@ -142,6 +152,12 @@ def size_ranges():
     return [(8, 8)] + ([(16, SIZES[-1])] if SIZES[-1] >= 16 else [])
 
 
+# Implementations whose benchmark takes any factor: one launch with x2 steps
+# from 8 B covers every size of SIZES (8 B and 16 B x 4^k); the others' rows
+# are dropped. Saves a launch (a torch import for ours-py and gloo) per point.
+ONE_LAUNCH = ("ours-c", "ours-py", "ours-tcp", "ours-c-bf16", "ours-c-fp16", "gloo")
+
+
 SETTLE_S = float(os.environ.get("BENCH_SETTLE_S", "0.5"))
 
 
@@ -151,11 +167,18 @@ def applies(impl, coll, n):
         return n == 2 and impl in WIN_IMPLS
     if coll in P2P_COLLS and impl == "gloo":
         return False  # gloo_perf.py has no send/recv
+    if impl == "gloo" and n not in GLOO_RANKS:
+        return False
     if impl in DTYPE_IMPLS:
         return n == 2 and coll in bench_targets.DTYPE_COLLS
     return impl in COLL_IMPLS
 
 
+# Gloo's rank counts: 2 by default (the issue-4 targets compare with Gloo at
+# 2 ranks only; at 4 ranks on 2 cores a Gloo sweep took minutes per
+# collective, the largest share of make bench's time); BENCH_GLOO_RANKS=2,4
+# adds 4 ranks back.
+GLOO_RANKS = [int(x) for x in os.environ.get("BENCH_GLOO_RANKS", "2").split(",") if x]
 OVERSUB_SEEN = set()  # (impl, ranks) the anchor script marked OVERSUBSCRIBED
 TIMING = []  # [run, impl, ranks, collective, min size, max size, seconds] of every measurement call
 
@@ -165,6 +188,9 @@ def measure(impl, coll, n, tools, ranges=None):
     ranges ([(min, max)], x4 steps; default size_ranges())."""
     rows = {}
     anchor = BA.split_impl(impl)
+    factor = 4
+    if ranges is None and impl in ONE_LAUNCH and SIZES[-1] >= 16:
+        ranges, factor = [(8, SIZES[-1])], 2
     for lo, hi in ranges or size_ranges():
         # the previous job's processes may still be exiting (mpirun's daemons,
         # torch's workers): a sub-millisecond 8 B measurement must not share
@@ -174,7 +200,7 @@ def measure(impl, coll, n, tools, ranges=None):
         if impl in ("ours-c", "ours-tcp", "ours-py", *DTYPE_IMPLS):
             prog = [tools["tcperf"]] if impl != "ours-py" else [tools["python"], "-m", "torchcomms.perf"]
             cmd = [tools["tcrun"], "-n", str(n), *prog, "-c", coll, "-b", str(lo), "-e", str(hi),
-                   "-f", "4", "-n", "0", "-w", "5", "-t", "120"]
+                   "-f", str(factor), "-n", "0", "-w", "5", "-t", "120"]
             if impl in DTYPE_IMPLS:
                 cmd += ["-d", DTYPE_IMPLS[impl]]
             env = {"TORCHCOMMS_CPU_TRANSPORT": "tcp"} if impl == "ours-tcp" else None
@@ -188,7 +214,8 @@ def measure(impl, coll, n, tools, ranges=None):
                 OVERSUB_SEEN.add((impl, n))
         elif impl == "gloo":
             cmd = [tools["python"], os.path.join(ANCHORS, "gloo_perf.py"), "--nproc", str(n), "--coll", coll,
-                   "--min-bytes", str(lo), "--max-bytes", str(hi), "--factor", "4", "--port", str(free_port())]
+                   "--min-bytes", str(lo), "--max-bytes", str(hi), "--factor", str(factor),
+                   "--port", str(free_port())]
             out, _ = run_cmd(cmd)
         elif coll in WIN_COLLS:
             cmd = [*MPIRUN, *MPI_WIN_OPTS[impl], "-np", str(n), tools["mpi_rma_perf"], coll, str(lo), str(hi)]
@@ -199,11 +226,12 @@ def measure(impl, coll, n, tools, ranges=None):
         else:
             cmd = [*MPIRUN, *MPI_OPTS[impl], "-np", str(n), tools["mpi_perf"], MPI_NAME[coll], str(lo), str(hi)]
             out, _ = run_cmd(cmd)
-        want = [lo * 4 ** k for k in range(64) if lo * 4 ** k <= hi]
+        want = [lo * factor ** k for k in range(64) if lo * factor ** k <= hi]
         times = parse_times(out)
         if len(times) != len(want):
             raise RuntimeError(f"expected {len(want)} rows, got {len(times)}:\n{out[-2000:]}")
-        rows.update({size: (t, busbw(coll, n, size, t)) for size, t in zip(want, times)})
+        rows.update({size: (t, busbw(coll, n, size, t)) for size, t in zip(want, times)
+                     if factor == 4 or size in SIZES})
         TIMING.append([RUN_NOW[0], impl, n, coll, lo, hi, round(time.time() - t_call + SETTLE_S, 2)])
     return rows
 
