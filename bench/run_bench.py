@@ -456,7 +456,10 @@ def main():
                         except (RuntimeError, subprocess.TimeoutExpired) as e:
                             # an anchor that fails is reported, not a failed bench
                             (afailures if impl in aimpls else failures).append(f"run {run} {impl} {coll} n={n}: {e}")
-                            log(f"bench: FAILED {impl} {coll} n={n}: {str(e)[:300]}")
+                            # the command, then the end of its output (a traceback's last lines)
+                            msg = str(e)
+                            log(f"bench: FAILED {impl} {coll} n={n}: " +
+                                (msg if len(msg) <= 1200 else msg[:300] + "\n...\n" + msg[-900:]))
                             continue
                         for size, v in rows.items():
                             raw[(run, impl, n, coll, size)] = v
