@@ -19,8 +19,10 @@ quiet, then every one loaded):
           (getrusage: user + sys, all threads) each waiting rank burnt, for
           ours, Open MPI 5 and Debian's Open MPI (MPI_Barrier)
 
-Writes load_raw.csv (run, impl, ranks, condition, time_us), load.csv
-(medians), idle_raw.csv and idle.csv (medians per impl and rank); the
+Each point is measured REPEAT times per condition and run (BENCH_LOAD_REPEAT,
+default 3: one launch times only ~1 ms, less than a scheduler slice).
+Writes load_raw.csv (run, repeat, impl, ranks, condition, time_us), load.csv
+(medians over runs x repeats; its runs column counts the samples), idle_raw.csv and idle.csv (medians per impl and rank); the
 targets are printed by bench/bench_targets.py (point 3).
 """
 import csv
@@ -38,6 +40,11 @@ import bench_anchors as BA
 LOAD_IMPLS = ["ours-c", "ompi", "mpi-shm"]
 LOAD_RANKS = [2, 4, 8]
 IDLE_S = 2.0
+# launches per point, condition and run: 1000 calls of an 8 B all_reduce take
+# about a millisecond, less than a scheduler time slice, so one launch can
+# land in a slice where both ranks run and look unloaded; the median over
+# several launches (and runs) is steadier. BENCH_LOAD_REPEAT overrides.
+REPEAT = int(os.environ.get("BENCH_LOAD_REPEAT", "3"))
 
 
 class Hog:
@@ -153,16 +160,17 @@ def run_load(measure8, run_cmd, tools, out_dir, runs, impls, ranks, log, build_d
                     hog.__enter__()
                 try:
                     for n in ranks:
-                        for impl in impls:
-                            try:
-                                t = measure8(impl, n)
-                            except (RuntimeError, subprocess.TimeoutExpired) as e:
-                                failures.append(f"load run {run} {impl} n={n} {cond}: {e}")
-                                log(f"bench: load: FAILED {impl} n={n} {cond}: {str(e)[:300]}")
-                                continue
-                            raw.append([run, impl, n, cond, t])
-                            log(f"bench: load run {run}/{runs} {cond:<6} {impl:<8} n={n}: {t:.2f} us "
-                                f"({time.time() - t0:.0f} s)")
+                        for rep in range(1, REPEAT + 1):
+                            for impl in impls:
+                                try:
+                                    t = measure8(impl, n)
+                                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                                    failures.append(f"load run {run} {impl} n={n} {cond}: {e}")
+                                    log(f"bench: load: FAILED {impl} n={n} {cond}: {str(e)[-600:]}")
+                                    continue
+                                raw.append([run, rep, impl, n, cond, t])
+                                log(f"bench: load run {run}/{runs}.{rep} {cond:<6} {impl:<8} n={n}: {t:.2f} us "
+                                    f"({time.time() - t0:.0f} s)")
                 finally:
                     if hog:
                         hog.__exit__(None, None, None)
@@ -182,10 +190,10 @@ def run_load(measure8, run_cmd, tools, out_dir, runs, impls, ranks, log, build_d
         signal.signal(signal.SIGTERM, old)
     with open(os.path.join(out_dir, "load_raw.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["run", "impl", "ranks", "condition", "time_us"])
+        w.writerow(["run", "repeat", "impl", "ranks", "condition", "time_us"])
         w.writerows(raw)
     groups = {}
-    for run, impl, n, cond, t in raw:
+    for run, rep, impl, n, cond, t in raw:
         groups.setdefault((impl, n, cond), []).append(t)
     with open(os.path.join(out_dir, "load.csv"), "w", newline="") as f:
         w = csv.writer(f)

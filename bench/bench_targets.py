@@ -240,8 +240,8 @@ def point3(R, P):
 
         ranks = sorted({n for (_, n, _) in R.load})
         runs = sorted({v[1] for v in R.load.values()})
-        P.note(f"medians over {'/'.join(map(str, runs))} runs; time per all_reduce (1000 calls timed as a "
-               "whole, max over ranks), quiet -> loaded:")
+        P.note(f"medians over {'/'.join(map(str, runs))} samples (runs x BENCH_LOAD_REPEAT launches); time per "
+               "all_reduce (1000 calls timed as a whole, max over ranks), quiet -> loaded:")
         for impl in sorted({i for (i, _, _) in R.load}):
             P.note(f"{impl:<8} " + "   ".join(
                 f"{n} ranks {_us(t(impl, n, 'quiet'))} -> {_us(t(impl, n, 'loaded'))}" for n in ranks))
