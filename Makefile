@@ -23,7 +23,14 @@
 #                    4 ranks, side by side, and window put/get against MPI
 #                    RMA (bench/run_bench.py; BENCH_RUNS=3; docs/benchmarks.md);
 #                    and against the PyPI-wheel anchors Open MPI 5, MPICH 5,
-#                    Intel MPI, oneCCL (BENCH_ANCHORS=ompi,mpich,impi,ccl)
+#                    Intel MPI, oneCCL (BENCH_ANCHORS=ompi,mpich,impi,ccl);
+#                    ends with the issue-16 targets, PASS/MISS/N/A
+#   make bench-load  8 B all_reduce at 2, 4, 8 ranks quiet and under a CPU
+#                    hog on every core (ours, Open MPI 5, Debian's Open MPI)
+#                    and the idle CPU cost of a blocking wait; then the
+#                    targets (bench/bench_load.py)
+#   make bench-targets  the issue-16 targets again from bench/results/'s
+#                    CSVs, measuring nothing (BENCH_OUT=dir for another)
 #   make fuzz        the parsers that read the network (store protocol, TCP
 #                    hello, message header) under ASan+UBSan with random and
 #                    mutated inputs, FUZZ_TIME seconds each (default 60) or
@@ -45,7 +52,7 @@ VPY        := $(VENV)/bin/python
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 TORCH_VERSION := 2.13.0
 
-.PHONY: check-layers soak chaos chaos-short chaos-ft all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan check-tsan venv deps clean install bench bench-deps fuzz fuzz-short fuzz-build
+.PHONY: check-layers soak chaos chaos-short chaos-ft all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan check-tsan venv deps clean install bench bench-load bench-targets bench-deps fuzz fuzz-short fuzz-build
 
 all: build
 
@@ -158,6 +165,16 @@ ANCHOR_CACHE ?= /tmp/anchor-cache
 bench: build pyinstall bench-deps
 	TC_BUILD_DIR=$(abspath $(BUILD)) ANCHOR_CACHE=$(ANCHOR_CACHE) \
 	  $(VPY) bench/run_bench.py --anchors "$(BENCH_ANCHORS)"
+
+# Issue 16, point 3: quiet vs a CPU hog on every core, and the idle cost of a
+# wait (docs/benchmarks.md); its CSVs go beside make bench's, whose are kept.
+bench-load: build bench-deps
+	TC_BUILD_DIR=$(abspath $(BUILD)) ANCHOR_CACHE=$(ANCHOR_CACHE) \
+	  $(VPY) bench/run_bench.py --load --colls none
+
+# The issue-16 targets from the CSVs of a finished run (BENCH_OUT: its folder).
+bench-targets:
+	$(if $(wildcard $(VPY)),$(VPY),$(PYTHON)) bench/bench_targets.py $(or $(BENCH_OUT),bench/results)
 
 check-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTC_SANITIZE=ON >/dev/null

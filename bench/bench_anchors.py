@@ -1,7 +1,7 @@
 """The PyPI-wheel anchors of `make bench` (issue 16): Open MPI 5, MPICH 5,
 Intel MPI and oneCCL, run by ../shared/bench/anchors/run_anchor.sh (read its
-README), plus bench/mpi_sendrecv.c for send/recv, which the anchor script
-does not measure. Used by bench/run_bench.py; see docs/benchmarks.md.
+README), plus bench/mpi_sendrecv.c (the MPI anchors) and bench/ccl_sendrecv.cpp
+(the oneCCL ones) for send/recv, which the anchor script does not measure. Used by bench/run_bench.py; see docs/benchmarks.md.
 
 Implementations: an anchor A is measured as "A" (shared memory, the
 script's default) and "A-tcp" (the script's `tcp` argument).
@@ -24,10 +24,12 @@ LABEL = {"ompi": "Open MPI 5.0.11", "mpich": "MPICH 5.0.2", "impi": "Intel MPI 2
 # scheduler time slices (ms per call; the anchors' README). Open MPI
 # (--oversubscribe: yields) and Intel MPI stay usable and are kept.
 BUSY_POLL = {"mpich", "ccl", "ccl-mpi", "ccl-impi"}
-# the anchors send_recv is measured for (bench/mpi_sendrecv.c needs an MPI;
-# ccl_perf.cpp has no point-to-point mode)
-P2P = {"ompi", "mpich", "impi"}
-PREFIX = {"ompi": "openmpi-5.0.11", "mpich": "mpich-5.0.2", "impi": "impi-2021.19.0"}
+# the anchors send_recv is measured for: bench/mpi_sendrecv.c built with each
+# MPI, bench/ccl_sendrecv.cpp (ccl::send + ccl::recv) with oneCCL (ccl_perf.cpp
+# has no point-to-point mode)
+P2P = {"ompi", "mpich", "impi", "ccl", "ccl-mpi", "ccl-impi"}
+PREFIX = {"ompi": "openmpi-5.0.11", "mpich": "mpich-5.0.2", "impi": "impi-2021.19.0",
+          "ccl": "oneccl-cpu-2022.2.0"}
 INSTALL_TIMEOUT = int(os.environ.get("BENCH_ANCHOR_INSTALL_TIMEOUT", "1800"))
 RUN_TIMEOUT = int(os.environ.get("BENCH_ANCHOR_TIMEOUT", "600"))
 
@@ -106,18 +108,29 @@ def prepare(anchors, anchors_dir, log):
 
 def build_sendrecv(a):
     """bench/mpi_sendrecv.c built with anchor a's MPI (as run_anchor.sh builds
-    mpi_perf.c), into the cache's bin/; rebuilt when the source is newer.
-    Returns the path, or (None, why)."""
-    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_sendrecv.c")
+    mpi_perf.c), or bench/ccl_sendrecv.cpp with oneCCL for the ccl anchors (as
+    it builds ccl_perf.cpp: against MPICH, or Intel MPI for ccl-impi), into the
+    cache's bin/; rebuilt when the source is newer. Returns the path, or
+    (None, why)."""
+    here = os.path.dirname(os.path.abspath(__file__))
     c = cache()
-    exe = os.path.join(c, "bin", f"mpi_sendrecv_{a}")
+    i, m = os.path.join(c, PREFIX["impi"]), os.path.join(c, PREFIX["mpich"])
+    if a.startswith("ccl"):
+        src = os.path.join(here, "ccl_sendrecv.cpp")
+        lib = i if a == "ccl-impi" else m
+        exe = os.path.join(c, "bin", "ccl_sendrecv_impi" if a == "ccl-impi" else "ccl_sendrecv")
+        ccl = os.path.join(c, PREFIX["ccl"])
+        cmd = ["c++", "-O2", "-std=c++17", f"-I{ccl}/include", f"-I{m}/include", "-o", exe, src,
+               f"-L{ccl}/lib", "-lccl", f"-L{lib}/lib", "-lmpi", f"-Wl,-rpath,{ccl}/lib:{lib}/lib"]
+    else:
+        src = os.path.join(here, "mpi_sendrecv.c")
+        exe = os.path.join(c, "bin", f"mpi_sendrecv_{a}")
+        if a == "impi":  # the MPICH ABI: MPICH's mpi.h, Intel MPI's libmpi.so.12
+            cmd = ["cc", "-O2", f"-I{m}/include", "-o", exe, src, f"-L{i}/lib", "-lmpi", f"-Wl,-rpath,{i}/lib"]
+        else:
+            cmd = [os.path.join(c, PREFIX[a], "bin", "mpicc"), "-O2", "-o", exe, src]
     if os.access(exe, os.X_OK) and os.path.getmtime(exe) >= os.path.getmtime(src):
         return exe
-    if a == "impi":  # the MPICH ABI: MPICH's mpi.h, Intel MPI's libmpi.so.12
-        i, m = os.path.join(c, PREFIX["impi"]), os.path.join(c, PREFIX["mpich"])
-        cmd = ["cc", "-O2", f"-I{m}/include", "-o", exe, src, f"-L{i}/lib", "-lmpi", f"-Wl,-rpath,{i}/lib"]
-    else:
-        cmd = [os.path.join(c, PREFIX[a], "bin", "mpicc"), "-O2", "-o", exe, src]
     os.makedirs(os.path.dirname(exe), exist_ok=True)
     p = subprocess.run(cmd, capture_output=True, text=True)
     return exe if p.returncode == 0 else (None, _why(p.stdout, p.stderr, p.returncode))
@@ -135,12 +148,13 @@ def oversubscribed(n):
     return n > ncpu()
 
 
-def sendrecv_cmd(a, exe, n, lo, hi, tcp):
-    """(env, argv) running mpi_sendrecv under anchor a's launcher with the
-    transport settings run_anchor.sh uses for a (its README)."""
+def launch_cmd(a, exe, n, args, tcp=False):
+    """(env, argv) running program exe (built with anchor a's MPI, or oneCCL's
+    for the ccl anchors) on n ranks under a's launcher, with the transport
+    settings run_anchor.sh uses for a (its README)."""
     c = cache()
     m, i = os.path.join(c, PREFIX["mpich"]), os.path.join(c, PREFIX["impi"])
-    env, args = {}, ["sendrecv", str(lo), str(hi)]
+    env, args = {}, [str(x) for x in args]
     if a == "ompi":
         btl = "self,tcp" if tcp else "self,sm"
         cmd = [os.path.join(c, PREFIX["ompi"], "bin", "mpirun"), "--allow-run-as-root", "--oversubscribe",
@@ -151,7 +165,7 @@ def sendrecv_cmd(a, exe, n, lo, hi, tcp):
         if oversubscribed(n):
             env.update(MPIR_CVAR_CH4_PROGRESS_THROTTLE="1", MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT="64")
         cmd = [os.path.join(m, "bin", "mpiexec"), "-launcher", "fork", "-n", str(n), exe, *args]
-    else:  # impi
+    elif a == "impi":
         env["I_MPI_ROOT"] = i
         if tcp:
             env.update(I_MPI_FABRICS="ofi", FI_PROVIDER="tcp", I_MPI_COLL_INTRANODE="pt2pt",
@@ -159,7 +173,36 @@ def sendrecv_cmd(a, exe, n, lo, hi, tcp):
         else:
             env["I_MPI_FABRICS"] = "shm"
         cmd = [os.path.join(i, "bin", "mpiexec"), "-n", str(n), exe, *args]
+    else:  # ccl, ccl-mpi, ccl-impi: run_anchor.sh's oneCCL settings
+        env.update(CCL_WORKER_OFFLOAD="0", CCL_WORKER_WAIT="1", CCL_LOG_LEVEL="error")
+        if a == "ccl":
+            env.update(CCL_ATL_TRANSPORT="ofi", CCL_OFI_LIBRARY_PATH=os.path.join(m, "lib", "mpich", "libfabric.so.1"))
+            env.update(CCL_ATL_SHM="0", FI_PROVIDER="tcp") if tcp else env.update(CCL_ATL_SHM="1")
+            cmd = [os.path.join(m, "bin", "mpiexec"), "-launcher", "fork", "-n", str(n), exe, *args]
+        elif a == "ccl-mpi":
+            env.update(CCL_ATL_TRANSPORT="mpi", CCL_MPI_LIBRARY_PATH=os.path.join(m, "lib", "libmpi.so.12"))
+            if tcp:
+                env.update(MPIR_CVAR_NOLOCAL="1", UCX_TLS="tcp")
+            cmd = [os.path.join(m, "bin", "mpiexec"), "-launcher", "fork", "-n", str(n), exe, *args]
+        else:
+            env.update(CCL_ATL_TRANSPORT="mpi", CCL_MPI_LIBRARY_PATH=os.path.join(i, "lib", "libmpi.so.12"),
+                       I_MPI_ROOT=i)
+            if tcp:
+                env.update(I_MPI_FABRICS="ofi", FI_PROVIDER="tcp", I_MPI_COLL_INTRANODE="pt2pt",
+                           I_MPI_OFI_LIBRARY=os.path.join(m, "lib", "mpich", "libfabric.so.1"))
+            else:
+                env["I_MPI_FABRICS"] = "shm"
+            cmd = [os.path.join(i, "bin", "mpiexec"), "-n", str(n), exe, *args]
+        if oversubscribed(n):
+            env.update(CCL_YIELD="sched_yield", MPIR_CVAR_CH4_PROGRESS_THROTTLE="1",
+                       MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT="64")
     return env, cmd
+
+
+def sendrecv_cmd(a, exe, n, lo, hi, tcp):
+    """(env, argv) running mpi_sendrecv (ccl_sendrecv for the ccl anchors)
+    under anchor a's launcher and transport settings."""
+    return launch_cmd(a, exe, n, ["sendrecv", lo, hi], tcp)
 
 
 def measure_cmd(impl, coll, n, lo, hi, anchors_dir, p2p):

@@ -9,6 +9,9 @@ each rank count and each collective, it measures over 8 B and 16 B .. 64 MiB
   ours-c      build/tcperf under build/tcrun (shared memory: the default here)
   ours-py     python -m torchcomms.perf under build/tcrun (torch tensors)
   ours-tcp    build/tcperf with TORCHCOMMS_CPU_TRANSPORT=tcp
+  ours-c-bf16, ours-c-fp16
+              build/tcperf -d bfloat16 / -d float16: all_reduce and
+              reduce_scatter at 2 ranks (issue 16, point 5)
   gloo        ../shared/bench/gloo_perf.py (torch.distributed, Gloo)
   mpi-shm     ../shared/bench/mpi_perf.c under mpirun (Open MPI's default:
               shared memory)
@@ -26,7 +29,8 @@ each rank count and each collective, it measures over 8 B and 16 B .. 64 MiB
 send_recv (point-to-point): tcperf -c send_recv (every rank sends to r+1
 and receives from r-1 in one batch) against bench/mpi_sendrecv.c's
 MPI_Sendrecv of the same pattern, built with each MPI (Debian's and the
-anchors' Open MPI, MPICH, Intel MPI).
+anchors' Open MPI, MPICH, Intel MPI), and bench/ccl_sendrecv.cpp's
+ccl::send + ccl::recv for the oneCCL anchors.
 
 One-sided windows ("put" and "get", 2 ranks only; rank 0 the origin, rank 1
 the target; see docs/benchmarks.md), in the same runs and the same CSVs:
@@ -52,8 +56,14 @@ Iterations follow the anchors' rule for everyone (1000 below 64 KiB, 100
 below 4 MiB, 10 from 4 MiB; 5 warm-up). Writes bench/results/raw.csv (every
 row of every run), bench/results/median.csv (median over runs),
 bench/results/ratios.csv, bench/results/ratios_<anchor>.csv,
+bench/results/timing.csv (seconds per measurement call),
 bench/results/busbw_<N>ranks.png, and prints the tables of ratios and the
-issues' targets with PASS/MISS.
+issues' targets with PASS/MISS, issue 16's last (bench/bench_targets.py,
+which --targets, or make bench-targets, prints again from saved CSVs).
+
+--load (make bench-load: --load --colls none): 8 B all_reduce at 2, 4, 8
+ranks quiet and under a CPU hog on every core, and the idle CPU cost of a
+blocking wait (bench/bench_load.py; issue 16, point 3).
 """
 import argparse
 import csv
@@ -66,6 +76,8 @@ import sys
 import time
 
 import bench_anchors as BA
+import bench_load
+import bench_targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ANCHORS = os.path.normpath(os.environ.get("TC_BENCH_ANCHORS", os.path.join(ROOT, "..", "shared", "bench")))
@@ -76,8 +88,11 @@ P2P_COLLS = ["send_recv"]  # point-to-point: tcperf -c send_recv, bench/mpi_send
 WIN_COLLS = ["put", "get"]  # one-sided windows: 2 ranks only
 MPI_NAME = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reduce_scatter",
             "broadcast": "bcast", "all_to_all": "alltoall"}
-IMPLS = ["ours-c", "ours-py", "ours-tcp", "gloo", "mpi-shm", "mpi-tcp", "mpi-oscsm"]
-COLL_IMPLS = ["ours-c", "ours-py", "ours-tcp", "gloo", "mpi-shm", "mpi-tcp"]
+IMPLS = ["ours-c", "ours-py", "ours-tcp", "ours-c-bf16", "ours-c-fp16", "gloo", "mpi-shm", "mpi-tcp", "mpi-oscsm"]
+COLL_IMPLS = ["ours-c", "ours-py", "ours-tcp", "ours-c-bf16", "ours-c-fp16", "gloo", "mpi-shm", "mpi-tcp"]
+# ours-c with another dtype (tcperf -d; issue 16, point 5): all_reduce and
+# reduce_scatter at 2 ranks only
+DTYPE_IMPLS = bench_targets.DTYPE_IMPLS
 WIN_IMPLS = ["ours-c", "ours-tcp", "mpi-shm", "mpi-oscsm", "mpi-tcp"]
 # Open MPI options of each MPI implementation, for the collectives and for the
 # windows (osc: the one-sided component; see the docstring)
@@ -137,6 +152,12 @@ def size_ranges():
     return [(8, 8)] + ([(16, SIZES[-1])] if SIZES[-1] >= 16 else [])
 
 
+# Implementations whose benchmark takes any factor: one launch with x2 steps
+# from 8 B covers every size of SIZES (8 B and 16 B x 4^k); the others' rows
+# are dropped. Saves a launch (a torch import for ours-py and gloo) per point.
+ONE_LAUNCH = ("ours-c", "ours-py", "ours-tcp", "ours-c-bf16", "ours-c-fp16", "gloo")
+
+
 SETTLE_S = float(os.environ.get("BENCH_SETTLE_S", "0.5"))
 
 
@@ -146,24 +167,42 @@ def applies(impl, coll, n):
         return n == 2 and impl in WIN_IMPLS
     if coll in P2P_COLLS and impl == "gloo":
         return False  # gloo_perf.py has no send/recv
+    if impl == "gloo" and n not in GLOO_RANKS:
+        return False
+    if impl in DTYPE_IMPLS:
+        return n == 2 and coll in bench_targets.DTYPE_COLLS
     return impl in COLL_IMPLS
 
 
+# Gloo's rank counts: 2 by default (the issue-4 targets compare with Gloo at
+# 2 ranks only; at 4 ranks on 2 cores a Gloo sweep took minutes per
+# collective, the largest share of make bench's time); BENCH_GLOO_RANKS=2,4
+# adds 4 ranks back.
+GLOO_RANKS = [int(x) for x in os.environ.get("BENCH_GLOO_RANKS", "2").split(",") if x]
 OVERSUB_SEEN = set()  # (impl, ranks) the anchor script marked OVERSUBSCRIBED
+TIMING = []  # [run, impl, ranks, collective, min size, max size, seconds] of every measurement call
 
 
-def measure(impl, coll, n, tools):
+def measure(impl, coll, n, tools, ranges=None):
+    """{size: (time_us, busbw)} of one implementation at one point, over
+    ranges ([(min, max)], x4 steps; default size_ranges())."""
     rows = {}
     anchor = BA.split_impl(impl)
-    for lo, hi in size_ranges():
+    factor = 4
+    if ranges is None and impl in ONE_LAUNCH and SIZES[-1] >= 16:
+        ranges, factor = [(8, SIZES[-1])], 2
+    for lo, hi in ranges or size_ranges():
         # the previous job's processes may still be exiting (mpirun's daemons,
         # torch's workers): a sub-millisecond 8 B measurement must not share
         # the cores with them
         time.sleep(SETTLE_S)
-        if impl in ("ours-c", "ours-tcp", "ours-py"):
+        t_call = time.time()
+        if impl in ("ours-c", "ours-tcp", "ours-py", *DTYPE_IMPLS):
             prog = [tools["tcperf"]] if impl != "ours-py" else [tools["python"], "-m", "torchcomms.perf"]
             cmd = [tools["tcrun"], "-n", str(n), *prog, "-c", coll, "-b", str(lo), "-e", str(hi),
-                   "-f", "4", "-n", "0", "-w", "5", "-t", "120"]
+                   "-f", str(factor), "-n", "0", "-w", "5", "-t", "120"]
+            if impl in DTYPE_IMPLS:
+                cmd += ["-d", DTYPE_IMPLS[impl]]
             env = {"TORCHCOMMS_CPU_TRANSPORT": "tcp"} if impl == "ours-tcp" else None
             out, _ = run_cmd(cmd, env)
         elif anchor:
@@ -175,7 +214,8 @@ def measure(impl, coll, n, tools):
                 OVERSUB_SEEN.add((impl, n))
         elif impl == "gloo":
             cmd = [tools["python"], os.path.join(ANCHORS, "gloo_perf.py"), "--nproc", str(n), "--coll", coll,
-                   "--min-bytes", str(lo), "--max-bytes", str(hi), "--factor", "4", "--port", str(free_port())]
+                   "--min-bytes", str(lo), "--max-bytes", str(hi), "--factor", str(factor),
+                   "--port", str(free_port())]
             out, _ = run_cmd(cmd)
         elif coll in WIN_COLLS:
             cmd = [*MPIRUN, *MPI_WIN_OPTS[impl], "-np", str(n), tools["mpi_rma_perf"], coll, str(lo), str(hi)]
@@ -186,12 +226,30 @@ def measure(impl, coll, n, tools):
         else:
             cmd = [*MPIRUN, *MPI_OPTS[impl], "-np", str(n), tools["mpi_perf"], MPI_NAME[coll], str(lo), str(hi)]
             out, _ = run_cmd(cmd)
-        want = [lo * 4 ** k for k in range(64) if lo * 4 ** k <= hi]
+        want = [lo * factor ** k for k in range(64) if lo * factor ** k <= hi]
         times = parse_times(out)
         if len(times) != len(want):
             raise RuntimeError(f"expected {len(want)} rows, got {len(times)}:\n{out[-2000:]}")
-        rows.update({size: (t, busbw(coll, n, size, t)) for size, t in zip(want, times)})
+        rows.update({size: (t, busbw(coll, n, size, t)) for size, t in zip(want, times)
+                     if factor == 4 or size in SIZES})
+        TIMING.append([RUN_NOW[0], impl, n, coll, lo, hi, round(time.time() - t_call + SETTLE_S, 2)])
     return rows
+
+
+RUN_NOW = [0]  # the run measure() is in (for TIMING)
+
+
+def timing_report(t_total):
+    """Where the time went: bench/results/timing.csv and a summary on stderr."""
+    with open(os.path.join(OUT, "timing.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "impl", "ranks", "collective", "min_size", "max_size", "seconds"])
+        w.writerows(TIMING)
+    per = {}
+    for r in TIMING:
+        per[r[1]] = per.get(r[1], 0.0) + r[6]
+    log(f"bench: {t_total:.0f} s in all; seconds per implementation (launches, settling and timing): " +
+        ", ".join(f"{k} {v:.0f}" for k, v in sorted(per.items(), key=lambda x: -x[1])))
 
 
 def memcpy_rows(tools):
@@ -286,6 +344,7 @@ def probe_osc(impls, tools):
 
 
 def main():
+    global OUT
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=int(os.environ.get("BENCH_RUNS", "3")))
     ap.add_argument("--ranks", default=os.environ.get("BENCH_RANKS", "2,4"))
@@ -299,11 +358,35 @@ def main():
                     help="largest size in bytes (default 64 MiB; smaller for a quick check)")
     ap.add_argument("--no-mpi", action="store_true", help="skip Open MPI (when it cannot be installed)")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("BENCH_OUT", OUT),
+                    help=f"results directory (default {os.path.relpath(OUT, ROOT)}; env BENCH_OUT)")
+    ap.add_argument("--load", action="store_true", default=os.environ.get("BENCH_LOAD", "") not in ("", "0"),
+                    help="also measure 8 B all_reduce quiet and under a CPU hog on every core, and the idle "
+                         "CPU cost of a blocking wait (bench/bench_load.py; make bench-load runs it alone "
+                         "with --colls none)")
+    ap.add_argument("--load-ranks", default=os.environ.get("BENCH_LOAD_RANKS", ",".join(map(str, bench_load.LOAD_RANKS))))
+    ap.add_argument("--load-impls", default=os.environ.get("BENCH_LOAD_IMPLS", ",".join(bench_load.LOAD_IMPLS)),
+                    help="of ours-c, ompi (Open MPI 5 anchor), mpi-shm (Debian's Open MPI), or another anchor")
+    ap.add_argument("--targets", action="store_true",
+                    help="measure nothing: print the issue-16 targets from the CSVs in --out and exit")
     a = ap.parse_args()
+    OUT = os.path.abspath(a.out)
+    if a.targets:
+        if not os.path.isdir(OUT):
+            sys.exit(f"bench: {OUT} is not a results directory")
+        bench_targets.print_issue16(OUT)
+        return 0
     ranks = [int(x) for x in a.ranks.split(",")]
     SIZES[:] = [s for s in SIZES if s <= a.max_size] or [8]
-    colls = [c for c in a.colls.split(",") if c]
+    colls = [c for c in a.colls.split(",") if c and c != "none"]
     impls = [i for i in a.impls.split(",") if i and not (a.no_mpi and i.startswith("mpi"))]
+    load_ranks = [int(x) for x in a.load_ranks.split(",") if x]
+    load_impls = [i for i in a.load_impls.split(",") if i and not (a.no_mpi and i.startswith("mpi"))] \
+        if a.load else []
+    for i in load_impls:
+        if i not in ("ours-c", "mpi-shm") and not BA.split_impl(i):
+            sys.exit(f"bench: unknown --load-impls entry {i!r} (ours-c, mpi-shm or an anchor: "
+                     f"{', '.join(BA.KNOWN)})")
     try:
         anchors = BA.parse_list(a.anchors)
     except ValueError as e:
@@ -320,12 +403,20 @@ def main():
     if wcolls and 2 not in ranks:
         log("bench: put/get are measured at 2 ranks only, and --ranks has no 2: adding 2 for them")
         ranks = sorted(set(ranks) | {2})
-    tools = build_tools(a.no_mpi or not any(i.startswith("mpi") for i in impls))
+    tools = build_tools(a.no_mpi or not any(i.startswith("mpi") for i in impls + load_impls))
     os.makedirs(OUT, exist_ok=True)
     # the anchors: installed (first use) and checked once, before any timing
     astatus = {}
-    if anchors and colls_c:
-        astatus, tools["p2p"] = BA.prepare(anchors, ANCHORS, log)
+    load_anchors = [BA.split_impl(i)[0] for i in load_impls if BA.split_impl(i)]
+    need = (anchors if colls_c else []) + [x for x in load_anchors if not (colls_c and x in anchors)]
+    if need:
+        astatus, tools["p2p"] = BA.prepare(need, ANCHORS, log)
+    for i in list(load_impls):
+        if BA.split_impl(i) and astatus.get(BA.split_impl(i)[0]) is not None:
+            log(f"bench: load: {i} left out: {astatus[BA.split_impl(i)[0]]}")
+            load_impls.remove(i)
+    if not colls_c:
+        anchors = []
     anchors = [x for x in anchors if astatus.get(x, "") is None]
     aimpls = BA.impl_names(anchors)
     force_oversub = os.environ.get("BENCH_OVERSUB", "") not in ("", "0")
@@ -341,88 +432,107 @@ def main():
     raw, mem = {}, {}
     failures, afailures = [], []
     t_start = time.time()
-    for run in range(1, a.runs + 1):
-        for size, bw in memcpy_rows(tools).items():
-            mem.setdefault(size, []).append(bw)
-        for n in ranks:
-            for coll in colls:
-                if (n != 2) if coll in WIN_COLLS else (n not in ranks_c):
-                    continue
-                for impl in impls + (aimpls if coll not in WIN_COLLS else []):
-                    if impl in aimpls:
-                        why = BA.applies(impl, coll, n, astatus, tools["p2p"], force_oversub)
-                        if why:
-                            if run == 1 and (BA.split_impl(impl)[0], coll, n) not in askip:
-                                askip[(BA.split_impl(impl)[0], coll, n)] = why
-                                log(f"bench: {BA.split_impl(impl)[0]} {coll} n={n}: not measured: {why}")
+    if colls:  # --colls none (make bench-load): the load part alone
+        for run in range(1, a.runs + 1):
+            RUN_NOW[0] = run
+            for size, bw in memcpy_rows(tools).items():
+                mem.setdefault(size, []).append(bw)
+            for n in ranks:
+                for coll in colls:
+                    if (n != 2) if coll in WIN_COLLS else (n not in ranks_c):
+                        continue
+                    for impl in impls + (aimpls if coll not in WIN_COLLS else []):
+                        if impl in aimpls:
+                            why = BA.applies(impl, coll, n, astatus, tools["p2p"], force_oversub)
+                            if why:
+                                if run == 1 and (BA.split_impl(impl)[0], coll, n) not in askip:
+                                    askip[(BA.split_impl(impl)[0], coll, n)] = why
+                                    log(f"bench: {BA.split_impl(impl)[0]} {coll} n={n}: not measured: {why}")
+                                continue
+                        elif not applies(impl, coll, n) or (impl, coll) in skip:
                             continue
-                    elif not applies(impl, coll, n) or (impl, coll) in skip:
+                        try:
+                            rows = measure(impl, coll, n, tools)
+                        except (RuntimeError, subprocess.TimeoutExpired) as e:
+                            # an anchor that fails is reported, not a failed bench
+                            (afailures if impl in aimpls else failures).append(f"run {run} {impl} {coll} n={n}: {e}")
+                            # the command, then the end of its output (a traceback's last lines)
+                            msg = str(e)
+                            log(f"bench: FAILED {impl} {coll} n={n}: " +
+                                (msg if len(msg) <= 1200 else msg[:300] + "\n...\n" + msg[-900:]))
+                            continue
+                        for size, v in rows.items():
+                            raw[(run, impl, n, coll, size)] = v
+                    took = {}
+                    for r in TIMING:
+                        if r[0] == run and r[2] == n and r[3] == coll:
+                            took[r[1]] = took.get(r[1], 0.0) + r[6]
+                    log(f"bench: run {run}/{a.runs} n={n} {coll} done ({time.time() - t_start:.0f} s; " +
+                        " ".join(f"{k} {v:.0f}" for k, v in took.items()) + ")")
+
+        with open(os.path.join(OUT, "raw.csv"), "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["run", "impl", "ranks", "collective", "size", "time_us", "busbw_GBps"])
+            for (run, impl, n, coll, size), (t, bw) in sorted(raw.items()):
+                w.writerow([run, impl, n, coll, size, t, bw])
+        med = median_table(raw)
+        memmed = {s: statistics.median(v) for s, v in mem.items()}
+        with open(os.path.join(OUT, "median.csv"), "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["impl", "ranks", "collective", "size", "time_us", "busbw_GBps", "runs"])
+            for (impl, n, coll, size), (t, bw, k) in sorted(med.items()):
+                w.writerow([impl, n, coll, size, t, bw, k])
+            for s, bw in sorted(memmed.items()):
+                w.writerow(["memcpy", 1, "memcpy", s, "", bw, len(mem[s])])
+
+        def get(impl, n, coll, size, col=1):
+            v = med.get((impl, n, coll, size))
+            return v[col] if v else None
+
+        # One table of ratios: busbw of ours-c over each reference (> 1: we are faster).
+        refs = [i for i in ("mpi-shm", "gloo", "ours-py") if i in impls]
+        rrows = []
+        if colls_c:
+            print(f"\n# make bench: {a.runs} run(s), medians; ratio = busbw(ours-c) / busbw(reference)"
+                  f" (same sizes, same run); ours-tcp / mpi-tcp in the last column")
+            hdr = f"{'ranks':>5} {'collective':<15}{'size':>6} {'ours us':>9} {'ours GB/s':>9}" + "".join(
+                f" {('x ' + r):>9}" for r in refs) + f" {'tcp/mpitcp':>10}"
+            print(hdr)
+        for n in ranks_c:
+            for coll in colls_c:
+                for size in SIZES:
+                    ours = get("ours-c", n, coll, size)
+                    ot = get("ours-c", n, coll, size, 0)
+                    if ours is None:
                         continue
-                    try:
-                        rows = measure(impl, coll, n, tools)
-                    except (RuntimeError, subprocess.TimeoutExpired) as e:
-                        # an anchor that fails is reported, not a failed bench
-                        (afailures if impl in aimpls else failures).append(f"run {run} {impl} {coll} n={n}: {e}")
-                        log(f"bench: FAILED {impl} {coll} n={n}: {str(e)[:300]}")
-                        continue
-                    for size, v in rows.items():
-                        raw[(run, impl, n, coll, size)] = v
-                log(f"bench: run {run}/{a.runs} n={n} {coll} done ({time.time() - t_start:.0f} s)")
+                    rs = [ratio(ours, get(r, n, coll, size)) for r in refs]
+                    tr = ratio(get("ours-tcp", n, coll, size), get("mpi-tcp", n, coll, size))
+                    rrows.append([n, coll, size, ot, ours, *rs, tr])
+                    print(f"{n:>5} {coll:<15}{fmt_size(size):>6} {ot:>9.2f} {ours:>9.3f}" + "".join(
+                        f" {x:>9.2f}" if x is not None else f" {'-':>9}" for x in rs) +
+                        (f" {tr:>10.2f}" if tr is not None else f" {'-':>10}"))
+        with open(os.path.join(OUT, "ratios.csv") if colls_c else os.devnull, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["ranks", "collective", "size", "ours_time_us", "ours_busbw_GBps",
+                        *[f"ratio_vs_{r}" for r in refs], "ratio_tcp_vs_mpi_tcp"])
+            w.writerows(rrows)
 
-    with open(os.path.join(OUT, "raw.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["run", "impl", "ranks", "collective", "size", "time_us", "busbw_GBps"])
-        for (run, impl, n, coll, size), (t, bw) in sorted(raw.items()):
-            w.writerow([run, impl, n, coll, size, t, bw])
-    med = median_table(raw)
-    memmed = {s: statistics.median(v) for s, v in mem.items()}
-    with open(os.path.join(OUT, "median.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["impl", "ranks", "collective", "size", "time_us", "busbw_GBps", "runs"])
-        for (impl, n, coll, size), (t, bw, k) in sorted(med.items()):
-            w.writerow([impl, n, coll, size, t, bw, k])
-        for s, bw in sorted(memmed.items()):
-            w.writerow(["memcpy", 1, "memcpy", s, "", bw, len(mem[s])])
-
-    def get(impl, n, coll, size, col=1):
-        v = med.get((impl, n, coll, size))
-        return v[col] if v else None
-
-    # One table of ratios: busbw of ours-c over each reference (> 1: we are faster).
-    refs = [i for i in ("mpi-shm", "gloo", "ours-py") if i in impls]
-    rrows = []
-    if colls_c:
-        print(f"\n# make bench: {a.runs} run(s), medians; ratio = busbw(ours-c) / busbw(reference)"
-              f" (same sizes, same run); ours-tcp / mpi-tcp in the last column")
-        hdr = f"{'ranks':>5} {'collective':<15}{'size':>6} {'ours us':>9} {'ours GB/s':>9}" + "".join(
-            f" {('x ' + r):>9}" for r in refs) + f" {'tcp/mpitcp':>10}"
-        print(hdr)
-    for n in ranks_c:
-        for coll in colls_c:
-            for size in SIZES:
-                ours = get("ours-c", n, coll, size)
-                ot = get("ours-c", n, coll, size, 0)
-                if ours is None:
-                    continue
-                rs = [ratio(ours, get(r, n, coll, size)) for r in refs]
-                tr = ratio(get("ours-tcp", n, coll, size), get("mpi-tcp", n, coll, size))
-                rrows.append([n, coll, size, ot, ours, *rs, tr])
-                print(f"{n:>5} {coll:<15}{fmt_size(size):>6} {ot:>9.2f} {ours:>9.3f}" + "".join(
-                    f" {x:>9.2f}" if x is not None else f" {'-':>9}" for x in rs) +
-                    (f" {tr:>10.2f}" if tr is not None else f" {'-':>10}"))
-    with open(os.path.join(OUT, "ratios.csv") if colls_c else os.devnull, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["ranks", "collective", "size", "ours_time_us", "ours_busbw_GBps",
-                    *[f"ratio_vs_{r}" for r in refs], "ratio_tcp_vs_mpi_tcp"])
-        w.writerows(rrows)
-
-    if colls_c:
-        print_targets(get, ranks_c, [c for c in colls_c if c in COLLS], memmed)
-        anchor_report(get, anchors, astatus, askip, ranks_c, colls_c)
-    if wcolls:
-        window_report(get, wcolls, impls, osc)
-    if not a.no_plot:
-        plot(med, memmed, ranks, colls, impls + aimpls)
+        if colls_c:
+            print_targets(get, ranks_c, [c for c in colls_c if c in COLLS], memmed)
+            anchor_report(get, anchors, astatus, askip, ranks_c, colls_c)
+        if wcolls:
+            window_report(get, wcolls, impls, osc)
+        if not a.no_plot:
+            plot(med, memmed, ranks, colls, impls + aimpls)
+    if colls:
+        timing_report(time.time() - t_start)
+    if load_impls:
+        def measure8(impl, n):
+            return measure(impl, "all_reduce", n, tools, [(8, 8)])[8][0]
+        failures += bench_load.run_load(measure8, run_cmd, tools, OUT, a.runs, load_impls, load_ranks, log,
+                                        BUILD, ROOT)
+    if colls_c or load_impls:
+        bench_targets.print_issue16(OUT)
     for f in failures:
         log("bench: failed: " + f.splitlines()[0])
     for f in afailures:

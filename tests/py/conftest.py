@@ -25,6 +25,7 @@ SHM_PASS_ONLY = {
     "test_handles_rss.py": "the handle tables' memory",
     "test_soak.py": "the soak driver (make soak runs it on both)",
     "test_perf.py": "tcperf's command line and output (make bench measures)",
+    "test_bench_targets.py": "make bench's target lines from made-up CSVs (no transport)",
     "test_threads_one_process.py": "chooses shared memory and TCP itself",
     "test_torchft.py": "torchft over the API (recovery on TCP: test_reconfigure.py)",
 }
