@@ -14,12 +14,16 @@
  * from memory.
  *
  * Usage: tcreduce_bench [--cold] [--all] [--csv] [--ms N] [--reps N]
- *                       [--sizes 8K,64K,1M,16M]
+ *                       [--sizes 8K,64K,1M,16M] [--match SUBSTRING]
  *   default: memcpy and SUM reduce/reduce3 for float32, bfloat16, float16;
- *   --all: also PRODUCT, MIN, MAX, scale (PREMUL_SUM) and divide (AVG).
- * Each figure is the median of --reps (5) timings of >= --ms (20) ms each.
+ *   --all: also PRODUCT, MIN, MAX, scale (PREMUL_SUM) and divide (AVG);
+ *   --match: only the kernels whose name contains SUBSTRING.
+ * Each figure is the median of --reps (5) timings of >= --ms (20) ms of the
+ * thread's CPU time each.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,9 +32,11 @@
 
 #include "core/internal.h"
 
+/* The thread's CPU time: on a shared machine, the time other processes hold
+ * the core is not counted (their cache pollution still is). */
 static double now_s(void) {
   struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
@@ -113,6 +119,7 @@ static size_t parse_size(const char *s) {
 
 int main(int argc, char **argv) {
   int cold = 0, all = 0, csv = 0, reps = 5;
+  const char *match = NULL;
   double ms = 20;
   size_t sizes[16] = {8u << 10, 64u << 10, 1u << 20, 16u << 20};
   int nsizes = 4;
@@ -122,13 +129,14 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--csv")) csv = 1;
     else if (!strcmp(argv[i], "--ms") && i + 1 < argc) ms = atof(argv[++i]);
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--match") && i + 1 < argc) match = argv[++i];
     else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
       nsizes = 0;
       for (char *t = strtok(argv[++i], ","); t && nsizes < 16; t = strtok(NULL, ","))
         sizes[nsizes++] = parse_size(t);
     } else {
       fprintf(stderr,
-              "usage: %s [--cold] [--all] [--csv] [--ms N] [--reps N] [--sizes 8K,64K,1M,16M]\n",
+              "usage: %s [--cold] [--all] [--csv] [--ms N] [--reps N] [--sizes 8K,64K,1M,16M] [--match SUBSTRING]\n",
               argv[0]);
       return 2;
     }
@@ -181,7 +189,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nsizes; i++) printf(",%zu", sizes[i]);
     printf("\n");
   } else {
-    printf("# reduction kernels, one core, GB/s of one input's bytes (%s; median of %d x %g ms)\n",
+    printf("# reduction kernels, one core, GB/s of one input's bytes (%s; median of %d x %g ms CPU time)\n",
            cold ? "cold: from memory" : "hot: same buffers", reps, ms);
     printf("%-20s", "kernel");
     for (int i = 0; i < nsizes; i++) {
@@ -195,6 +203,7 @@ int main(int argc, char **argv) {
   }
   for (int b = 0; b < nb; b++) {
     const bench_t *bp = &list[b];
+    if (match && !strstr(bp->name, match)) continue;
     const int ones = bp->kind != K_MEMCPY && bp->op == TC_PRODUCT;
     const tc_dtype_t fd = bp->kind == K_MEMCPY ? TC_FLOAT32 : bp->dtype;
     fill(g_a, g_pool, fd, 0);

@@ -86,6 +86,10 @@ MPI_WIN_OPTS = {"mpi-shm": [], "mpi-oscsm": ["--mca", "osc", "sm"],
                 "mpi-tcp": ["--mca", "btl", "self,tcp", "--mca", "osc", "pt2pt"]}
 SIZES = [8] + [16 * 4 ** k for k in range(12)]  # 8 B, 16 B .. 64 MiB
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
+# 16-bit floats against float32 (issue 16, point 5): 2 ranks, shared memory
+DT_COLLS = ["all_reduce", "reduce_scatter"]
+DT_TYPES = ["float32", "bfloat16", "float16"]
+DT_SIZES = [8 << 10, 64 << 10, 1 << 20]
 
 
 def log(*a):
@@ -204,15 +208,74 @@ def memcpy_rows(tools):
     return r
 
 
+def dtype_rows(tools, coll, dtype):
+    """busbw (GB/s) by size of ours-c at 2 ranks, shared memory, one dtype."""
+    time.sleep(SETTLE_S)
+    cmd = [tools["tcrun"], "-n", "2", tools["tcperf"], "-c", coll, "-d", dtype, "-b", str(DT_SIZES[0]),
+           "-e", str(DT_SIZES[-1]), "-f", "8", "-n", "0", "-w", "5", "-t", "120"]
+    out, _ = run_cmd(cmd)
+    times = parse_times(out)
+    if len(times) != len(DT_SIZES):
+        raise RuntimeError(f"expected {len(DT_SIZES)} rows, got {len(times)}:\n{out[-2000:]}")
+    return {size: busbw(coll, 2, size, t) for size, t in zip(DT_SIZES, times)}
+
+
+def dtype_report(tools, runs, colls):
+    """bfloat16 and float16 all_reduce / reduce_scatter busbw against float32's
+    at the same byte size (2 ranks, shared memory; runs interleaved, medians),
+    the target (>= 90 %), and the reduction kernels' single-core throughput
+    next to memcpy (build/tcreduce_bench). Files: dtypes.csv, reduce_kernels.txt."""
+    colls = [c for c in DT_COLLS if c in colls]
+    raw, failures = {}, []
+    for run in range(runs):
+        for coll in colls:
+            for dt in DT_TYPES:
+                try:
+                    for size, bw in dtype_rows(tools, coll, dt).items():
+                        raw.setdefault((coll, dt, size), []).append(bw)
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    failures.append(f"run {run + 1} dtype {dt} {coll}: {e}")
+                    log(f"bench: FAILED dtype {dt} {coll}: {str(e)[:300]}")
+    med = {k: statistics.median(v) for k, v in raw.items()}
+    print(f"\n# 16-bit floats (issue 16, point 5): busbw GB/s at 2 ranks, shared memory, same byte size; "
+          f"medians of {runs} interleaved run(s)")
+    print(f"{'collective':<15}{'size':>6} {'f32':>8} {'bf16':>8} {'f16':>8} {'bf16/f32':>9} {'f16/f32':>8}")
+    rows, worst = [], None
+    for coll in colls:
+        for size in DT_SIZES:
+            bw = [med.get((coll, dt, size)) for dt in DT_TYPES]
+            rs = [ratio(x, bw[0]) for x in bw[1:]]
+            rows.append([coll, size, *bw, *rs])
+            for dt, r in zip(DT_TYPES[1:], rs):
+                if r is not None and (worst is None or r < worst[0]):
+                    worst = (r, f"{dt} {coll} {fmt_size(size)}")
+            print(f"{coll:<15}{fmt_size(size):>6}" + "".join(f" {x:>8.2f}" if x else f" {'-':>8}" for x in bw) +
+                  "".join(f" {x:>8.2f}" if x else f" {'-':>8}" for x in rs))
+    with open(os.path.join(OUT, "dtypes.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["collective", "size", *[f"{d}_busbw_GBps" for d in DT_TYPES], "bf16_over_f32", "f16_over_f32"])
+        w.writerows(rows)
+    ok = None if worst is None else worst[0] >= 0.9
+    print(f"  [{'PASS' if ok else 'MISS' if ok is not None else 'N/A '}] bfloat16 and float16 all_reduce and "
+          f"reduce_scatter busbw >= 90% of float32's at 8 KiB .. 1 MiB: " +
+          (f"lowest ratio {worst[0]:.2f} at {worst[1]}" if worst else "not measured"))
+    out, _ = run_cmd([tools["tcreduce_bench"]])
+    with open(os.path.join(OUT, "reduce_kernels.txt"), "w") as f:
+        f.write(out)
+    print("\n" + out.rstrip())
+    return failures
+
+
 def build_tools(skip_mpi):
     os.makedirs(os.path.join(BUILD, "bench"), exist_ok=True)
     tools = {"tcrun": os.path.join(BUILD, "tcrun"), "tcperf": os.path.join(BUILD, "tcperf"),
              "python": sys.executable,
              "memcpy_bw": os.path.join(BUILD, "bench", "memcpy_bw"),
+             "tcreduce_bench": os.path.join(BUILD, "tcreduce_bench"),
              "mpi_perf": os.path.join(BUILD, "bench", "mpi_perf"),
              "mpi_rma_perf": os.path.join(BUILD, "bench", "mpi_rma_perf"),
              "mpi_sendrecv": os.path.join(BUILD, "bench", "mpi_sendrecv"), "p2p": {}}
-    for t in ("tcrun", "tcperf"):
+    for t in ("tcrun", "tcperf", "tcreduce_bench"):
         if not os.access(tools[t], os.X_OK):
             sys.exit(f"bench: {tools[t]} is missing: run `make build` first")
     if not os.path.isfile(os.path.join(ANCHORS, "memcpy_bw.c")):
@@ -299,6 +362,8 @@ def main():
                     help="largest size in bytes (default 64 MiB; smaller for a quick check)")
     ap.add_argument("--no-mpi", action="store_true", help="skip Open MPI (when it cannot be installed)")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--no-dtypes", action="store_true",
+                    help="skip the bfloat16/float16 against float32 section and the kernel table")
     a = ap.parse_args()
     ranks = [int(x) for x in a.ranks.split(",")]
     SIZES[:] = [s for s in SIZES if s <= a.max_size] or [8]
@@ -421,6 +486,8 @@ def main():
         anchor_report(get, anchors, astatus, askip, ranks_c, colls_c)
     if wcolls:
         window_report(get, wcolls, impls, osc)
+    if not a.no_dtypes and 2 in ranks_c and "ours-c" in impls and any(c in DT_COLLS for c in colls_c):
+        failures += dtype_report(tools, a.runs, colls_c)
     if not a.no_plot:
         plot(med, memmed, ranks, colls, impls + aimpls)
     for f in failures:

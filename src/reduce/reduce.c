@@ -417,19 +417,28 @@ TC__AVX2_INLINE void tc__bf_load(const uint16_t *p, __m256 *ev, __m256 *od) {
   *od = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xFFFF0000u)));
 }
 
-/* tc__f2bf on 8 lanes, the bfloat16 left in the upper 16 bits of each. */
-TC__AVX2_INLINE __m256i tc__bf_round(__m256 f) {
-  const __m256i u = _mm256_castps_si256(f);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
-  return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), nan);
-}
-
+/* tc__f2bf of the even (ev) and odd (od) elements of 16, stored. In 16-bit
+ * lanes: h, the upper halves of the float32 bits (truncated bfloat16), and
+ * l, the lower halves; h + 1 where l + 0x7FFF + (h & 1) carries, i.e.
+ * where avg(l, 0x7FFE + (h & 1)) = (l + 0x7FFF + (h & 1)) >> 1 has its top
+ * bit. NaN (0x7FC0) only where an exponent is all ones, which is rare:
+ * one test per 16, the blend only then. */
 TC__AVX2_INLINE void tc__bf_store(uint16_t *p, __m256 ev, __m256 od) {
-  const __m256i e = _mm256_srli_epi32(tc__bf_round(ev), 16);
-  const __m256i o = _mm256_and_si256(tc__bf_round(od), _mm256_set1_epi32((int)0xFFFF0000u));
-  _mm256_storeu_si256((__m256i *)p, _mm256_or_si256(e, o));
+  const __m256i e = _mm256_castps_si256(ev), o = _mm256_castps_si256(od);
+  const __m256i h = _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xAA);
+  const __m256i l = _mm256_blend_epi16(e, _mm256_slli_epi32(o, 16), 0xAA);
+  const __m256i t = _mm256_add_epi16(_mm256_and_si256(h, _mm256_set1_epi16(1)),
+                                     _mm256_set1_epi16(0x7FFE));
+  __m256i r = _mm256_add_epi16(h, _mm256_srli_epi16(_mm256_avg_epu16(l, t), 15));
+  const __m256i ex = _mm256_set1_epi16(0x7F80);
+  const __m256i special = _mm256_cmpeq_epi16(_mm256_and_si256(h, ex), ex);
+  if (__builtin_expect(!_mm256_testz_si256(special, special), 0)) { /* Inf or NaN */
+    const __m256i nan = _mm256_blend_epi16(
+        _mm256_castps_si256(_mm256_cmp_ps(ev, ev, _CMP_UNORD_Q)),
+        _mm256_castps_si256(_mm256_cmp_ps(od, od, _CMP_UNORD_Q)), 0xAA);
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi16(0x7FC0), nan);
+  }
+  _mm256_storeu_si256((__m256i *)p, r);
 }
 
 TC__AVX2_INLINE __m256 tc__h_load(const uint16_t *p) {
@@ -471,6 +480,12 @@ TC__AVX2_INLINE void tc__h_store(uint16_t *p, __m256 f) {
     uint16_t *o = (uint16_t *)ov;                                              \
     const uint16_t *a = (const uint16_t *)av, *b = (const uint16_t *)bv;       \
     size_t i = 0;                                                              \
+    for (; i + 32 <= n; i += 32) {                                             \
+      _mm_prefetch((const char *)(a + i) + 512, _MM_HINT_T0);                  \
+      _mm_prefetch((const char *)(b + i) + 512, _MM_HINT_T0);                  \
+      V(OP, o + i, a + i, b + i);                                              \
+      V(OP, o + i + 16, a + i + 16, b + i + 16);                               \
+    }                                                                          \
     for (; i + 16 <= n; i += 16) V(OP, o + i, a + i, b + i);                   \
     if (i < n) {                                                               \
       uint16_t ta[16] = {0}, tb[16] = {0};                                     \
