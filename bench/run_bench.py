@@ -101,6 +101,8 @@ MPI_WIN_OPTS = {"mpi-shm": [], "mpi-oscsm": ["--mca", "osc", "sm"],
                 "mpi-tcp": ["--mca", "btl", "self,tcp", "--mca", "osc", "pt2pt"]}
 SIZES = [8] + [16 * 4 ** k for k in range(12)]  # 8 B, 16 B .. 64 MiB
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
+# 16-bit floats against float32 (issue 16, point 5): 2 ranks, shared memory
+DT_COLLS = ["all_reduce", "reduce_scatter"]
 
 
 def log(*a):
@@ -262,15 +264,27 @@ def memcpy_rows(tools):
     return r
 
 
+def kernel_report(tools):
+    """The reduction kernels' single-core throughput next to memcpy
+    (build/tcreduce_bench: float32, bfloat16, float16; reduce and reduce3) for
+    point 5 of issue 16; the end-to-end bf16/fp16 ratios are the ours-c-bf16 and
+    ours-c-fp16 rows of the main runs (bench_targets.py). File: reduce_kernels.txt."""
+    out, _ = run_cmd([tools["tcreduce_bench"]])
+    with open(os.path.join(OUT, "reduce_kernels.txt"), "w") as f:
+        f.write(out)
+    print("\n# reduction kernels, one core (issue 16, point 5)\n" + out.rstrip())
+
+
 def build_tools(skip_mpi):
     os.makedirs(os.path.join(BUILD, "bench"), exist_ok=True)
     tools = {"tcrun": os.path.join(BUILD, "tcrun"), "tcperf": os.path.join(BUILD, "tcperf"),
              "python": sys.executable,
              "memcpy_bw": os.path.join(BUILD, "bench", "memcpy_bw"),
+             "tcreduce_bench": os.path.join(BUILD, "tcreduce_bench"),
              "mpi_perf": os.path.join(BUILD, "bench", "mpi_perf"),
              "mpi_rma_perf": os.path.join(BUILD, "bench", "mpi_rma_perf"),
              "mpi_sendrecv": os.path.join(BUILD, "bench", "mpi_sendrecv"), "p2p": {}}
-    for t in ("tcrun", "tcperf"):
+    for t in ("tcrun", "tcperf", "tcreduce_bench"):
         if not os.access(tools[t], os.X_OK):
             sys.exit(f"bench: {tools[t]} is missing: run `make build` first")
     if not os.path.isfile(os.path.join(ANCHORS, "memcpy_bw.c")):
@@ -369,6 +383,8 @@ def main():
                     help="of ours-c, ompi (Open MPI 5 anchor), mpi-shm (Debian's Open MPI), or another anchor")
     ap.add_argument("--targets", action="store_true",
                     help="measure nothing: print the issue-16 targets from the CSVs in --out and exit")
+    ap.add_argument("--no-dtypes", action="store_true",
+                    help="skip the reduction kernels' table (build/tcreduce_bench)")
     a = ap.parse_args()
     OUT = os.path.abspath(a.out)
     if a.targets:
@@ -522,6 +538,8 @@ def main():
             anchor_report(get, anchors, astatus, askip, ranks_c, colls_c)
         if wcolls:
             window_report(get, wcolls, impls, osc)
+        if not a.no_dtypes and "ours-c" in impls and any(c in DT_COLLS for c in colls_c):
+            kernel_report(tools)
         if not a.no_plot:
             plot(med, memmed, ranks, colls, impls + aimpls)
     if colls:

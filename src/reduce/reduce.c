@@ -226,9 +226,17 @@ uint8_t tc__float_to_fp8e5m2(float f) { return tc__f2e5m2(f); }
 #define TC__OP_BOOL_BOR(T, U, a, b) TC__OP_BOOL_OR(a, b)
 #define TC__OP_BOOL_BXOR(T, U, a, b) ((uint8_t)(((a) != 0) ^ ((b) != 0)))
 
+/* r, or a where a is NaN. x86 returns the first operand's NaN when both
+ * are NaN, but which operand of a + b comes first is the compiler's choice:
+ * float16 keeps the NaN's sign (tc__f2h), so its SUM/PRODUCT (and scale)
+ * name it: a NaN a wins, the same in the generic and the vector kernels. */
+TC__INLINE float tc__nanfirst(float a, float r) {
+  return tc__bitsf(tc__select(a != a, tc__fbits(a), tc__fbits(r)));
+}
+
 /* The 16- and 8-bit floats compute with the float32 operations. */
-#define TC__OP_F16_SUM TC__OP_FLT_SUM
-#define TC__OP_F16_PRODUCT TC__OP_FLT_PRODUCT
+#define TC__OP_F16_SUM(T, U, a, b) tc__nanfirst(a, (a) + (b))
+#define TC__OP_F16_PRODUCT(T, U, a, b) tc__nanfirst(a, (a) * (b))
 #define TC__OP_F16_MIN TC__OP_FLT_MIN
 #define TC__OP_F16_MAX TC__OP_FLT_MAX
 #define TC__OP_BF16_SUM TC__OP_FLT_SUM
@@ -359,6 +367,202 @@ uint8_t tc__float_to_fp8e5m2(float f) { return tc__f2e5m2(f); }
 TC__REDUCE_KERNELS(TC__GEN)
 
 /* ------------------------------------------------------------------------ */
+/* AVX2 (+F16C) kernels for bfloat16 and float16                             */
+/* ------------------------------------------------------------------------ */
+
+/* The generic 16-bit kernels above convert element by element (GCC does
+ * not vectorise tc__h2f / tc__f2h well, and F16C is not part of the avx2
+ * clone): 1-5 GB/s where float32 runs at 10-40. These explicit AVX2
+ * kernels, picked at run time when the CPU has AVX2 (and F16C for float16),
+ * give the SAME BITS as the generic ones (tests/c/test_reduce_simd.c checks
+ * it): the operation is the same float32 instruction, and
+ *  - bfloat16 -> float32 is a shift (exact); float32 -> bfloat16 is
+ *    tc__f2bf's integer round to nearest even, NaN -> 0x7FC0;
+ *  - float16 <-> float32 is F16C's vcvtph2ps (exact) and vcvtps2ph with
+ *    round to nearest even, which equal tc__h2f / tc__f2h on every float32
+ *    except NaN, where tc__f2h gives the quiet NaN 0x7E00 with the sign:
+ *    NaN lanes are first replaced by the float32 quiet NaN 0x7FC00000 with
+ *    their sign, which converts to exactly that.
+ *  - MIN/MAX: vminps/vmaxps return the second operand when either is NaN
+ *    or both are zeros, i.e. (a < b ? a : b); blending in a where a is NaN
+ *    gives TC__OP_FLT_MIN's ((a < b || a != a) ? a : b), and MAX alike.
+ * Not used: AVX512_BF16's vcvtneps2bf16 (it flushes float32 subnormals to
+ * zero and keeps NaN payloads: other bits than tc__f2bf). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(TC_NO_SIMD16)
+#include <immintrin.h>
+#define TC__SIMD16 1
+#define TC__AVX2 __attribute__((target("avx2,f16c")))
+#define TC__AVX2_INLINE static inline __attribute__((always_inline, target("avx2,f16c")))
+
+/* r, or a in the lanes where a is NaN (tc__nanfirst, TC__OP_FLT_MIN). */
+#define TC__V_NANFIRST(a, r)                                                   \
+  _mm256_blendv_ps(r, a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q))
+#define TC__V_SUM(a, b) _mm256_add_ps(a, b)
+#define TC__V_PRODUCT(a, b) _mm256_mul_ps(a, b)
+#define TC__V_MIN(a, b) TC__V_NANFIRST(a, _mm256_min_ps(a, b))
+#define TC__V_MAX(a, b) TC__V_NANFIRST(a, _mm256_max_ps(a, b))
+/* float16 keeps NaN signs: its SUM/PRODUCT name the NaN (tc__nanfirst);
+ * bfloat16's NaN is always 0x7FC0. */
+#define TC__VH_SUM(a, b) TC__V_NANFIRST(a, _mm256_add_ps(a, b))
+#define TC__VH_PRODUCT(a, b) TC__V_NANFIRST(a, _mm256_mul_ps(a, b))
+#define TC__VH_MIN TC__V_MIN
+#define TC__VH_MAX TC__V_MAX
+#define TC__VH_MUL(x, f) TC__V_NANFIRST(x, _mm256_mul_ps(x, f))
+
+/* 16 bfloat16 as two float32 vectors: the even elements (shifted up) and
+ * the odd ones (upper halves kept), no shuffles. */
+TC__AVX2_INLINE void tc__bf_load(const uint16_t *p, __m256 *ev, __m256 *od) {
+  const __m256i x = _mm256_loadu_si256((const __m256i *)p);
+  *ev = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+  *od = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xFFFF0000u)));
+}
+
+/* tc__f2bf of the even (ev) and odd (od) elements of 16, stored. In 16-bit
+ * lanes: h, the upper halves of the float32 bits (truncated bfloat16), and
+ * l, the lower halves; h + 1 where l + 0x7FFF + (h & 1) carries, i.e.
+ * where avg(l, 0x7FFE + (h & 1)) = (l + 0x7FFF + (h & 1)) >> 1 has its top
+ * bit. NaN (0x7FC0) only where an exponent is all ones, which is rare:
+ * one test per 16, the blend only then. */
+TC__AVX2_INLINE void tc__bf_store(uint16_t *p, __m256 ev, __m256 od) {
+  const __m256i e = _mm256_castps_si256(ev), o = _mm256_castps_si256(od);
+  const __m256i h = _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xAA);
+  const __m256i l = _mm256_blend_epi16(e, _mm256_slli_epi32(o, 16), 0xAA);
+  const __m256i t = _mm256_add_epi16(_mm256_and_si256(h, _mm256_set1_epi16(1)),
+                                     _mm256_set1_epi16(0x7FFE));
+  __m256i r = _mm256_add_epi16(h, _mm256_srli_epi16(_mm256_avg_epu16(l, t), 15));
+  const __m256i ex = _mm256_set1_epi16(0x7F80);
+  const __m256i special = _mm256_cmpeq_epi16(_mm256_and_si256(h, ex), ex);
+  if (__builtin_expect(!_mm256_testz_si256(special, special), 0)) { /* Inf or NaN */
+    const __m256i nan = _mm256_blend_epi16(
+        _mm256_castps_si256(_mm256_cmp_ps(ev, ev, _CMP_UNORD_Q)),
+        _mm256_castps_si256(_mm256_cmp_ps(od, od, _CMP_UNORD_Q)), 0xAA);
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi16(0x7FC0), nan);
+  }
+  _mm256_storeu_si256((__m256i *)p, r);
+}
+
+TC__AVX2_INLINE __m256 tc__h_load(const uint16_t *p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* tc__f2h on 8 lanes (see above for NaN). */
+TC__AVX2_INLINE void tc__h_store(uint16_t *p, __m256 f) {
+  const __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
+  const __m256 q = _mm256_or_ps(_mm256_and_ps(f, _mm256_set1_ps(-0.0f)),
+                                _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)));
+  f = _mm256_blendv_ps(f, q, nan);
+  _mm_storeu_si128((__m128i *)p,
+                   _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+/* 16 elements: o = a op b, every input read before o is written (o may
+ * alias a or b exactly). */
+#define TC__V16_BF(OP, o, a, b)                                                \
+  do {                                                                         \
+    __m256 ae, ao, be, bo;                                                     \
+    tc__bf_load(a, &ae, &ao);                                                  \
+    tc__bf_load(b, &be, &bo);                                                  \
+    tc__bf_store(o, TC__V_##OP(ae, be), TC__V_##OP(ao, bo));                   \
+  } while (0)
+#define TC__V16_H(OP, o, a, b)                                                 \
+  do {                                                                         \
+    const __m256 a0 = tc__h_load(a), a1 = tc__h_load((a) + 8);                 \
+    const __m256 b0 = tc__h_load(b), b1 = tc__h_load((b) + 8);                 \
+    tc__h_store(o, TC__VH_##OP(a0, b0));                                       \
+    tc__h_store((o) + 8, TC__VH_##OP(a1, b1));                                 \
+  } while (0)
+
+/* k3 (o = a op b) and k2 (d op= s) per op; the last n % 16 elements go
+ * through zero-padded stack copies and the same vector code. */
+#define TC__GEN_V16(OP, D, V)                                                  \
+  static TC__AVX2 void tc__v3_##D##_##OP(void *ov, const void *av,             \
+                                         const void *bv, size_t n) {           \
+    uint16_t *o = (uint16_t *)ov;                                              \
+    const uint16_t *a = (const uint16_t *)av, *b = (const uint16_t *)bv;       \
+    size_t i = 0;                                                              \
+    for (; i + 32 <= n; i += 32) {                                             \
+      _mm_prefetch((const char *)(a + i) + 512, _MM_HINT_T0);                  \
+      _mm_prefetch((const char *)(b + i) + 512, _MM_HINT_T0);                  \
+      V(OP, o + i, a + i, b + i);                                              \
+      V(OP, o + i + 16, a + i + 16, b + i + 16);                               \
+    }                                                                          \
+    for (; i + 16 <= n; i += 16) V(OP, o + i, a + i, b + i);                   \
+    if (i < n) {                                                               \
+      uint16_t ta[16] = {0}, tb[16] = {0};                                     \
+      memcpy(ta, a + i, (n - i) * 2);                                          \
+      memcpy(tb, b + i, (n - i) * 2);                                          \
+      V(OP, ta, ta, tb);                                                       \
+      memcpy(o + i, ta, (n - i) * 2);                                          \
+    }                                                                          \
+  }                                                                            \
+  static void tc__v2_##D##_##OP(void *dv, const void *sv, size_t n) {          \
+    tc__v3_##D##_##OP(dv, dv, sv, n);                                          \
+  }
+#define TC__GEN_V16_OPS(D, V)                                                  \
+  TC__GEN_V16(SUM, D, V) TC__GEN_V16(PRODUCT, D, V) TC__GEN_V16(MIN, D, V)     \
+  TC__GEN_V16(MAX, D, V)
+TC__GEN_V16_OPS(BFLOAT16, TC__V16_BF)
+TC__GEN_V16_OPS(FLOAT16, TC__V16_H)
+
+/* Scale (x * f) and divide (x / f) of n elements, s -> d (d may equal s). */
+#define TC__GEN_VMAP(NAME, D, V, VOP)                                          \
+  static TC__AVX2 void tc__v##NAME##_##D(uint16_t *d, const uint16_t *s,       \
+                                         size_t n, float fv) {                 \
+    const __m256 f = _mm256_set1_ps(fv);                                       \
+    size_t i = 0;                                                              \
+    for (; i + 16 <= n; i += 16) V(d + i, s + i, f, VOP);                      \
+    if (i < n) {                                                               \
+      uint16_t t[16] = {0};                                                    \
+      memcpy(t, s + i, (n - i) * 2);                                           \
+      V(t, t, f, VOP);                                                         \
+      memcpy(d + i, t, (n - i) * 2);                                           \
+    }                                                                          \
+  }
+#define TC__VMAP_BF(d, s, f, VOP)                                              \
+  do {                                                                         \
+    __m256 e, o;                                                               \
+    tc__bf_load(s, &e, &o);                                                    \
+    tc__bf_store(d, VOP(e, f), VOP(o, f));                                     \
+  } while (0)
+#define TC__VMAP_H(d, s, f, VOP)                                               \
+  do {                                                                         \
+    const __m256 x0 = tc__h_load(s), x1 = tc__h_load((s) + 8);                 \
+    tc__h_store(d, VOP(x0, f));                                                \
+    tc__h_store((d) + 8, VOP(x1, f));                                          \
+  } while (0)
+TC__GEN_VMAP(scale, BFLOAT16, TC__VMAP_BF, _mm256_mul_ps)
+TC__GEN_VMAP(divide, BFLOAT16, TC__VMAP_BF, _mm256_div_ps)
+TC__GEN_VMAP(scale, FLOAT16, TC__VMAP_H, TC__VH_MUL)
+TC__GEN_VMAP(divide, FLOAT16, TC__VMAP_H, _mm256_div_ps)
+#endif /* AVX2 16-bit kernels */
+
+/* Which 16-bit kernels run: bit 0 the bfloat16 AVX2 ones, bit 1 the float16
+ * AVX2+F16C ones; -1 until the CPU is asked (first call). */
+static int simd16_mask = -1;
+static int simd16_allowed = 1; /* tc__reduce_set_simd(0) turns them off */
+
+static int simd16(void) {
+#ifdef TC__SIMD16
+  int m = __atomic_load_n(&simd16_mask, __ATOMIC_RELAXED);
+  if (m < 0) {
+    __builtin_cpu_init();
+    const int avx2 = __builtin_cpu_supports("avx2") != 0;
+    m = avx2 | ((avx2 && __builtin_cpu_supports("f16c")) << 1);
+    __atomic_store_n(&simd16_mask, m, __ATOMIC_RELAXED);
+  }
+  return __atomic_load_n(&simd16_allowed, __ATOMIC_RELAXED) ? m : 0;
+#else
+  return 0;
+#endif
+}
+
+int tc__reduce_set_simd(int on) {
+  const int was = simd16() != 0;
+  __atomic_store_n(&simd16_allowed, on != 0, __ATOMIC_RELAXED);
+  return was;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Kernel table and dispatch                                                 */
 /* ------------------------------------------------------------------------ */
 
@@ -377,12 +581,31 @@ static const tc__kernel_t kernel_table[TC_DTYPE_COUNT][TC_AVG] = {
 #undef TC__ENTRY
 };
 
+#ifdef TC__SIMD16
+/* The AVX2 16-bit kernels: [0] bfloat16, [1] float16, by op SUM..MAX. */
+static const tc__kernel_t simd16_table[2][TC_MAX + 1] = {
+#define TC__VENTRY(D, OP) [TC_##OP] = {.k2 = tc__v2_##D##_##OP, .k3 = tc__v3_##D##_##OP}
+    {TC__VENTRY(BFLOAT16, SUM), TC__VENTRY(BFLOAT16, PRODUCT),
+     TC__VENTRY(BFLOAT16, MIN), TC__VENTRY(BFLOAT16, MAX)},
+    {TC__VENTRY(FLOAT16, SUM), TC__VENTRY(FLOAT16, PRODUCT),
+     TC__VENTRY(FLOAT16, MIN), TC__VENTRY(FLOAT16, MAX)},
+#undef TC__VENTRY
+};
+#endif
+
 /* The kernel of dtype x op (AVG and PREMUL_SUM as SUM), or NULL when the
  * pair is invalid or not allowed. */
 static const tc__kernel_t *kernel_of(tc_dtype_t dtype, tc_redop_type_t op) {
   if ((unsigned)dtype >= TC_DTYPE_COUNT || (unsigned)op >= TC_REDOP_COUNT)
     return NULL;
   if (op == TC_AVG || op == TC_PREMUL_SUM) op = TC_SUM;
+#ifdef TC__SIMD16
+  if ((dtype == TC_BFLOAT16 || dtype == TC_FLOAT16) && op <= TC_MAX) {
+    const int m = simd16();
+    if (dtype == TC_BFLOAT16 && (m & 1)) return &simd16_table[0][op];
+    if (dtype == TC_FLOAT16 && (m & 2)) return &simd16_table[1][op];
+  }
+#endif
   const tc__kernel_t *k = &kernel_table[dtype][op];
   return k->k2 ? k : NULL;
 }
@@ -476,7 +699,7 @@ static inline int64_t sdiv(int64_t x, uint64_t d) {
  * fd = factor, nz = (factor != 0). */
 #define TC__SCALE_FLOAT32(x) ((x) * ff)
 #define TC__SCALE_FLOAT64(x) ((x) * fd)
-#define TC__SCALE_FLOAT16(x) tc__f2h(tc__h2f(x) * ff)
+#define TC__SCALE_FLOAT16(x) tc__f2h(tc__nanfirst(tc__h2f(x), tc__h2f(x) * ff))
 #define TC__SCALE_BFLOAT16(x) tc__f2bf(tc__bf2f(x) * ff)
 #define TC__SCALE_INT8(x) ((int8_t)d2i64((double)(x) * fd))
 #define TC__SCALE_UINT8(x) ((uint8_t)d2i64((double)(x) * fd))
@@ -553,6 +776,14 @@ TC_DTYPE_MAP(TC__GEN_SCALE_DIVIDE)
 void tc__scale(void *dst, const void *src, size_t n, tc_dtype_t dtype,
                double factor) {
   if (n == 0) return;
+#ifdef TC__SIMD16
+  const int m = simd16();
+  if ((dtype == TC_BFLOAT16 && (m & 1)) || (dtype == TC_FLOAT16 && (m & 2))) {
+    if (dtype == TC_BFLOAT16) tc__vscale_BFLOAT16(dst, src, n, (float)factor);
+    else tc__vscale_FLOAT16(dst, src, n, (float)factor);
+    return;
+  }
+#endif
   switch (dtype) {
 #define TC__SCALE_CASE(D, val, T, size, isf)                                   \
   case TC_##D:                                                                 \
@@ -572,6 +803,14 @@ void tc__scale(void *dst, const void *src, size_t n, tc_dtype_t dtype,
  * divisor of 0 leaves buf unchanged. */
 void tc__divide(void *buf, size_t n, tc_dtype_t dtype, uint64_t divisor) {
   if (n == 0 || divisor == 0) return; /* divisor 0: left unchanged */
+#ifdef TC__SIMD16
+  const int m = simd16();
+  if ((dtype == TC_BFLOAT16 && (m & 1)) || (dtype == TC_FLOAT16 && (m & 2))) {
+    if (dtype == TC_BFLOAT16) tc__vdivide_BFLOAT16(buf, buf, n, (float)divisor);
+    else tc__vdivide_FLOAT16(buf, buf, n, (float)divisor);
+    return;
+  }
+#endif
   switch (dtype) {
 #define TC__DIVIDE_CASE(D, val, T, size, isf)                                  \
   case TC_##D:                                                                 \
