@@ -163,6 +163,32 @@ TCPY_HIDDEN void tcpy_opts_free(tcpy_opts_t *o);
 TCPY_HIDDEN int tcpy_hints(PyObject *hints, const char *op, tc_hint_t *small,
                            size_t nsmall, tc_hint_t **out, size_t *n,
                            PyObject **keep);
+/* The parameters of a METH_FASTCALL | METH_KEYWORDS method: its name for
+ * messages ("all_reduce"), its parameter names in order (NULL-terminated,
+ * at most TCPY_MAX_PARAMS) and how many lead ones are required. The names
+ * are interned on first use (`kw`, `n`: zero-initialise the rest). */
+#define TCPY_MAX_PARAMS 8
+typedef struct tcpy_params {
+  const char *fn;
+  const char *const *names;
+  int required;
+  int n;                          /* filled on first use */
+  PyObject *kw[TCPY_MAX_PARAMS];  /* interned names, filled on first use */
+} tcpy_params_t;
+#define TCPY_PARAMS(fn_, names_, required_)                                     \
+  { .fn = (fn_), .names = (names_), .required = (required_) }
+/* Binds a vectorcall's arguments to p's parameters: out[i] is the argument
+ * of parameter i (borrowed) or NULL where an optional one was not passed.
+ * TypeError, as PyArg_ParseTupleAndKeywords words them, for too many
+ * arguments, a missing required one, an unknown keyword or one given twice;
+ * returns 0 or -1. A keyword matches by identity first (names written in
+ * the caller's source are interned), then by value. */
+TCPY_HIDDEN int tcpy_parse(tcpy_params_t *p, PyObject *const *args,
+                           Py_ssize_t nargs, PyObject *kwnames,
+                           PyObject **out);
+/* A bool argument (NULL: not passed -> dflt) as PyArg's "p" reads it:
+ * truth value; returns 0 or -1. */
+TCPY_HIDDEN int tcpy_flag(PyObject *obj, int dflt, int *out);
 /* An int argument -> C int; ValueError naming op and arg if out of range. */
 TCPY_HIDDEN int tcpy_int(PyObject *obj, const char *op, const char *arg,
                          int *out);

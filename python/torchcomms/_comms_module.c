@@ -135,6 +135,82 @@ void tcpy_opts_free(tcpy_opts_t *o) {
   Py_CLEAR(o->keep);
 }
 
+/* Interns p's names; -1 on error. */
+static int tcpy_params_init(tcpy_params_t *p) {
+  int n = 0;
+  while (p->names[n]) n++;
+  if (n > TCPY_MAX_PARAMS) {
+    PyErr_Format(PyExc_SystemError, "%s: too many parameters", p->fn);
+    return -1;
+  }
+  for (int i = 0; i < n; i++)
+    if (!p->kw[i] && !(p->kw[i] = PyUnicode_InternFromString(p->names[i])))
+      return -1;
+  p->n = n;
+  return 0;
+}
+
+int tcpy_parse(tcpy_params_t *p, PyObject *const *args, Py_ssize_t nargs,
+               PyObject *kwnames, PyObject **out) {
+  if (!p->n && tcpy_params_init(p) < 0) return -1;
+  int n = p->n;
+  nargs = PyVectorcall_NARGS(nargs);
+  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  if (nargs + nkw > n) {
+    PyErr_Format(PyExc_TypeError, "%s() takes at most %d argument%s (%zd "
+                 "given)", p->fn, n, n == 1 ? "" : "s", nargs + nkw);
+    return -1;
+  }
+  Py_ssize_t i = 0;
+  for (; i < nargs; i++) out[i] = args[i];
+  for (; i < n; i++) out[i] = NULL;
+  for (Py_ssize_t k = 0; k < nkw; k++) {
+    PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+    int j = 0;
+    while (j < n && p->kw[j] != name) j++;
+    if (j == n) {
+      if (!PyUnicode_Check(name)) {
+        PyErr_SetString(PyExc_TypeError, "keywords must be strings");
+        return -1;
+      }
+      for (j = 0; j < n; j++) {
+        int eq = PyUnicode_Compare(name, p->kw[j]);
+        if (eq == -1 && PyErr_Occurred()) return -1;
+        if (eq == 0) break;
+      }
+    }
+    if (j == n) {
+      PyErr_Format(PyExc_TypeError, "'%U' is an invalid keyword argument for "
+                   "%s()", name, p->fn);
+      return -1;
+    }
+    if (j < nargs) {
+      PyErr_Format(PyExc_TypeError, "argument for %s() given by name ('%s') "
+                   "and position (%d)", p->fn, p->names[j], j + 1);
+      return -1;
+    }
+    out[j] = args[nargs + k];
+  }
+  for (int r = 0; r < p->required; r++)
+    if (!out[r]) {
+      PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' "
+                   "(pos %d)", p->fn, p->names[r], r + 1);
+      return -1;
+    }
+  return 0;
+}
+
+int tcpy_flag(PyObject *obj, int dflt, int *out) {
+  if (!obj) {
+    *out = dflt;
+    return 0;
+  }
+  int v = obj == Py_False ? 0 : obj == Py_True ? 1 : PyObject_IsTrue(obj);
+  if (v < 0) return -1;
+  *out = v;
+  return 0;
+}
+
 int tcpy_int(PyObject *obj, const char *op, const char *arg, int *out) {
   if (!PyLong_Check(obj) && !PyIndex_Check(obj)) {
     PyErr_Format(PyExc_TypeError, "%s: argument '%s' must be an int, not %.100s",

@@ -60,6 +60,22 @@ static int tcpy_numel_is(const char *fn, const char *a, Py_ssize_t ai,
 #define TCPY_SIZE(self) ((size_t)tc_comm_size((self)->comm))
 #define TCPY_RANK(self) (tc_comm_rank((self)->comm))
 
+/* Every operation is METH_FASTCALL | METH_KEYWORDS (tcpy_parse): no argument
+ * tuple, no format string to interpret on the per-call path. */
+#define TCPY_ARGS PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
+#define TCPY_FWD args, nargs, kwnames
+
+/* Parses an operation's arguments into a[]; its last three parameters are
+ * async_op, hints and timeout (defaults False, None, None). 0 or -1. */
+static int tcpy_op_args(tcpy_params_t *p, TCPY_ARGS, PyObject **a,
+                        int *async_op, PyObject **hints, PyObject **timeout) {
+  if (tcpy_parse(p, args, nargs, kwnames, a) < 0) return -1;
+  int i = p->n - 3;
+  *hints = a[i + 1] ? a[i + 1] : Py_None;
+  *timeout = a[i + 2] ? a[i + 2] : Py_None;
+  return tcpy_flag(a[i], 0, async_op);
+}
+
 /* The tail of every operation: issue, drop our temporaries. `fmt` and what
  * follows are the fields of the pre hooks' argument object before async_op
  * (tcpy_hook_args: 'O' object, 'L' list, 'i' int), read only while a pre
@@ -91,17 +107,19 @@ out:
 
 /* ---- point to point, broadcast, reductions ---- */
 
-static PyObject *tcpy_p2p(TorchCommObject *self, PyObject *args, PyObject *kw,
-                          int send) {
+static PyObject *tcpy_p2p(TorchCommObject *self, TCPY_ARGS, int send) {
   const char *fn = send ? "send" : "recv";
-  static char *kws[] = {"tensor", "dst", "async_op", "hints", "timeout", NULL};
-  static char *kwr[] = {"tensor", "src", "async_op", "hints", "timeout", NULL};
-  PyObject *tensor, *peer, *hints = Py_None, *timeout = Py_None, *refs;
-  int async_op = 0, p;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, send ? "OO|pOO:send" : "OO|pOO:recv",
-                                   send ? kws : kwr, &tensor, &peer, &async_op,
-                                   &hints, &timeout))
+  static const char *const kws[] = {"tensor", "dst", "async_op", "hints",
+                                    "timeout", NULL};
+  static const char *const kwr[] = {"tensor", "src", "async_op", "hints",
+                                    "timeout", NULL};
+  static tcpy_params_t ps = TCPY_PARAMS("send", kws, 2), pr = TCPY_PARAMS("recv", kwr, 2);
+  PyObject *a[5], *hints, *timeout, *refs;
+  int async_op, p;
+  if (tcpy_op_args(send ? &ps : &pr, TCPY_FWD, a, &async_op, &hints,
+                   &timeout) < 0)
     return NULL;
+  PyObject *tensor = a[0], *peer = a[1];
   tcpy_tensor_t t;
   if (tcpy_comm_live(self, fn) < 0 ||
       tcpy_tensor(&self->dev, fn, "tensor", -1, tensor, &t) < 0 ||
@@ -120,23 +138,24 @@ static PyObject *tcpy_p2p(TorchCommObject *self, PyObject *args, PyObject *kw,
                      p);
 }
 
-static PyObject *tcpy_op_send(TorchCommObject *self, PyObject *a, PyObject *k) {
-  return tcpy_p2p(self, a, k, 1);
+static PyObject *tcpy_op_send(TorchCommObject *self, TCPY_ARGS) {
+  return tcpy_p2p(self, TCPY_FWD, 1);
 }
 
-static PyObject *tcpy_op_recv(TorchCommObject *self, PyObject *a, PyObject *k) {
-  return tcpy_p2p(self, a, k, 0);
+static PyObject *tcpy_op_recv(TorchCommObject *self, TCPY_ARGS) {
+  return tcpy_p2p(self, TCPY_FWD, 0);
 }
 
-static PyObject *tcpy_op_broadcast(TorchCommObject *self, PyObject *args,
-                                   PyObject *kw) {
+static PyObject *tcpy_op_broadcast(TorchCommObject *self, TCPY_ARGS) {
   static const char *fn = "broadcast";
-  static char *kwlist[] = {"tensor", "root", "async_op", "hints", "timeout", NULL};
-  PyObject *tensor, *root, *hints = Py_None, *timeout = Py_None, *refs;
-  int async_op = 0, r;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|pOO:broadcast", kwlist,
-                                   &tensor, &root, &async_op, &hints, &timeout))
+  static const char *const kwlist[] = {"tensor", "root", "async_op", "hints",
+                                       "timeout", NULL};
+  static tcpy_params_t P = TCPY_PARAMS("broadcast", kwlist, 2);
+  PyObject *a[5], *hints, *timeout, *refs;
+  int async_op, r;
+  if (tcpy_op_args(&P, TCPY_FWD, a, &async_op, &hints, &timeout) < 0)
     return NULL;
+  PyObject *tensor = a[0], *root = a[1];
   tcpy_tensor_t t;
   if (tcpy_comm_live(self, fn) < 0 ||
       tcpy_tensor(&self->dev, fn, "tensor", -1, tensor, &t) < 0 ||
@@ -153,15 +172,16 @@ static PyObject *tcpy_op_broadcast(TorchCommObject *self, PyObject *args,
                      r);
 }
 
-static PyObject *tcpy_op_all_reduce(TorchCommObject *self, PyObject *args,
-                                    PyObject *kw) {
+static PyObject *tcpy_op_all_reduce(TorchCommObject *self, TCPY_ARGS) {
   static const char *fn = "all_reduce";
-  static char *kwlist[] = {"tensor", "op", "async_op", "hints", "timeout", NULL};
-  PyObject *tensor, *op = Py_None, *hints = Py_None, *timeout = Py_None, *refs;
-  int async_op = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OpOO:all_reduce", kwlist,
-                                   &tensor, &op, &async_op, &hints, &timeout))
+  static const char *const kwlist[] = {"tensor", "op", "async_op", "hints",
+                                       "timeout", NULL};
+  static tcpy_params_t P = TCPY_PARAMS("all_reduce", kwlist, 1);
+  PyObject *a[5], *hints, *timeout, *refs;
+  int async_op;
+  if (tcpy_op_args(&P, TCPY_FWD, a, &async_op, &hints, &timeout) < 0)
     return NULL;
+  PyObject *tensor = a[0], *op = a[1] ? a[1] : Py_None;
   tcpy_tensor_t t;
   tc_redop_t rop;
   if (tcpy_comm_live(self, fn) < 0 ||
@@ -178,17 +198,16 @@ static PyObject *tcpy_op_all_reduce(TorchCommObject *self, PyObject *args,
   return tcpy_finish(self, fn, &c, async_op, hints, timeout, refs, "O", tensor);
 }
 
-static PyObject *tcpy_op_reduce(TorchCommObject *self, PyObject *args,
-                                PyObject *kw) {
+static PyObject *tcpy_op_reduce(TorchCommObject *self, TCPY_ARGS) {
   static const char *fn = "reduce";
-  static char *kwlist[] = {"tensor", "root", "op", "async_op", "hints",
-                           "timeout", NULL};
-  PyObject *tensor, *root, *op = Py_None, *hints = Py_None, *timeout = Py_None,
-                           *refs;
-  int async_op = 0, r;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OpOO:reduce", kwlist, &tensor,
-                                   &root, &op, &async_op, &hints, &timeout))
+  static const char *const kwlist[] = {"tensor", "root", "op", "async_op",
+                                       "hints", "timeout", NULL};
+  static tcpy_params_t P = TCPY_PARAMS("reduce", kwlist, 2);
+  PyObject *a[6], *hints, *timeout, *refs;
+  int async_op, r;
+  if (tcpy_op_args(&P, TCPY_FWD, a, &async_op, &hints, &timeout) < 0)
     return NULL;
+  PyObject *tensor = a[0], *root = a[1], *op = a[2] ? a[2] : Py_None;
   tcpy_tensor_t t;
   tc_redop_t rop;
   if (tcpy_comm_live(self, fn) < 0 ||
@@ -210,19 +229,18 @@ static PyObject *tcpy_op_reduce(TorchCommObject *self, PyObject *args,
 /* ---- gathers ---- */
 
 /* all_gather (v = 0) and all_gather_v (v = 1). */
-static PyObject *tcpy_gather_list(TorchCommObject *self, PyObject *args,
-                                  PyObject *kw, int v) {
+static PyObject *tcpy_gather_list(TorchCommObject *self, TCPY_ARGS, int v) {
   const char *fn = v ? "all_gather_v" : "all_gather";
-  static char *kwlist[] = {"tensor_list", "tensor", "async_op", "hints",
-                           "timeout", NULL};
-  PyObject *list, *tensor, *hints = Py_None, *timeout = Py_None, *seq = NULL,
-                           *refs = NULL, *res = NULL;
-  int async_op = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw,
-                                   v ? "OO|pOO:all_gather_v" : "OO|pOO:all_gather",
-                                   kwlist, &list, &tensor, &async_op, &hints,
-                                   &timeout))
+  static const char *const kwlist[] = {"tensor_list", "tensor", "async_op",
+                                       "hints", "timeout", NULL};
+  static tcpy_params_t P0 = TCPY_PARAMS("all_gather", kwlist, 2),
+                       P1 = TCPY_PARAMS("all_gather_v", kwlist, 2);
+  PyObject *a[5], *hints, *timeout, *seq = NULL, *refs = NULL, *res = NULL;
+  int async_op;
+  if (tcpy_op_args(v ? &P1 : &P0, TCPY_FWD, a, &async_op, &hints,
+                   &timeout) < 0)
     return NULL;
+  PyObject *list = a[0], *tensor = a[1];
   tcpy_tensor_t t;
   if (tcpy_comm_live(self, fn) < 0 ||
       tcpy_tensor(&self->dev, fn, "tensor", -1, tensor, &t) < 0)
@@ -259,18 +277,16 @@ out:
   return res;
 }
 
-static PyObject *tcpy_op_all_gather(TorchCommObject *s, PyObject *a,
-                                    PyObject *k) {
-  return tcpy_gather_list(s, a, k, 0);
+static PyObject *tcpy_op_all_gather(TorchCommObject *s, TCPY_ARGS) {
+  return tcpy_gather_list(s, TCPY_FWD, 0);
 }
 
-static PyObject *tcpy_op_all_gather_v(TorchCommObject *s, PyObject *a,
-                                      PyObject *k) {
-  return tcpy_gather_list(s, a, k, 1);
+static PyObject *tcpy_op_all_gather_v(TorchCommObject *s, TCPY_ARGS) {
+  return tcpy_gather_list(s, TCPY_FWD, 1);
 }
 
 /* Two-tensor operations: output, input (+ op). */
-static PyObject *tcpy_pair(TorchCommObject *self, PyObject *args, PyObject *kw,
+static PyObject *tcpy_pair(TorchCommObject *self, TCPY_ARGS,
                            tc_op_type_t kind) {
   const char *fn;
   switch (kind) {
@@ -279,23 +295,21 @@ static PyObject *tcpy_pair(TorchCommObject *self, PyObject *args, PyObject *kw,
   default: fn = "all_to_all_single"; break;
   }
   int with_op = kind == TC_OP_REDUCE_SCATTER_SINGLE;
-  static char *kw2[] = {"output", "input", "async_op", "hints", "timeout", NULL};
-  static char *kw3[] = {"output", "input", "op", "async_op", "hints",
-                        "timeout", NULL};
-  PyObject *out, *in, *op = Py_None, *hints = Py_None, *timeout = Py_None, *refs;
-  int async_op = 0, ok;
-  if (with_op)
-    ok = PyArg_ParseTupleAndKeywords(args, kw, "OO|OpOO:reduce_scatter_single",
-                                     kw3, &out, &in, &op, &async_op, &hints,
-                                     &timeout);
-  else
-    ok = PyArg_ParseTupleAndKeywords(args, kw,
-                                     kind == TC_OP_ALL_GATHER_SINGLE
-                                         ? "OO|pOO:all_gather_single"
-                                         : "OO|pOO:all_to_all_single",
-                                     kw2, &out, &in, &async_op, &hints,
-                                     &timeout);
-  if (!ok) return NULL;
+  static const char *const kw2[] = {"output", "input", "async_op", "hints",
+                                    "timeout", NULL};
+  static const char *const kw3[] = {"output", "input", "op", "async_op",
+                                    "hints", "timeout", NULL};
+  static tcpy_params_t pag = TCPY_PARAMS("all_gather_single", kw2, 2),
+                       prs = TCPY_PARAMS("reduce_scatter_single", kw3, 2),
+                       pa2a = TCPY_PARAMS("all_to_all_single", kw2, 2);
+  PyObject *a[6], *hints, *timeout, *refs;
+  int async_op;
+  if (tcpy_op_args(with_op ? &prs
+                   : kind == TC_OP_ALL_GATHER_SINGLE ? &pag : &pa2a,
+                   TCPY_FWD, a, &async_op, &hints, &timeout) < 0)
+    return NULL;
+  PyObject *out = a[0], *in = a[1],
+           *op = with_op && a[2] ? a[2] : Py_None;
   tcpy_tensor_t o, i;
   tc_redop_t rop = TC_OP(TC_SUM);
   if (tcpy_comm_live(self, fn) < 0 ||
@@ -340,34 +354,31 @@ static PyObject *tcpy_pair(TorchCommObject *self, PyObject *args, PyObject *kw,
                      out);
 }
 
-static PyObject *tcpy_op_all_gather_single(TorchCommObject *s, PyObject *a,
-                                           PyObject *k) {
-  return tcpy_pair(s, a, k, TC_OP_ALL_GATHER_SINGLE);
+static PyObject *tcpy_op_all_gather_single(TorchCommObject *s, TCPY_ARGS) {
+  return tcpy_pair(s, TCPY_FWD, TC_OP_ALL_GATHER_SINGLE);
 }
 
-static PyObject *tcpy_op_reduce_scatter_single(TorchCommObject *s, PyObject *a,
-                                               PyObject *k) {
-  return tcpy_pair(s, a, k, TC_OP_REDUCE_SCATTER_SINGLE);
+static PyObject *tcpy_op_reduce_scatter_single(TorchCommObject *s, TCPY_ARGS) {
+  return tcpy_pair(s, TCPY_FWD, TC_OP_REDUCE_SCATTER_SINGLE);
 }
 
-static PyObject *tcpy_op_all_to_all_single(TorchCommObject *s, PyObject *a,
-                                           PyObject *k) {
-  return tcpy_pair(s, a, k, TC_OP_ALL_TO_ALL_SINGLE);
+static PyObject *tcpy_op_all_to_all_single(TorchCommObject *s, TCPY_ARGS) {
+  return tcpy_pair(s, TCPY_FWD, TC_OP_ALL_TO_ALL_SINGLE);
 }
 
 /* reduce_scatter (v = 0) and reduce_scatter_v (v = 1). */
-static PyObject *tcpy_scatter_list(TorchCommObject *self, PyObject *args,
-                                   PyObject *kw, int v) {
+static PyObject *tcpy_scatter_list(TorchCommObject *self, TCPY_ARGS, int v) {
   const char *fn = v ? "reduce_scatter_v" : "reduce_scatter";
-  static char *kwlist[] = {"output", "input_list", "op", "async_op", "hints",
-                           "timeout", NULL};
-  PyObject *out, *list, *op = Py_None, *hints = Py_None, *timeout = Py_None,
-                        *seq = NULL, *refs = NULL, *res = NULL;
-  int async_op = 0;
-  if (!PyArg_ParseTupleAndKeywords(
-          args, kw, v ? "OO|OpOO:reduce_scatter_v" : "OO|OpOO:reduce_scatter",
-          kwlist, &out, &list, &op, &async_op, &hints, &timeout))
+  static const char *const kwlist[] = {"output", "input_list", "op",
+                                       "async_op", "hints", "timeout", NULL};
+  static tcpy_params_t P0 = TCPY_PARAMS("reduce_scatter", kwlist, 2),
+                       P1 = TCPY_PARAMS("reduce_scatter_v", kwlist, 2);
+  PyObject *a[6], *hints, *timeout, *seq = NULL, *refs = NULL, *res = NULL;
+  int async_op;
+  if (tcpy_op_args(v ? &P1 : &P0, TCPY_FWD, a, &async_op, &hints,
+                   &timeout) < 0)
     return NULL;
+  PyObject *out = a[0], *list = a[1], *op = a[2] ? a[2] : Py_None;
   tcpy_tensor_t o;
   tc_redop_t rop;
   if (tcpy_comm_live(self, fn) < 0 ||
@@ -407,14 +418,12 @@ out:
   return res;
 }
 
-static PyObject *tcpy_op_reduce_scatter(TorchCommObject *s, PyObject *a,
-                                        PyObject *k) {
-  return tcpy_scatter_list(s, a, k, 0);
+static PyObject *tcpy_op_reduce_scatter(TorchCommObject *s, TCPY_ARGS) {
+  return tcpy_scatter_list(s, TCPY_FWD, 0);
 }
 
-static PyObject *tcpy_op_reduce_scatter_v(TorchCommObject *s, PyObject *a,
-                                          PyObject *k) {
-  return tcpy_scatter_list(s, a, k, 1);
+static PyObject *tcpy_op_reduce_scatter_v(TorchCommObject *s, TCPY_ARGS) {
+  return tcpy_scatter_list(s, TCPY_FWD, 1);
 }
 
 /* ---- all to all ---- */
@@ -474,17 +483,17 @@ static int tcpy_splits(const char *fn, const char *arg, PyObject *obj,
 }
 
 static PyObject *tcpy_op_all_to_all_v_single(TorchCommObject *self,
-                                             PyObject *args, PyObject *kw) {
+                                             TCPY_ARGS) {
   static const char *fn = "all_to_all_v_single";
-  static char *kwlist[] = {"output", "input", "output_split_sizes",
-                           "input_split_sizes", "async_op", "hints", "timeout",
-                           NULL};
-  PyObject *out, *in, *osp, *isp, *hints = Py_None, *timeout = Py_None, *refs;
-  int async_op = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|pOO:all_to_all_v_single",
-                                   kwlist, &out, &in, &osp, &isp, &async_op,
-                                   &hints, &timeout))
+  static const char *const kwlist[] = {"output", "input", "output_split_sizes",
+                                       "input_split_sizes", "async_op",
+                                       "hints", "timeout", NULL};
+  static tcpy_params_t P = TCPY_PARAMS("all_to_all_v_single", kwlist, 4);
+  PyObject *a[7], *hints, *timeout, *refs;
+  int async_op;
+  if (tcpy_op_args(&P, TCPY_FWD, a, &async_op, &hints, &timeout) < 0)
     return NULL;
+  PyObject *out = a[0], *in = a[1], *osp = a[2], *isp = a[3];
   tcpy_tensor_t o, i;
   size_t orows, orow, irows, irow;
   if (tcpy_comm_live(self, fn) < 0 ||
@@ -522,17 +531,18 @@ out:
   return res;
 }
 
-static PyObject *tcpy_op_all_to_all(TorchCommObject *self, PyObject *args,
-                                    PyObject *kw) {
+static PyObject *tcpy_op_all_to_all(TorchCommObject *self, TCPY_ARGS) {
   static const char *fn = "all_to_all";
-  static char *kwlist[] = {"output_tensor_list", "input_tensor_list",
-                           "async_op", "hints", "timeout", NULL};
-  PyObject *ol, *il, *hints = Py_None, *timeout = Py_None, *oseq = NULL,
-                     *iseq = NULL, *refs = NULL, *res = NULL;
-  int async_op = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|pOO:all_to_all", kwlist, &ol,
-                                   &il, &async_op, &hints, &timeout))
+  static const char *const kwlist[] = {"output_tensor_list",
+                                       "input_tensor_list", "async_op",
+                                       "hints", "timeout", NULL};
+  static tcpy_params_t P = TCPY_PARAMS("all_to_all", kwlist, 2);
+  PyObject *a[5], *hints, *timeout, *oseq = NULL, *iseq = NULL, *refs = NULL,
+                  *res = NULL;
+  int async_op;
+  if (tcpy_op_args(&P, TCPY_FWD, a, &async_op, &hints, &timeout) < 0)
     return NULL;
+  PyObject *ol = a[0], *il = a[1];
   if (tcpy_comm_live(self, fn) < 0) return NULL;
   void **optr = NULL, **iptr = NULL;
   size_t *ocnt = NULL, *icnt = NULL, n = TCPY_SIZE(self);
@@ -563,13 +573,12 @@ out:
   return res;
 }
 
-static PyObject *tcpy_op_barrier(TorchCommObject *self, PyObject *args,
-                                 PyObject *kw) {
-  static char *kwlist[] = {"async_op", "hints", "timeout", NULL};
-  PyObject *hints = Py_None, *timeout = Py_None;
-  int async_op = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|pOO:barrier", kwlist, &async_op,
-                                   &hints, &timeout))
+static PyObject *tcpy_op_barrier(TorchCommObject *self, TCPY_ARGS) {
+  static const char *const kwlist[] = {"async_op", "hints", "timeout", NULL};
+  static tcpy_params_t P = TCPY_PARAMS("barrier", kwlist, 0);
+  PyObject *a[3], *hints, *timeout;
+  int async_op;
+  if (tcpy_op_args(&P, TCPY_FWD, a, &async_op, &hints, &timeout) < 0)
     return NULL;
   tcpy_call_t c = {.type = TC_OP_BARRIER};
   if (TCPY_PYARGS(self, c, "()")) return NULL;
@@ -579,23 +588,24 @@ static PyObject *tcpy_op_barrier(TorchCommObject *self, PyObject *args,
 /* ---- rooted scatter / gather ---- */
 
 /* scatter (gather = 0) and gather (gather = 1): the list matters at root. */
-static PyObject *tcpy_rooted_list(TorchCommObject *self, PyObject *args,
-                                  PyObject *kw, int gather) {
+static PyObject *tcpy_rooted_list(TorchCommObject *self, TCPY_ARGS,
+                                  int gather) {
   const char *fn = gather ? "gather" : "scatter";
   const char *larg = gather ? "output_tensor_list" : "input_tensor_list";
   const char *targ = gather ? "input_tensor" : "output_tensor";
-  static char *kws[] = {"output_tensor", "input_tensor_list", "root",
-                        "async_op", "hints", "timeout", NULL};
-  static char *kwg[] = {"output_tensor_list", "input_tensor", "root",
-                        "async_op", "hints", "timeout", NULL};
-  PyObject *a0, *a1, *root, *hints = Py_None, *timeout = Py_None, *seq = NULL,
-                              *refs = NULL, *res = NULL;
-  int async_op = 0, r;
-  if (!PyArg_ParseTupleAndKeywords(args, kw,
-                                   gather ? "OOO|pOO:gather" : "OOO|pOO:scatter",
-                                   gather ? kwg : kws, &a0, &a1, &root,
-                                   &async_op, &hints, &timeout))
+  static const char *const kws[] = {"output_tensor", "input_tensor_list",
+                                    "root", "async_op", "hints", "timeout",
+                                    NULL};
+  static const char *const kwg[] = {"output_tensor_list", "input_tensor",
+                                    "root", "async_op", "hints", "timeout",
+                                    NULL};
+  static tcpy_params_t ps = TCPY_PARAMS("scatter", kws, 3), pg = TCPY_PARAMS("gather", kwg, 3);
+  PyObject *a[6], *hints, *timeout, *seq = NULL, *refs = NULL, *res = NULL;
+  int async_op, r;
+  if (tcpy_op_args(gather ? &pg : &ps, TCPY_FWD, a, &async_op, &hints,
+                   &timeout) < 0)
     return NULL;
+  PyObject *a0 = a[0], *a1 = a[1], *root = a[2];
   PyObject *tensor = gather ? a1 : a0, *list = gather ? a0 : a1;
   tcpy_tensor_t t;
   if (tcpy_comm_live(self, fn) < 0 ||
@@ -643,25 +653,24 @@ out:
   return res;
 }
 
-static PyObject *tcpy_op_scatter(TorchCommObject *s, PyObject *a, PyObject *k) {
-  return tcpy_rooted_list(s, a, k, 0);
+static PyObject *tcpy_op_scatter(TorchCommObject *s, TCPY_ARGS) {
+  return tcpy_rooted_list(s, TCPY_FWD, 0);
 }
 
-static PyObject *tcpy_op_gather(TorchCommObject *s, PyObject *a, PyObject *k) {
-  return tcpy_rooted_list(s, a, k, 1);
+static PyObject *tcpy_op_gather(TorchCommObject *s, TCPY_ARGS) {
+  return tcpy_rooted_list(s, TCPY_FWD, 1);
 }
 
-static PyObject *tcpy_op_gather_single(TorchCommObject *self, PyObject *args,
-                                       PyObject *kw) {
+static PyObject *tcpy_op_gather_single(TorchCommObject *self, TCPY_ARGS) {
   static const char *fn = "gather_single";
-  static char *kwlist[] = {"output", "input", "root", "async_op", "hints",
-                           "timeout", NULL};
-  PyObject *out, *in, *root, *hints = Py_None, *timeout = Py_None, *refs;
-  int async_op = 0, r;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|pOO:gather_single", kwlist,
-                                   &out, &in, &root, &async_op, &hints,
-                                   &timeout))
+  static const char *const kwlist[] = {"output", "input", "root", "async_op",
+                                       "hints", "timeout", NULL};
+  static tcpy_params_t P = TCPY_PARAMS("gather_single", kwlist, 3);
+  PyObject *a[6], *hints, *timeout, *refs;
+  int async_op, r;
+  if (tcpy_op_args(&P, TCPY_FWD, a, &async_op, &hints, &timeout) < 0)
     return NULL;
+  PyObject *out = a[0], *in = a[1], *root = a[2];
   tcpy_tensor_t i, o = {0};
   if (tcpy_comm_live(self, fn) < 0 ||
       tcpy_tensor(&self->dev, fn, "input", -1, in, &i) < 0 ||
@@ -800,7 +809,7 @@ static const char tcpy_doc_gather_single[] =
     "is used at root only.";
 
 #define TCPY_OP(name, fn, doc)                                                 \
-  {name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc}
+  {name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL | METH_KEYWORDS, doc}
 /* One method per operation of TC_COMM_OP_MAP: tcpy_op_<name> with its
  * tcpy_doc_<name> (a missing binding does not compile). */
 #define TCPY_OP_METHOD(id, name, kind, flags) TCPY_OP(#name, tcpy_op_##name, tcpy_doc_##name),

@@ -1,7 +1,30 @@
 /* _comms_tensor.c -- torch tensors as (pointer, element count, dtype), read
  * through Python attributes with interned names: no PyTorch headers. The
  * torch module, torch.Tensor and the dtypes are looked up on first use and
- * cached (never at import: torch may still be importing us). */
+ * cached (never at import: torch may still be importing us).
+ *
+ * The per-operation path: a tensor whose type resolves dtype, is_cpu,
+ * is_contiguous, is_neg, numel and data_ptr to torch._C.TensorBase's own
+ * descriptors (torch.Tensor, nn.Parameter, any subclass that overrides none
+ * of them) has them read by calling the descriptors' C functions directly,
+ * the functions the attribute lookups would reach: the same reads, without
+ * a method lookup and a bound call each (one 8-byte all_reduce spent half
+ * of its Python-side time there). Which types qualify is checked once per
+ * type and remembered with the type's version tag, which CPython changes on
+ * any assignment to the type's or a base's attributes (a monkeypatched
+ * torch.Tensor.data_ptr is seen). Other objects take the generic path.
+ *
+ * Faster still, for torch.Tensor and nn.Parameter objects on a CPU
+ * communicator: torch's DLPack exchange table (DLPack 1.3's
+ * `__dlpack_c_exchange_api__` capsule on torch.Tensor, a C ABI meant for
+ * this) fills a DLTensor (data, device, dtype, shape, strides) in one C call
+ * without Python objects; numel and contiguity (torch's rule: size-1 dims
+ * ignored, empty tensors contiguous) are computed from shape and strides.
+ * DLPack does not carry torch's negative bit, so is_neg() is still asked.
+ * Like upstream torchcomms (pybind11's tensor caster), this read does not
+ * pass through __torch_function__ modes. Whatever the table cannot describe
+ * (other devices, dtypes, errors) and every refusal go through the generic
+ * path, which words the error. */
 #include "_comms.h"
 
 #include <stdio.h>
@@ -23,6 +46,202 @@ static const char *const tcpy_dtype_attr[TC_DTYPE_COUNT] = {
 };
 _Static_assert(sizeof tcpy_dtype_attr / sizeof tcpy_dtype_attr[0] ==
                    TC_DTYPE_COUNT, "a torch name for every dtype");
+
+/* ---- DLPack exchange (see the top of the file) ---- */
+
+/* The DLPack 1.3 structures used (dlpack.h; ABI-stable within major 1). */
+typedef struct { int32_t device_type, device_id; } tcpy_dl_device_t;
+typedef struct { uint8_t code, bits; uint16_t lanes; } tcpy_dl_dtype_t;
+typedef struct {
+  void *data;
+  tcpy_dl_device_t device;
+  int32_t ndim;
+  tcpy_dl_dtype_t dtype;
+  int64_t *shape, *strides;
+  uint64_t byte_offset;
+} tcpy_dl_tensor_t;
+typedef struct tcpy_dl_api_header {
+  uint32_t major, minor;
+  struct tcpy_dl_api_header *prev_api;
+} tcpy_dl_api_header_t;
+typedef struct {
+  tcpy_dl_api_header_t header;
+  void *managed_tensor_allocator, *managed_tensor_from_py_object_no_sync,
+      *managed_tensor_to_py_object_no_sync;
+  int (*dltensor_from_py_object_no_sync)(void *py_object,
+                                         tcpy_dl_tensor_t *out);
+  void *current_work_stream;
+} tcpy_dl_api_t;
+_Static_assert(sizeof(tcpy_dl_tensor_t) == 48, "DLTensor is 48 bytes");
+enum { TCPY_KDLCPU = 1 };
+
+static PyObject *tcpy_dl_capsule;      /* keeps the table's owner alive */
+static int (*tcpy_dl_read)(void *, tcpy_dl_tensor_t *); /* NULL: none */
+static PyTypeObject *tcpy_Parameter;   /* torch.nn.Parameter or NULL */
+
+/* Finds the table (DLPack major 1, minor >= 3, with the non-owning
+ * export); leaves tcpy_dl_read NULL otherwise. Never fails. */
+static void tcpy_dl_init(void) {
+  PyObject *cap = PyObject_GetAttrString((PyObject *)tcpy_Tensor,
+                                         "__dlpack_c_exchange_api__");
+  const tcpy_dl_api_t *api =
+      cap && PyCapsule_CheckExact(cap)
+          ? PyCapsule_GetPointer(cap, "dlpack_exchange_api") : NULL;
+  if (api && api->header.major == 1 && api->header.minor >= 3 &&
+      api->dltensor_from_py_object_no_sync) {
+    tcpy_dl_capsule = cap;
+    tcpy_dl_read = api->dltensor_from_py_object_no_sync;
+  } else {
+    Py_XDECREF(cap);
+  }
+  PyObject *nn = PyObject_GetAttrString(tcpy_torch, "nn");
+  PyObject *param = nn ? PyObject_GetAttrString(nn, "Parameter") : NULL;
+  Py_XDECREF(nn);
+  if (param && PyType_Check(param)) tcpy_Parameter = (PyTypeObject *)param;
+  else Py_XDECREF(param);
+  PyErr_Clear();
+}
+
+/* DLPack (code, bits) -> our dtype, or -1. */
+static int tcpy_dl_dtype(tcpy_dl_dtype_t t) {
+  if (t.lanes != 1) return -1;
+  switch (t.code) {
+  case 0: /* kDLInt */
+    return t.bits == 8 ? TC_INT8 : t.bits == 16 ? TC_INT16
+         : t.bits == 32 ? TC_INT32 : t.bits == 64 ? TC_INT64 : -1;
+  case 1: return t.bits == 8 ? TC_UINT8 : -1;             /* kDLUInt */
+  case 2: /* kDLFloat */
+    return t.bits == 32 ? TC_FLOAT32 : t.bits == 64 ? TC_FLOAT64
+         : t.bits == 16 ? TC_FLOAT16 : -1;
+  case 4: return t.bits == 16 ? TC_BFLOAT16 : -1;         /* kDLBfloat */
+  case 6: return t.bits == 8 ? TC_BOOL : -1;              /* kDLBool */
+  case 10: return t.bits == 8 ? TC_FLOAT8_E4M3FN : -1;    /* kDLFloat8_e4m3fn */
+  case 12: return t.bits == 8 ? TC_FLOAT8_E5M2 : -1;      /* kDLFloat8_e5m2 */
+  default: return -1;
+  }
+}
+
+/* ---- direct accessors (see the top of the file) ---- */
+
+enum { TCPY_F_DTYPE, TCPY_F_IS_CPU, TCPY_F_IS_CONTIGUOUS, TCPY_F_IS_NEG,
+       TCPY_F_NUMEL, TCPY_F_DATA_PTR, TCPY_F_COUNT };
+static const char *const tcpy_fast_names[TCPY_F_COUNT] = {
+    "dtype", "is_cpu", "is_contiguous", "is_neg", "numel", "data_ptr"};
+/* getset descriptor (0) or the METH_* flags the method must have */
+static const int tcpy_fast_flags[TCPY_F_COUNT] = {
+    0, 0, METH_VARARGS | METH_KEYWORDS, METH_NOARGS, METH_NOARGS,
+    METH_NOARGS};
+#define TCPY_FAST_TYPES 4
+
+static struct {
+  int state;                        /* 0 unset, 1 ready, -1 unavailable */
+  PyObject *descr[TCPY_F_COUNT];    /* torch.Tensor's, strong references */
+  PyGetSetDef *dtype, *is_cpu;
+  PyCFunction is_neg, numel, data_ptr;
+  PyCFunctionWithKeywords is_contiguous;
+  PyObject *noargs;                 /* () */
+  /* types seen to resolve every name to descr[], with their version tag
+   * then (strong references) */
+  PyTypeObject *types[TCPY_FAST_TYPES];
+  unsigned int tags[TCPY_FAST_TYPES];
+  int next;                         /* the slot the next type replaces */
+} tcpy_fast;
+
+/* Takes torch.Tensor's descriptors; leaves state -1 (generic path only)
+ * when one is not of the expected kind. Never fails. */
+static void tcpy_fast_init(void) {
+  tcpy_fast.state = -1;
+  PyObject *d[TCPY_F_COUNT] = {0};
+  for (int i = 0; i < TCPY_F_COUNT; i++) {
+    d[i] = PyObject_GetAttrString((PyObject *)tcpy_Tensor, tcpy_fast_names[i]);
+    int ok = d[i] != NULL;
+    if (ok && tcpy_fast_flags[i] == 0)
+      ok = Py_IS_TYPE(d[i], &PyGetSetDescr_Type) &&
+           ((PyGetSetDescrObject *)d[i])->d_getset->get;
+    else if (ok)
+      ok = Py_IS_TYPE(d[i], &PyMethodDescr_Type) &&
+           (((PyMethodDescrObject *)d[i])->d_method->ml_flags &
+            (METH_VARARGS | METH_KEYWORDS | METH_NOARGS | METH_O |
+             METH_FASTCALL)) == tcpy_fast_flags[i];
+    if (!ok) {
+      PyErr_Clear();
+      for (int j = 0; j <= i; j++) Py_XDECREF(d[j]);
+      return;
+    }
+  }
+  PyObject *noargs = PyTuple_New(0);
+  if (!noargs) {
+    PyErr_Clear();
+    for (int j = 0; j < TCPY_F_COUNT; j++) Py_DECREF(d[j]);
+    return;
+  }
+  memcpy(tcpy_fast.descr, d, sizeof d);
+  tcpy_fast.noargs = noargs;
+  tcpy_fast.dtype = ((PyGetSetDescrObject *)d[TCPY_F_DTYPE])->d_getset;
+  tcpy_fast.is_cpu = ((PyGetSetDescrObject *)d[TCPY_F_IS_CPU])->d_getset;
+#define TCPY_METH(i) (((PyMethodDescrObject *)d[i])->d_method->ml_meth)
+  tcpy_fast.is_contiguous =
+      (PyCFunctionWithKeywords)(void (*)(void))TCPY_METH(TCPY_F_IS_CONTIGUOUS);
+  tcpy_fast.is_neg = TCPY_METH(TCPY_F_IS_NEG);
+  tcpy_fast.numel = TCPY_METH(TCPY_F_NUMEL);
+  tcpy_fast.data_ptr = TCPY_METH(TCPY_F_DATA_PTR);
+#undef TCPY_METH
+  tcpy_fast.state = 1;
+  tcpy_dl_init();
+}
+
+/* 1 if obj's type resolves every accessor to torch.Tensor's descriptors
+ * (remembered per type and version tag), else 0. Never fails. */
+static int tcpy_fast_ok(PyObject *obj) {
+  PyTypeObject *t = Py_TYPE(obj);
+  if (tcpy_fast.state <= 0) {
+    if (tcpy_fast.state < 0) return 0;
+    tcpy_fast_init();
+    if (tcpy_fast.state < 0) return 0;
+  }
+  for (int i = 0; i < TCPY_FAST_TYPES; i++)
+    if (tcpy_fast.types[i] == t) {
+      if ((t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+          t->tp_version_tag == tcpy_fast.tags[i])
+        return 1;
+      Py_CLEAR(tcpy_fast.types[i]); /* changed since: look again below */
+      break;
+    }
+  /* a new type, or one whose tag changed: resolve the names on it */
+  for (int i = 0; i < TCPY_F_COUNT; i++) {
+    PyObject *d = PyObject_GetAttrString((PyObject *)t, tcpy_fast_names[i]);
+    int same = d == tcpy_fast.descr[i];
+    Py_XDECREF(d);
+    if (!same) {
+      PyErr_Clear();
+      return 0;
+    }
+  }
+  /* the lookups gave t a version tag; without one, nothing is remembered */
+  if (!(t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || !t->tp_version_tag)
+    return 1;
+  int k = tcpy_fast.next;
+  tcpy_fast.next = (k + 1) % TCPY_FAST_TYPES;
+  Py_XSETREF(tcpy_fast.types[k], (PyTypeObject *)Py_NewRef(t));
+  tcpy_fast.tags[k] = t->tp_version_tag;
+  return 1;
+}
+
+/* The accessors, direct (fast) or through the attributes. */
+static PyObject *tcpy_get_dtype(PyObject *obj, int fast) {
+  return fast ? tcpy_fast.dtype->get(obj, tcpy_fast.dtype->closure)
+              : PyObject_GetAttr(obj, tcpy_str.dtype);
+}
+
+static PyObject *tcpy_get_is_cpu(PyObject *obj, int fast) {
+  return fast ? tcpy_fast.is_cpu->get(obj, tcpy_fast.is_cpu->closure)
+              : PyObject_GetAttr(obj, tcpy_str.is_cpu);
+}
+
+static PyObject *tcpy_call_noargs(PyObject *obj, int fast, PyCFunction f,
+                                  PyObject *name) {
+  return fast ? f(obj, NULL) : PyObject_CallMethodNoArgs(obj, name);
+}
 
 const char *tcpy_dtype_name(tc_dtype_t dt) {
   return (unsigned)dt < TC_DTYPE_COUNT ? tcpy_dtype_attr[dt] : "invalid";
@@ -102,21 +321,25 @@ static const char *tcpy_argname(char *buf, size_t n, const char *arg,
   return buf;
 }
 
-/* Calls a no-argument method returning bool; -1 on error. */
-static int tcpy_call_bool(PyObject *obj, PyObject *name) {
-  PyObject *r = PyObject_CallMethodNoArgs(obj, name);
+/* A returned bool (NULL: the call failed) -> 1, 0 or -1. */
+static int tcpy_bool_result(PyObject *r) {
   if (!r) return -1;
   int v = PyObject_IsTrue(r);
   Py_DECREF(r);
   return v;
 }
 
+/* Calls a no-argument method returning bool; -1 on error. */
+static int tcpy_call_bool(PyObject *obj, PyObject *name) {
+  return tcpy_bool_result(PyObject_CallMethodNoArgs(obj, name));
+}
+
 /* Checks the tensor's device against the communicator's. */
 static int tcpy_check_device(const tcpy_device_t *dev, const char *op,
-                             const char *arg, PyObject *obj) {
+                             const char *arg, PyObject *obj, int fast) {
   if (dev->type[0] == 'c' && !strcmp(dev->type, "cpu")) {
     /* fast path: one attribute instead of device + type */
-    PyObject *is_cpu = PyObject_GetAttr(obj, tcpy_str.is_cpu);
+    PyObject *is_cpu = tcpy_get_is_cpu(obj, fast);
     if (!is_cpu) return -1;
     int yes = is_cpu == Py_True;
     Py_DECREF(is_cpu);
@@ -169,8 +392,42 @@ int tcpy_tensor(const tcpy_device_t *dev, const char *op, const char *arg,
                  "not %.100s", op, arg, Py_TYPE(obj)->tp_name);
     return -1;
   }
+  int fast = tcpy_fast_ok(obj);
+  if (fast && tcpy_dl_read && dev->type[0] == 'c' && !strcmp(dev->type, "cpu") &&
+      (Py_IS_TYPE(obj, tcpy_Tensor) || Py_IS_TYPE(obj, tcpy_Parameter))) {
+    tcpy_dl_tensor_t d;
+    int dt = -1;
+    if (tcpy_dl_read(obj, &d) < 0) PyErr_Clear(); /* the generic path words it */
+    else if (d.device.device_type == TCPY_KDLCPU && d.ndim >= 0 &&
+             (dt = tcpy_dl_dtype(d.dtype)) >= 0) {
+      /* numel, and torch's contiguity rule */
+      int64_t numel = 1, expect = 1;
+      int contiguous = 1;
+      for (int32_t k = d.ndim - 1; k >= 0; k--) {
+        int64_t size = d.shape[k];
+        numel *= size;
+        if (size != 1) {
+          if (d.strides[k] != expect) contiguous = 0;
+          expect *= size;
+        }
+      }
+      if (numel == 0) contiguous = 1;
+      if (contiguous && numel >= 0 && (numel == 0 || d.data)) {
+        int neg = tcpy_bool_result(tcpy_fast.is_neg(obj, NULL));
+        if (neg < 0) return -1;
+        if (!neg) {
+          out->obj = obj;
+          out->ptr = numel ? (char *)d.data + d.byte_offset : d.data;
+          out->numel = (size_t)numel;
+          out->dtype = (tc_dtype_t)dt;
+          return 0;
+        }
+      }
+    }
+    /* anything refused: the generic path below raises the error */
+  }
   /* dtype */
-  PyObject *dt = PyObject_GetAttr(obj, tcpy_str.dtype);
+  PyObject *dt = tcpy_get_dtype(obj, fast);
   if (!dt) return -1;
   int dtype = -1;
   for (int i = 0; i < TC_DTYPE_COUNT; i++)
@@ -189,28 +446,35 @@ int tcpy_tensor(const tcpy_device_t *dev, const char *op, const char *arg,
   }
   Py_DECREF(dt);
   /* device, layout */
-  if (tcpy_check_device(dev, op, arg, obj) < 0) return -1;
-  int v = tcpy_call_bool(obj, tcpy_str.is_contiguous);
+  if (tcpy_check_device(dev, op, arg, obj, fast) < 0) return -1;
+  int v = fast ? tcpy_bool_result(tcpy_fast.is_contiguous(
+                     obj, tcpy_fast.noargs, NULL))
+               : tcpy_call_bool(obj, tcpy_str.is_contiguous);
   if (v < 0) return -1;
   if (!v) {
     PyErr_Format(PyExc_ValueError, "%s: argument '%s' must be contiguous "
                  "(call .contiguous() first)", op, arg);
     return -1;
   }
-  if ((v = tcpy_call_bool(obj, tcpy_str.is_conj)) < 0) return -1;
-  if (v) {
+  /* Only complex tensors carry the conjugate bit (TensorImpl::_set_conj
+   * asserts it; torch refuses a dtype view of a conjugate one), and complex
+   * dtypes were refused above: torch's own accessors skip the question. */
+  if (!fast && (v = tcpy_call_bool(obj, tcpy_str.is_conj)) < 0) return -1;
+  if (!fast && v) {
     PyErr_Format(PyExc_ValueError, "%s: argument '%s' is a conjugate view "
                  "(call .resolve_conj() first)", op, arg);
     return -1;
   }
-  if ((v = tcpy_call_bool(obj, tcpy_str.is_neg)) < 0) return -1;
+  v = tcpy_bool_result(
+      tcpy_call_noargs(obj, fast, tcpy_fast.is_neg, tcpy_str.is_neg));
+  if (v < 0) return -1;
   if (v) {
     PyErr_Format(PyExc_ValueError, "%s: argument '%s' is a negative view "
                  "(call .resolve_neg() first)", op, arg);
     return -1;
   }
   /* numel, data_ptr */
-  PyObject *r = PyObject_CallMethodNoArgs(obj, tcpy_str.numel);
+  PyObject *r = tcpy_call_noargs(obj, fast, tcpy_fast.numel, tcpy_str.numel);
   if (!r) return -1;
   Py_ssize_t numel = PyLong_AsSsize_t(r);
   Py_DECREF(r);
@@ -220,7 +484,7 @@ int tcpy_tensor(const tcpy_device_t *dev, const char *op, const char *arg,
                    op, arg);
     return -1;
   }
-  r = PyObject_CallMethodNoArgs(obj, tcpy_str.data_ptr);
+  r = tcpy_call_noargs(obj, fast, tcpy_fast.data_ptr, tcpy_str.data_ptr);
   if (!r) return -1;
   void *ptr = PyLong_AsVoidPtr(r);
   Py_DECREF(r);

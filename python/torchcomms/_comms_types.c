@@ -488,15 +488,20 @@ static PyObject *tcpy_batch_recv(BatchSendRecvObject *self, PyObject *args,
   return tcpy_batch_post(self, args, kw, 0);
 }
 
-static PyObject *tcpy_batch_issue(BatchSendRecvObject *self, PyObject *args,
-                                  PyObject *kw) {
+static PyObject *tcpy_batch_issue(BatchSendRecvObject *self,
+                                  PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames) {
   static const char *fn = "batch_op_issue";
-  static char *kwlist[] = {"async_op", "options", "hints", "timeout", NULL};
-  int async_op = 0;
-  PyObject *options = Py_None, *hints = Py_None, *timeout = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|pOOO:issue", kwlist, &async_op,
-                                   &options, &hints, &timeout))
+  static const char *const kwlist[] = {"async_op", "options", "hints",
+                                       "timeout", NULL};
+  static tcpy_params_t P = TCPY_PARAMS("issue", kwlist, 0);
+  PyObject *a[4];
+  int async_op;
+  if (tcpy_parse(&P, args, nargs, kwnames, a) < 0 ||
+      tcpy_flag(a[0], 0, &async_op) < 0)
     return NULL;
+  PyObject *options = a[1] ? a[1] : Py_None, *hints = a[2] ? a[2] : Py_None,
+           *timeout = a[3] ? a[3] : Py_None;
   TorchCommObject *comm = self->comm;
   if (tcpy_comm_live(comm, fn) < 0) return NULL;
   PyObject *hints_ref = NULL, *timeout_ref = NULL, *result = NULL;
@@ -600,7 +605,7 @@ static PyMethodDef tcpy_batch_methods[] = {
     {"recv", (PyCFunction)(void (*)(void))tcpy_batch_recv,
      METH_VARARGS | METH_KEYWORDS, "recv(tensor, src): posts a receive."},
     {"issue", (PyCFunction)(void (*)(void))tcpy_batch_issue,
-     METH_VARARGS | METH_KEYWORDS,
+     METH_FASTCALL | METH_KEYWORDS,
      "issue(async_op=False, options=None) -> TorchWork: issues every posted "
      "op as one operation (they complete in any order, without deadlock)."},
     {NULL, NULL, 0, NULL},

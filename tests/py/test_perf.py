@@ -74,6 +74,18 @@ def test_perf_collectives_3_ranks(coll, dtype, op, extra, sizes):
     check(p.stdout, coll, 3, dtype, op, sizes)
 
 
+@pytest.mark.parametrize("mode", ["median", "avg"])
+def test_perf_8_bytes_every_collective(mode):
+    # the point the Python-vs-C comparison uses (docs/benchmarks.md): 8 B,
+    # timed per call (median) and as a loop (avg), every collective, checked
+    for coll, op in [("all_reduce", "sum"), ("all_gather", "none"), ("reduce_scatter", "sum"),
+                     ("broadcast", "none"), ("reduce", "sum"), ("all_to_all", "none"),
+                     ("send_recv", "none")]:
+        p = perf(2, "-c", coll, "-b", "8", "-e", "8", "-n", "50", "-w", "5", "-m", mode, "-z")
+        assert p.returncode == 0, p.stdout + p.stderr
+        check(p.stdout, coll, 2, "float32", op, [8])
+
+
 def test_perf_csv(tmp_path):
     csv = tmp_path / "perf.csv"
     p = perf(2, "-c", "all_reduce", "-b", "8", "-e", "64", "-f", "8", "-n", "2", "-w", "0",

@@ -1,0 +1,146 @@
+"""The per-operation path of the extension (issue 16, point 6): METH_FASTCALL
+argument binding (tcpy_parse) and the tensor reads (torch's DLPack C exchange
+table for torch.Tensor / nn.Parameter, the accessor descriptors' C functions
+for other tensor types). Each case compares with what the generic path
+(attribute lookups) must give: exact values at 1 rank, the same errors."""
+import pytest
+import torch
+
+import torchcomms
+from torchcomms import ReduceOp
+
+
+@pytest.fixture(scope="module")
+def comm():
+    c = torchcomms.new_comm("cpu", torch.device("cpu"), name="fastpath")
+    yield c
+    c.finalize()
+
+
+def test_keywords_and_positions(comm):
+    x = torch.arange(4.0)
+    assert comm.all_reduce(x, ReduceOp.SUM, False) is not None
+    comm.all_reduce(tensor=x, op=ReduceOp.MAX, async_op=True).wait()
+    kw = {"async_op": False, "hints": None, "timeout": None}
+    comm.all_reduce(x, **kw)
+    out = torch.full((4,), -1.0)
+    comm.all_gather_single(input=x, output=out)
+    assert torch.equal(out, x)
+    comm.reduce(x, 0, op=ReduceOp.SUM)
+    assert torch.equal(x, torch.arange(4.0))
+
+
+@pytest.mark.parametrize("call,frag", [
+    (lambda c: c.all_reduce(), r"all_reduce\(\) missing required argument 'tensor' \(pos 1\)"),
+    (lambda c: c.broadcast(torch.ones(1)), r"broadcast\(\) missing required argument 'root' \(pos 2\)"),
+    (lambda c: c.all_reduce(torch.ones(1), tensor=torch.ones(1)),
+     r"argument for all_reduce\(\) given by name \('tensor'\) and position \(1\)"),
+    (lambda c: c.all_reduce(torch.ones(1), bogus=1), r"'bogus' is an invalid keyword argument for all_reduce\(\)"),
+    (lambda c: c.all_reduce(torch.ones(1), None, False, None, None, 1),
+     r"all_reduce\(\) takes at most 5 arguments \(6 given\)"),
+    (lambda c: c.barrier(1, 2, 3, 4), r"barrier\(\) takes at most 3 arguments \(4 given\)"),
+    (lambda c: c.batch_op_create().issue(x=1), r"'x' is an invalid keyword argument for issue\(\)"),
+])
+def test_argument_errors(comm, call, frag):
+    with pytest.raises(TypeError, match=frag):
+        call(comm)
+
+
+def test_keyword_by_value_not_identity(comm):
+    # a keyword name built at run time is not the interned one
+    name = "".join(["ten", "sor"])
+    x = torch.ones(3)
+    comm.all_reduce(**{name: x})
+    assert torch.equal(x, torch.ones(3))
+
+
+class Sub(torch.Tensor):
+    pass
+
+
+class OverridesDataPtr(torch.Tensor):
+    def data_ptr(self):  # not the tensor's memory: must be what we read
+        raise RuntimeError("OverridesDataPtr.data_ptr called")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(6, dtype=torch.int32),
+    lambda: torch.nn.Parameter(torch.arange(6.0), requires_grad=False),
+    lambda: torch.arange(6.0).as_subclass(Sub),
+    lambda: torch.arange(12.0).view(2, 6)[1],          # offset view, contiguous
+    lambda: torch.arange(6.0).view(1, 6, 1),            # size-1 dims
+    lambda: torch.arange(6.0, requires_grad=True).detach(),
+])
+def test_reads_the_right_memory(comm, make):
+    t = make()
+    out = torch.full((t.numel(),), -7, dtype=t.dtype)
+    comm.all_gather_single(out, t)
+    assert torch.equal(out, t.reshape(-1))
+    t2 = make()
+    comm.broadcast(t2, 0)
+    assert torch.equal(t2, make())
+
+
+def test_subclass_override_is_honoured(comm):
+    t = torch.ones(3).as_subclass(OverridesDataPtr)
+    with pytest.raises(RuntimeError, match="OverridesDataPtr.data_ptr called"):
+        comm.all_reduce(t)
+
+
+def test_empty_and_zero_dim(comm):
+    e = torch.empty(0)
+    comm.all_reduce(e)
+    z = torch.tensor(5.0)
+    comm.all_reduce(z)
+    assert z.item() == 5.0
+
+
+@pytest.mark.parametrize("make,exc,frag", [
+    (lambda: torch.ones(1).expand(4), ValueError, "must be contiguous"),
+    (lambda: torch.arange(6.0).view(2, 3).t(), ValueError, "must be contiguous"),
+    (lambda: torch._neg_view(torch.ones(3, dtype=torch.int32)), ValueError, "negative view"),
+    (lambda: torch.ones(2, dtype=torch.complex64).conj(), TypeError, "complex64"),
+    (lambda: torch.ones(2, dtype=torch.uint16), TypeError, "does not support"),
+    (lambda: torch.ones(2, device="meta"), ValueError, "is on device 'meta'"),
+    (lambda: torch.ones(2, 2).to_sparse(), ValueError, "must be contiguous|has no storage|sparse|layout"),
+])
+def test_refusals_keep_their_words(comm, make, exc, frag):
+    t = make()
+    with pytest.raises((exc, RuntimeError), match=frag) as ei:
+        comm.all_reduce(t)
+    if "sparse" not in repr(t.layout):
+        assert ei.type is exc
+
+
+def test_metadata_changed_between_calls(comm):
+    # nothing is cached per tensor: .data = and storage resizes are seen
+    x = torch.arange(4.0)
+    comm.all_reduce(x)
+    x.data = torch.arange(6.0).view(2, 3).t()
+    with pytest.raises(ValueError, match="must be contiguous"):
+        comm.all_reduce(x)
+    x.data = torch._neg_view(torch.ones(4))
+    with pytest.raises(ValueError, match="negative view"):
+        comm.all_reduce(x)
+    x.data = torch.arange(8, dtype=torch.int64)
+    out = torch.zeros(8, dtype=torch.int64)
+    comm.all_gather_single(out, x)
+    assert torch.equal(out, torch.arange(8))
+    y = torch.arange(3.0)
+    y.untyped_storage().resize_(0)
+    with pytest.raises((RuntimeError, ValueError)):
+        comm.all_reduce(y)
+
+
+def test_monkeypatched_tensor_method_is_seen(comm, monkeypatch):
+    x = torch.ones(3)
+    comm.all_reduce(x)  # the fast path is in use for torch.Tensor
+
+    def boom(self):
+        raise RuntimeError("patched is_contiguous")
+
+    monkeypatch.setattr(torch.Tensor, "is_contiguous", boom)
+    with pytest.raises(RuntimeError, match="patched is_contiguous"):
+        comm.all_reduce(x)
+    monkeypatch.undo()
+    comm.all_reduce(x)
