@@ -30,9 +30,13 @@ def main() -> int:
         (lambda: torch.ones(1024, dtype=torch.int32 if odd else torch.float32),
          lambda t: comm.all_reduce(t, ReduceOp.SUM, async_op=False),
          "int32 with SUM"),
-        # all_reduce against broadcast: the broadcast side must fail too
+        # all_reduce against broadcast: the broadcast side must fail too (the
+        # root of a small broadcast over shared memory does not wait for its
+        # receivers: it finds the mismatch at its next operation,
+        # docs/reliability.md)
         (lambda: torch.ones(256),
-         lambda t: (comm.broadcast(t, n - 1, async_op=False) if odd
+         lambda t: ((comm.broadcast(t, n - 1, async_op=False),
+                     comm.all_reduce(torch.ones(1), ReduceOp.SUM, async_op=False)) if odd
                     else comm.all_reduce(t, ReduceOp.SUM, async_op=False)),
          "broadcast #1 of 256 float32 from root"),
     ]
