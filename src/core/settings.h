@@ -69,7 +69,7 @@
   X(CPU_SHM_SMALL_BYTES, "TORCHCOMMS_CPU_SHM_SMALL_BYTES", NUM, 16 << 10, 0, TC__BIG,      \
     NULL, "shm all_reduce through the small slots up to this size (the same on every rank)") \
   X(CPU_SPIN_US, "TORCHCOMMS_CPU_SPIN_US", NUM, 0, 0, 1e9, NULL,                           \
-    "busy-wait before sleeping, microseconds (default 50 when ranks <= cores, else 0)")  \
+    "busy-wait before sleeping, microseconds (default 200 when ranks <= cores, else 0)")  \
   X(CPU_TCP_SPIN_US, "TORCHCOMMS_CPU_TCP_SPIN_US", NUM, 0, 0, 1e9, NULL,                   \
     "TCP busy-poll before sleeping, microseconds (default as TORCHCOMMS_CPU_SPIN_US)")   \
   X(CPU_YIELD_US, "TORCHCOMMS_CPU_YIELD_US", NUM, 200, 0, 1e9, NULL,                       \

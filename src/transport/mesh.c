@@ -97,7 +97,11 @@ double tc__mesh_spin_policy(const tc_tp_args_t *a, int local) {
   int ncpu = 0;
   if (sched_getaffinity(0, sizeof set, &set) == 0) ncpu = CPU_COUNT(&set);
   if (ncpu <= 0) ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
-  double spin = local > 0 && local <= ncpu ? 50e-6 : 0;
+  /* 200 us: on a VM a peer's wake-up or a short preemption often takes
+   * 50-100 us; with a 50 us budget the ranks fell, one run in three, into
+   * a sleep / wake ping-pong of 3-75 us per 8 B operation (issue 16,
+   * docs/benchmarks.md); a wait that lasts longer costs 200 us of CPU once */
+  double spin = local > 0 && local <= ncpu ? 200e-6 : 0;
   TC_BACKEND_LOGS(a->host, TC_LOG_DEBUG, TC_LOG_INIT,
                   "cpu backend '%s' rank %d: %d ranks on this machine, %d cores: "
                   "busy-poll %g us", a->comm_name, a->rank, local, ncpu, spin * 1e6);
