@@ -23,6 +23,9 @@ def main() -> int:
     assert t.tolist() == [want] * 5, t.tolist()
     print(f"attempt {attempt} rank {rank}: created in {took:.2f} s, sum ok", flush=True)
     if attempt < 2:
+        # every rank's line is out before any rank dies (torchrun stops the
+        # others at the first death: a rank still printing would lose it)
+        comm.barrier(async_op=False)
         # dies without finalize, like a job that crashed after creation
         os._exit(17 if rank == size - 1 else 0)
     sub.finalize()
