@@ -328,7 +328,8 @@ static int work_wait_until(tc_work_t *w, double limit, const char *fn) {
   if (w->drive && !status_terminal(atomic_load(&w->status))) w->drive(w, 1, limit);
   /* done well already (an operation run inside its post): no lock */
   if (status_terminal(atomic_load(&w->status)) && w->rc == TC_OK) return TC_OK;
-  int gave_up = 0;
+  double gave_up = 0; /* > 0: when to stop waiting for another finisher's end */
+  char timeout_msg[512] = "";
   pthread_mutex_lock(&w->mu);
   atomic_fetch_add(&w->waiters, 1);
   for (;;) {
@@ -344,7 +345,7 @@ static int work_wait_until(tc_work_t *w, double limit, const char *fn) {
                            "given wait time (it is still %s)",
                            fn, w->opname, tc_work_status_name(st));
     }
-    if (limit <= 0 && now >= dl && !gave_up) {
+    if (limit <= 0 && now >= dl && gave_up == 0) {
       /* The backend missed its own deadline: fail the work ourselves. */
       atomic_fetch_sub(&w->waiters, 1);
       pthread_mutex_unlock(&w->mu);
@@ -354,13 +355,22 @@ static int work_wait_until(tc_work_t *w, double limit, const char *fn) {
                st == TC_WORK_NOT_STARTED ? "never started: an earlier operation is stuck"
                                          : "the backend did not report");
       tc__comm_message(w->comm, w->opname, why, msg, sizeof msg);
-      work_finish(w, TC_ERR_TIMEOUT, msg);
+      if (!work_finish(w, TC_ERR_TIMEOUT, msg)) {
+        /* the backend's report won meanwhile: wait (bounded) for its end to
+         * be published; it may be running post hooks or a recorder dump */
+        snprintf(timeout_msg, sizeof timeout_msg, "%s", msg);
+        gave_up = now + TC_WORK_GRACE_S;
+      }
       pthread_mutex_lock(&w->mu);
       atomic_fetch_add(&w->waiters, 1);
-      gave_up = 1; /* another finisher may still be publishing its end */
       continue;
     }
-    double until = limit > 0 && limit < dl ? limit : gave_up ? now + 0.25 : dl;
+    if (gave_up > 0 && now >= gave_up) { /* that end never came */
+      atomic_fetch_sub(&w->waiters, 1);
+      pthread_mutex_unlock(&w->mu);
+      return tc__set_error(TC_ERR_TIMEOUT, "%s", timeout_msg);
+    }
+    double until = limit > 0 && limit < dl ? limit : gave_up > 0 ? gave_up : dl;
     if (until > now + 0.25) until = now + 0.25; /* re-read the deadline */
     struct timespec ts;
     deadline_ts(until, &ts);

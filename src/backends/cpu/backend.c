@@ -214,21 +214,26 @@ static int cpu_on_thread(const cpu_comm_t *c) {
   return c->thread_started && pthread_equal(pthread_self(), c->thread);
 }
 
+/* A context for c: everything but the 1 KiB message zeroed (zeroing the
+ * whole context, as a designated initializer does, was a tenth of a small
+ * operation). */
+static void cpu_ctx_init(cpu_ctx_t *ctx, cpu_comm_t *c, const char *opname) {
+  memset(ctx, 0, offsetof(cpu_ctx_t, msg));
+  ctx->msg[0] = 0;
+  ctx->c = c;
+  ctx->opname = opname;
+  ctx->rank = c->rank;
+  ctx->size = c->size;
+}
+
 /* Runs (or resumes) one operation. inline_spin >= 0: on the caller's
  * thread, a shared-memory operation may give up at a wait that spun that
  * long; returns 0 then (e keeps its progress, the work is not reported),
  * 1 once the work was reported. */
 static int cpu_exec(cpu_comm_t *c, cpu_qent_t *e, double inline_spin) {
-  /* everything but the 1 KiB message zeroed: zeroing the whole context
-   * (a designated initializer does) was a tenth of a small operation */
   cpu_ctx_t ctx;
-  memset(&ctx, 0, offsetof(cpu_ctx_t, msg));
-  ctx.msg[0] = 0;
-  ctx.c = c;
+  cpu_ctx_init(&ctx, c, tc__op_name(e->op->type));
   ctx.op = e->op;
-  ctx.opname = tc__op_name(e->op->type);
-  ctx.rank = c->rank;
-  ctx.size = c->size;
   ctx.es = tc_dtype_size(e->op->dtype);
   int rc;
   if (e->deadline != 0) { /* begun inline: resume */
@@ -599,12 +604,7 @@ static int cpu_finalize(void *bc, char *err, size_t errlen) {
   } else if (c->tp) {
     if (c->lazy_lo) { /* broadcasts it rooted, still to be checked */
       cpu_ctx_t ctx;
-      memset(&ctx, 0, offsetof(cpu_ctx_t, msg));
-      ctx.msg[0] = 0;
-      ctx.c = c;
-      ctx.opname = "finalize";
-      ctx.rank = c->rank;
-      ctx.size = c->size;
+      cpu_ctx_init(&ctx, c, "finalize");
       ctx.timeout_s = c->timeout_s;
       ctx.deadline = tc__now() + c->timeout_s;
       rc = tc__cpu_fast_settle(&ctx);
