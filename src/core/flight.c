@@ -90,13 +90,23 @@ static uint64_t fr_lo(const tc_comm_t *c) {
   return lo > c->fr_base ? lo : c->fr_base;
 }
 
+/* Touches every page of a fresh calloc'd block now. A large calloc is fresh
+ * mmap'd memory whose pages fault in on first write: in the ring, a fault
+ * every 32 operations (3-8 us each in a VM) for the first TORCH_FR_BUFFER_SIZE
+ * operations, which is where a latency benchmark's first size runs. */
+static void *prefault(void *p, size_t bytes) {
+  for (size_t i = 0; p && i < bytes; i += 4096) ((volatile char *)p)[i] = 0;
+  return p;
+}
+
 void tc__fr_init(tc_comm_t *c) {
   atomic_store(&c->fr_lock, 0);
   size_t n = (size_t)tc__setting_double(TC_SET_FR_BUFFER_SIZE);
-  c->fr = n ? calloc(n, sizeof *c->fr) : NULL;
+  c->fr = n ? prefault(calloc(n, sizeof *c->fr), n * sizeof *c->fr) : NULL;
   c->fr_cap = c->fr ? n : 0;
   c->fr_stacks = c->fr_cap && stacks_setting()
-                     ? calloc(c->fr_cap * TC_FR_FRAMES, sizeof(void *))
+                     ? prefault(calloc(c->fr_cap * TC_FR_FRAMES, sizeof(void *)),
+                                c->fr_cap * TC_FR_FRAMES * sizeof(void *))
                      : NULL;
   c->fr_count = c->fr_base = 0;
   atomic_store(&c->fr_dumped, 0);
@@ -566,7 +576,7 @@ int tc_fr_reserve(tc_comm_t *c, size_t entries) {
     fr_unlock(c);
     return TC_OK;
   }
-  tc__fr_entry_t *n = calloc(entries, sizeof *n);
+  tc__fr_entry_t *n = prefault(calloc(entries, sizeof *n), entries * sizeof *n);
   if (!n) {
     fr_unlock(c);
     return tc__comm_error(c, TC_ERR_NOMEM, "tc_fr_reserve", "out of memory");
@@ -574,7 +584,8 @@ int tc_fr_reserve(tc_comm_t *c, size_t entries) {
   /* keep the recorded entries at their record ids' places in the new ring */
   void **st = NULL;
   int stacks = c->fr_stacks || stacks_setting();
-  if (stacks && !(st = calloc(entries * TC_FR_FRAMES, sizeof(void *)))) {
+  if (stacks && !(st = prefault(calloc(entries * TC_FR_FRAMES, sizeof(void *)),
+                                entries * TC_FR_FRAMES * sizeof(void *)))) {
     free(n);
     fr_unlock(c);
     return tc__comm_error(c, TC_ERR_NOMEM, "tc_fr_reserve", "out of memory");
