@@ -2,7 +2,7 @@
  * or mpirun, without Python.
  *
  * usage: tcrun -n N [--tag-output] [--grace SECONDS] [--timeout SECONDS]
- *              [--port PORT] [--] program [args...]
+ *              [--port PORT] [--bind-to auto|core|none] [--] program [args...]
  *
  * tcrun hosts a TCPStore server itself (on 127.0.0.1, port PORT or a free
  * one), then starts N copies of `program` (searched in PATH), each with the
@@ -34,6 +34,12 @@
  * then exits 128+S); --timeout stops all ranks the same way and exits 124.
  * Exit status 127/126: the program cannot be found/executed; 2: bad usage.
  *
+ * --bind-to auto (the default) pins rank r to the r-th core of tcrun's own
+ * CPU affinity mask when 2 <= N <= that many cores, as mpirun does: a rank
+ * that owns a core is not moved onto its peer's core by the scheduler, and
+ * under a foreign CPU load each rank keeps its own core's share (issue 16,
+ * docs/benchmarks.md). More ranks than cores, or one rank: not bound.
+ *
  * When the job ends, tcrun removes the shared-memory segments of ranks that
  * died before unlinking them (src/transport/shm_sweep.c).
  *
@@ -51,6 +57,7 @@
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -72,6 +79,12 @@
 #define TCRUN_MAX_LINE (64 * 1024)
 #define TCRUN_BIND_HOST "127.0.0.1"
 
+/* --bind-to: auto binds rank r to the r-th core tcrun may run on when there
+ * are 2 to that many ranks (Open MPI's mpirun binds to cores by default for
+ * 2 ranks, and so keeps a spinning rank off its peer's core); core binds
+ * always (round-robin when the ranks outnumber the cores); none never. */
+enum { TCRUN_BIND_AUTO, TCRUN_BIND_CORE, TCRUN_BIND_NONE };
+
 extern char **environ;
 
 /* One output pipe of a rank (only with --tag-output). */
@@ -87,6 +100,7 @@ typedef struct {
   pid_t pid;   /* 0 until forked */
   int live;    /* forked and not yet reaped */
   char **env;  /* its environment, built before fork */
+  int cpu;     /* the core it is bound to (--bind-to), or -1 */
   tcrun_stream_t out, err;
 } tcrun_rank_t;
 
@@ -97,6 +111,7 @@ typedef struct {
   double grace;   /* seconds between SIGTERM and SIGKILL */
   double timeout; /* seconds; 0 = none */
   int port;
+  int bind;       /* TCRUN_BIND_* (--bind-to) */
   char **argv;    /* program and its arguments, NULL-terminated */
 } tcrun_opts_t;
 
@@ -154,7 +169,7 @@ __attribute__((format(printf, 1, 2))) static void tcrun_msg(const char *fmt,
 static void tcrun_usage(FILE *f) {
   fputs(
       "usage: tcrun -n N [--tag-output] [--grace SECONDS] [--timeout SECONDS]\n"
-      "             [--port PORT] [--] program [args...]\n"
+      "             [--port PORT] [--bind-to auto|core|none] [--] program [args...]\n"
       "\n"
       "Starts N ranks of program on this host with torchrun's environment\n"
       "(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK,\n"
@@ -169,6 +184,11 @@ static void tcrun_usage(FILE *f) {
       "  --timeout SECONDS       stop all ranks and exit 124 after this long\n"
       "                          (default 0: no limit)\n"
       "  --port PORT             the store's port (default 0: a free port)\n"
+      "  --bind-to WHAT          auto (default): bind rank r to the r-th core\n"
+      "                          tcrun may run on when 2 <= N <= cores (like\n"
+      "                          mpirun; ranks that each own a core keep it\n"
+      "                          under a foreign CPU load); core: always,\n"
+      "                          round-robin; none: never\n"
       "  -h, --help              print this help and exit\n"
       "  --help-env              print every TORCHCOMMS_* setting and exit\n"
       "\n"
@@ -259,6 +279,11 @@ static void tcrun_parse_args(int argc, char **argv, tcrun_opts_t *o) {
       o->timeout = tcrun_parse_seconds("--timeout", v);
     } else if ((v = tcrun_optval(argc, argv, &i, "--port"))) {
       o->port = tcrun_parse_int("--port", v, 0, 65535);
+    } else if ((v = tcrun_optval(argc, argv, &i, "--bind-to"))) {
+      if (!strcmp(v, "auto")) o->bind = TCRUN_BIND_AUTO;
+      else if (!strcmp(v, "core")) o->bind = TCRUN_BIND_CORE;
+      else if (!strcmp(v, "none")) o->bind = TCRUN_BIND_NONE;
+      else tcrun_bad_usage("bad value for --bind-to: '%s' (expected auto, core or none)", v);
     } else {
       tcrun_bad_usage("unknown option '%s'", a);
     }
@@ -414,6 +439,12 @@ static void tcrun_child(const tcrun_t *t, int r, char **env, int out_w,
     sigaction(tcrun_caught[k], &sa, NULL);
   sigaction(SIGPIPE, &sa, NULL);
   sigprocmask(SIG_SETMASK, &t->orig_mask, NULL);
+  if (t->ranks[r].cpu >= 0) { /* best effort: a core taken away meanwhile is no error */
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(t->ranks[r].cpu, &one);
+    (void)sched_setaffinity(0, sizeof one, &one);
+  }
   if (r > 0 && t->devnull >= 0) tcrun_child_dup(t->devnull, 0);
   if (out_w >= 0) tcrun_child_dup(out_w, 1);
   if (err_w >= 0) tcrun_child_dup(err_w, 2);
@@ -466,6 +497,19 @@ static void tcrun_stop(tcrun_t *t, int sig, int exit_code) {
     t->kill_at = tc__now() + t->o.grace;
   }
   tcrun_signal_all(t, sig);
+}
+
+/* Chooses each rank's core (--bind-to) among the cores tcrun may run on. */
+static void tcrun_plan_binding(tcrun_t *t) {
+  cpu_set_t set;
+  int cpus[CPU_SETSIZE], ncpu = 0;
+  for (int r = 0; r < t->o.nranks; r++) t->ranks[r].cpu = -1;
+  if (t->o.bind == TCRUN_BIND_NONE || sched_getaffinity(0, sizeof set, &set) != 0) return;
+  for (int k = 0; k < CPU_SETSIZE; k++)
+    if (CPU_ISSET(k, &set)) cpus[ncpu++] = k;
+  if (ncpu == 0) return;
+  if (t->o.bind == TCRUN_BIND_AUTO && (t->o.nranks < 2 || t->o.nranks > ncpu)) return;
+  for (int r = 0; r < t->o.nranks; r++) t->ranks[r].cpu = cpus[r % ncpu];
 }
 
 /* Forks rank r with its pipes; returns 0, or -1 after reporting why the
@@ -803,6 +847,7 @@ int main(int argc, char **argv) {
     tc_store_server_stop(server);
     return 1;
   }
+  tcrun_plan_binding(&t);
   for (int r = 0; r < t.o.nranks; r++) {
     t.ranks[r].out.fd = t.ranks[r].err.fd = -1;
     t.ranks[r].env = tcrun_build_env(&t, r, port);

@@ -457,11 +457,18 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
   }
   for (size_t i = 0; i < n; i++) s.out[i].fd = -1;
 
-  /* 0. count the ranks on this machine (read back once all are connected) */
-  char hkey[400];
+  /* 0. count the ranks on this machine (read back once all are connected),
+   * and publish this rank's CPU mask under its place in that count */
+  char hkey[400], mkey[440];
   tc__mesh_host_key(hkey, sizeof hkey);
   int64_t local = 0;
+  uint64_t cpus[TC_MESH_CPU_WORDS];
+  tc__mesh_own_cpus(cpus);
   if (a->host->store_add(a->store, hkey, 1, &local) != TC_OK) local = -1;
+  if (local > 0) {
+    snprintf(mkey, sizeof mkey, "%s/cpus/%lld", hkey, (long long)local);
+    if (a->host->store_set(a->store, mkey, cpus, sizeof cpus) != TC_OK) local = -1;
+  }
 
   /* 1. the token */
   if (t->rank == 0) {
@@ -537,7 +544,25 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
 
   /* 5. every peer has counted itself before it could connect */
   if (local >= 0 && a->host->store_add(a->store, hkey, 0, &local) != TC_OK) local = -1;
-  t->spin_s = tc__mesh_spin_policy(a, (int)local);
+  /* the cores the local ranks may run on: the union of their CPU masks
+   * when this rank's own has fewer cores than there are local ranks (each
+   * rank bound to a core of its own by tcrun, mpirun or srun is not
+   * oversubscribed, which its own one-core mask would suggest) */
+  int ncpu = tc__mesh_cpu_count(cpus);
+  for (int64_t i = 1; local > ncpu && i <= local; i++) {
+    void *v = NULL;
+    size_t len = 0;
+    snprintf(mkey, sizeof mkey, "%s/cpus/%lld", hkey, (long long)i);
+    TC_CHECK_GOTO(setup_get(&s, mkey, &v, &len, "a local rank's CPU mask"), rc, out);
+    for (size_t w = 0; w < TC_MESH_CPU_WORDS && (w + 1) * 8 <= len; w++) {
+      uint64_t word;
+      memcpy(&word, (const char *)v + w * 8, 8);
+      cpus[w] |= word;
+    }
+    a->host->free(v);
+    if (i == local) ncpu = tc__mesh_cpu_count(cpus);
+  }
+  t->spin_s = tc__mesh_spin_policy(a, (int)local, ncpu);
   /* TCP busy-polls the sockets as long, unless TORCHCOMMS_CPU_TCP_SPIN_US
    * says otherwise (0: sleep in poll at once; on a loaded VM, whose loopback
    * packets are delivered by ksoftirqd, spinning delays them) */

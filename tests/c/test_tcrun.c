@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -497,6 +498,62 @@ TC_TEST(tcrun_removes_segments_of_ranks_killed_in_creation) {
   tcrun_free(&p);
 }
 
+/* This process's Cpus_allowed_list (what a rank left unbound inherits). */
+static void tcrun_own_cpus(char *out, size_t len) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[4096];
+  out[0] = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "Cpus_allowed_list: %1023s", out) == 1) break;
+  if (f) fclose(f);
+  (void)len;
+}
+
+/* "RANK CPUS\n" of every rank, sorted, for the rank count and --bind-to. */
+static char *tcrun_affinities(int n, const char *bind) {
+  char nb[16];
+  snprintf(nb, sizeof nb, "%d", n);
+  tcrun_proc_t p;
+  tcrun_run(&p, (const char *[]){"-n", nb, "--bind-to", bind, "sh", "-c",
+      "echo \"$RANK $(grep Cpus_allowed_list /proc/self/status | cut -f2)\"", NULL});
+  TC_ASSERT_EQ(p.code, 0);
+  char *s = tcrun_sorted(p.out);
+  tcrun_free(&p);
+  return s;
+}
+
+TC_TEST(tcrun_binds_ranks_to_cores) {
+  cpu_set_t set;
+  TC_ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  int cpus[CPU_SETSIZE], ncpu = 0;
+  for (int k = 0; k < CPU_SETSIZE; k++)
+    if (CPU_ISSET(k, &set)) cpus[ncpu++] = k;
+  char own[1024], want[8192], line[1100];
+  tcrun_own_cpus(own, sizeof own);
+  TC_ASSERT(own[0]);
+  /* ranks sort as text below: up to 9 (rank 9 would sort before 2) */
+  const int many = ncpu + 1 <= 9 ? ncpu + 1 : 9;
+  static const struct {
+    int n; /* 0: `many` */
+    const char *bind;
+  } cases[] = {{2, "auto"}, {0, "auto"}, {2, "none"}, {0, "core"}, {1, "auto"}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    int n = cases[c].n ? cases[c].n : many;
+    const char *b = cases[c].bind;
+    /* auto: one core each for 2..ncpu ranks; core: round-robin, always */
+    int bound = !strcmp(b, "core") || (!strcmp(b, "auto") && n >= 2 && n <= ncpu);
+    want[0] = 0;
+    for (int r = 0; r < n; r++) {
+      if (bound) snprintf(line, sizeof line, "%d %d\n", r, cpus[r % ncpu]);
+      else snprintf(line, sizeof line, "%d %s\n", r, own);
+      strcat(want, line);
+    }
+    char *got = tcrun_affinities(n, b);
+    TC_ASSERT_STR_EQ(got, want);
+    free(got);
+  }
+}
+
 TC_TEST(tcrun_help_and_bad_usage) {
   tcrun_proc_t p;
   const char *helps[] = {"--help", "-h"};
@@ -524,6 +581,7 @@ TC_TEST(tcrun_help_and_bad_usage) {
       {{"-n", "2", "--grace", "-1", "true", NULL}, "bad value for --grace"},
       {{"-n", "2", "--timeout", "abc", "true", NULL}, "bad value for --timeout"},
       {{"-n", "2", "--port", "70000", "true", NULL}, "bad value for --port"},
+      {{"-n", "2", "--bind-to", "socket", "true", NULL}, "bad value for --bind-to: 'socket'"},
   };
   for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
     tcrun_run(&p, bad[k].args);
