@@ -62,8 +62,8 @@
     "shared-memory segment bytes per rank")                                              \
   X(CPU_CMA, "TORCHCOMMS_CPU_CMA", BOOL, 1, 0, 0, NULL,                                    \
     "single copy with process_vm_readv")                                                 \
-  X(CPU_CMA_BYTES, "TORCHCOMMS_CPU_CMA_BYTES", NUM, 16 << 10, 0, TC__BIG, NULL,            \
-    "single copy from this many bytes (the same on every rank)")                         \
+  X(CPU_CMA_BYTES, "TORCHCOMMS_CPU_CMA_BYTES", NUM, 0, 0, TC__BIG, NULL,                   \
+    "collectives: single copy from this many bytes (0: never; the same on every rank)")  \
   X(CPU_INLINE_BYTES, "TORCHCOMMS_CPU_INLINE_BYTES", NUM, 1 << 20, 0, TC__BIG, NULL,       \
     "run operations up to this size on the caller's thread")                             \
   X(CPU_SHM_SMALL_BYTES, "TORCHCOMMS_CPU_SHM_SMALL_BYTES", NUM, 16 << 10, 0, TC__BIG,      \

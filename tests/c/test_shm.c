@@ -402,6 +402,7 @@ static void mix_check(mix_op_t *m, int rank, int n) {
 static void mix_rank(tc_ctx_t *ctx) {
   shm_shared_t *sh = ctx->arg;
   setenv("TORCHCOMMS_SHM_BYTES", "262144", 1); /* 64 KiB halves: many rounds */
+  setenv("TORCHCOMMS_CPU_CMA_BYTES", "16384", 1); /* single copy is off by default */
   tc_comm_t *c = shm_comm(ctx, sh->name);
   TC_ASSERT(comm_shm(c) != NULL);
   const char *cma_env = getenv("TORCHCOMMS_CPU_CMA");
@@ -448,8 +449,8 @@ static void mix_rank(tc_ctx_t *ctx) {
 
 /* The same mix with single copy (process_vm_readv) turned off: broadcast,
  * all_gather and all_to_all of 16 KiB and more then go through the halves.
- * With it on (the default) the mix checks that single copy is in use where
- * the machine allows it. */
+ * With it on (TORCHCOMMS_CPU_CMA_BYTES=16K; off by default) the mix checks
+ * that single copy is in use where the machine allows it. */
 static void mix_rank_nocma(tc_ctx_t *ctx) {
   setenv("TORCHCOMMS_CPU_CMA", "0", 1);
   mix_rank(ctx);

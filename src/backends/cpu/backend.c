@@ -552,9 +552,12 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
     if (rc != TC_OK) goto fail;
     c->shm = tc__shm_of(c->tp_ops, c->tp);
     c->small_ar = (size_t)tc__setting_double(TC_SET_CPU_SHM_SMALL_BYTES);
-    c->cma_min = c->shm && tc__shm_cma(c->shm)
-                     ? (size_t)tc__setting_double(TC_SET_CPU_CMA_BYTES)
-                     : SIZE_MAX;
+    /* off by default: on the machine we measure on, broadcast, all_gather
+     * and all_to_all through the slots and halves (two copies, in cache)
+     * beat process_vm_readv (one copy, pages pinned per call) 1.3-4x at 2
+     * ranks from 16 KiB to 16 MiB, and mostly at 4 (docs/benchmarks.md) */
+    size_t cma_bytes = (size_t)tc__setting_double(TC_SET_CPU_CMA_BYTES);
+    c->cma_min = c->shm && tc__shm_cma(c->shm) && cma_bytes > 0 ? cma_bytes : SIZE_MAX;
   }
   /* the progress thread takes no asynchronous signals: they belong to the
    * application's threads */
