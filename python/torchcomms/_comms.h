@@ -130,10 +130,24 @@ typedef struct P2POpObject {
   int peer;
 } P2POpObject;
 
+/* What one posted op of a batch was made of (BatchSendRecv's kept C batch). */
+typedef struct tcpy_batch_ent {
+  void *ptr;
+  size_t numel;
+  int32_t dtype, peer, send, pad; /* no implicit padding: compared with memcmp */
+} tcpy_batch_ent_t;
+_Static_assert(sizeof(tcpy_batch_ent_t) == 32, "tcpy_batch_ent_t has no padding");
+
 typedef struct BatchSendRecvObject {
   PyObject_HEAD
   TorchCommObject *comm; /* strong */
   PyObject *ops;         /* list of P2POp */
+  /* the C batch of the last issue, kept while no op changes (an issue
+   * re-reads every tensor and compares); NULL while an issue uses it */
+  tc_batch_t *cbatch;
+  tc_comm_t *ccomm;        /* the communicator it was made on */
+  tcpy_batch_ent_t *cent;  /* its ops (PyMem) */
+  Py_ssize_t cn;
 } BatchSendRecvObject;
 
 /* ---- errors (_comms_module.c) ---- */

@@ -516,15 +516,16 @@ static PyObject *tcpy_batch_issue(BatchSendRecvObject *self,
   }
   PyObject *ops = PySequence_Tuple(self->ops);
   tc_batch_t *batch = NULL;
+  tcpy_batch_ent_t few[8], *ent = few;
   if (!ops) goto out;
   tcpy_opts_t opts;
   if (tcpy_opts_init(&opts, fn, hints, timeout) < 0) goto out;
-  int rc = tc_batch_create(comm->comm, &batch);
-  if (rc != TC_OK) {
-    tcpy_raise(rc, tc_last_error());
+  int rc;
+  Py_ssize_t n = PyTuple_GET_SIZE(ops);
+  if (n > 8 && !(ent = PyMem_Calloc((size_t)n, sizeof *ent))) {
+    PyErr_NoMemory();
     goto out_opts;
   }
-  Py_ssize_t n = PyTuple_GET_SIZE(ops);
   PyObject *refs = PyTuple_New(n);
   if (!refs) goto out_opts;
   for (Py_ssize_t i = 0; i < n; i++) {
@@ -539,12 +540,30 @@ static PyObject *tcpy_batch_issue(BatchSendRecvObject *self,
     if (tcpy_tensor(&comm->dev, fn, "ops", i, p->tensor, &t) < 0)
       goto out_refs;
     PyTuple_SET_ITEM(refs, i, Py_NewRef(p->tensor));
-    rc = p->type == tcpy_p2p_members[0]
-             ? tc_batch_send(batch, t.ptr, t.numel, t.dtype, p->peer)
-             : tc_batch_recv(batch, t.ptr, t.numel, t.dtype, p->peer);
+    /* compared with memcmp: the struct has no implicit padding */
+    ent[i] = (tcpy_batch_ent_t){.ptr = t.ptr, .numel = t.numel, .dtype = (int32_t)t.dtype,
+                                .peer = p->peer, .send = p->type == tcpy_p2p_members[0]};
+  }
+  /* the kept C batch when every op is as it was (an issue on another
+   * thread holds it meanwhile: this one then makes its own) */
+  if (self->cbatch && self->ccomm == comm->comm && self->cn == n &&
+      !memcmp(self->cent, ent, (size_t)n * sizeof *ent)) {
+    batch = self->cbatch;
+    self->cbatch = NULL;
+  } else {
+    rc = tc_batch_create(comm->comm, &batch);
     if (rc != TC_OK) {
       tcpy_raise(rc, tc_last_error());
       goto out_refs;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+      tcpy_batch_ent_t *e = &ent[i];
+      rc = e->send ? tc_batch_send(batch, e->ptr, e->numel, (tc_dtype_t)e->dtype, e->peer)
+                   : tc_batch_recv(batch, e->ptr, e->numel, (tc_dtype_t)e->dtype, e->peer);
+      if (rc != TC_OK) {
+        tcpy_raise(rc, tc_last_error());
+        goto out_refs;
+      }
     }
   }
   tcpy_call_t call = {.type = TC_OP_BATCH, .batch = batch};
@@ -554,11 +573,23 @@ static PyObject *tcpy_batch_issue(BatchSendRecvObject *self,
     goto out_refs;
   result = tcpy_issue_opts(comm, fn, &call, async_op, &opts, refs, pre);
   Py_XDECREF(pre);
+  if (result && !self->cbatch && comm->comm) { /* keep it for the next issue */
+    tcpy_batch_ent_t *keep = PyMem_Realloc(self->cent, (size_t)(n ? n : 1) * sizeof *keep);
+    if (keep) {
+      memcpy(keep, ent, (size_t)n * sizeof *keep);
+      self->cent = keep;
+      self->cn = n;
+      self->ccomm = comm->comm;
+      self->cbatch = batch;
+      batch = NULL;
+    }
+  }
 out_refs:
   Py_DECREF(refs);
 out_opts:
   tcpy_opts_free(&opts);
 out:
+  if (ent != few) PyMem_Free(ent);
   if (batch) tc_batch_free(batch);
   Py_XDECREF(ops);
   Py_XDECREF(hints_ref);
@@ -588,6 +619,11 @@ static int tcpy_batch_traverse(BatchSendRecvObject *self, visitproc visit,
 }
 
 static int tcpy_batch_clear(BatchSendRecvObject *self) {
+  if (self->cbatch) tc_batch_free(self->cbatch); /* a handle: safe after its comm */
+  self->cbatch = NULL;
+  PyMem_Free(self->cent);
+  self->cent = NULL;
+  self->cn = 0;
   Py_CLEAR(self->comm);
   Py_CLEAR(self->ops);
   return 0;
@@ -634,6 +670,10 @@ PyObject *tcpy_batch_new(TorchCommObject *comm) {
   BatchSendRecvObject *b =
       PyObject_GC_New(BatchSendRecvObject, &TcPy_BatchSendRecv_Type);
   if (!b) return NULL;
+  b->cbatch = NULL;
+  b->ccomm = NULL;
+  b->cent = NULL;
+  b->cn = 0;
   b->comm = (TorchCommObject *)Py_NewRef((PyObject *)comm);
   b->ops = PyList_New(0);
   if (!b->ops) {

@@ -144,3 +144,39 @@ def test_monkeypatched_tensor_method_is_seen(comm, monkeypatch):
         comm.all_reduce(x)
     monkeypatch.undo()
     comm.all_reduce(x)
+
+
+def test_batch_kept_between_issues_follows_every_change(comm):
+    # BatchSendRecv keeps its C batch between issues while no op changes: an
+    # issue re-reads every tensor, so new contents, a new tensor, new storage,
+    # a new peer and more ops are all seen (1 rank: sends to itself)
+    b = comm.batch_op_create()
+    x, y = torch.arange(4.0), torch.zeros(4)
+    b.send(x, 0)
+    b.recv(y, 0)
+    b.issue()
+    assert torch.equal(y, torch.arange(4.0))
+    x.add_(10)                                   # same memory, new contents
+    b.issue()
+    assert torch.equal(y, torch.arange(4.0) + 10)
+    z = torch.zeros(4)
+    b.ops[1].tensor = z                          # another tensor
+    x.add_(1)
+    b.issue()
+    assert torch.equal(z, torch.arange(4.0) + 11) and torch.equal(y, torch.arange(4.0) + 10)
+    z.set_(torch.zeros(4))                       # same tensor object, new storage
+    b.issue()
+    assert torch.equal(z, torch.arange(4.0) + 11)
+    x2, y2 = torch.ones(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
+    b.send(x2, 0)                                # more ops
+    b.recv(y2, 0)
+    b.issue()
+    assert torch.equal(y2, torch.ones(2, dtype=torch.int64))
+    b.ops[0].peer = 5                            # a bad peer is refused, not reused
+    with pytest.raises(ValueError, match="peer"):
+        b.issue()
+    b.ops[0].peer = 0
+    works = [b.issue(async_op=True) for _ in range(3)]
+    for w in works:
+        w.wait()
+    assert torch.equal(z, torch.arange(4.0) + 11)
