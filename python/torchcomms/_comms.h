@@ -144,8 +144,7 @@ typedef struct BatchSendRecvObject {
   PyObject *ops;         /* list of P2POp */
   /* the C batch of the last issue, kept while no op changes (an issue
    * re-reads every tensor and compares); NULL while an issue uses it */
-  tc_batch_t *cbatch;
-  tc_comm_t *ccomm;        /* the communicator it was made on */
+  tc_batch_t *cbatch;      /* made on comm->comm, which never changes */
   tcpy_batch_ent_t *cent;  /* its ops (PyMem) */
   Py_ssize_t cn;
 } BatchSendRecvObject;

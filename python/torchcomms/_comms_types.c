@@ -546,7 +546,7 @@ static PyObject *tcpy_batch_issue(BatchSendRecvObject *self,
   }
   /* the kept C batch when every op is as it was (an issue on another
    * thread holds it meanwhile: this one then makes its own) */
-  if (self->cbatch && self->ccomm == comm->comm && self->cn == n &&
+  if (self->cbatch && self->cn == n &&
       !memcmp(self->cent, ent, (size_t)n * sizeof *ent)) {
     batch = self->cbatch;
     self->cbatch = NULL;
@@ -573,13 +573,12 @@ static PyObject *tcpy_batch_issue(BatchSendRecvObject *self,
     goto out_refs;
   result = tcpy_issue_opts(comm, fn, &call, async_op, &opts, refs, pre);
   Py_XDECREF(pre);
-  if (result && !self->cbatch && comm->comm) { /* keep it for the next issue */
+  if (result && !self->cbatch) { /* keep it for the next issue */
     tcpy_batch_ent_t *keep = PyMem_Realloc(self->cent, (size_t)(n ? n : 1) * sizeof *keep);
     if (keep) {
       memcpy(keep, ent, (size_t)n * sizeof *keep);
       self->cent = keep;
       self->cn = n;
-      self->ccomm = comm->comm;
       self->cbatch = batch;
       batch = NULL;
     }
@@ -671,7 +670,6 @@ PyObject *tcpy_batch_new(TorchCommObject *comm) {
       PyObject_GC_New(BatchSendRecvObject, &TcPy_BatchSendRecv_Type);
   if (!b) return NULL;
   b->cbatch = NULL;
-  b->ccomm = NULL;
   b->cent = NULL;
   b->cn = 0;
   b->comm = (TorchCommObject *)Py_NewRef((PyObject *)comm);

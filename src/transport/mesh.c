@@ -92,8 +92,9 @@ void tc__mesh_own_cpus(uint64_t cpus[TC_MESH_CPU_WORDS]) {
   cpu_set_t set;
   memset(cpus, 0, TC_MESH_CPU_WORDS * sizeof *cpus);
   int ok = sched_getaffinity(0, sizeof set, &set) == 0;
+  long online = ok ? 0 : sysconf(_SC_NPROCESSORS_ONLN);
   for (int k = 0; k < TC_MESH_CPU_WORDS * 64 && k < CPU_SETSIZE; k++)
-    if (!ok || CPU_ISSET(k, &set)) cpus[k / 64] |= 1ull << (k % 64);
+    if (ok ? CPU_ISSET(k, &set) : k < online) cpus[k / 64] |= 1ull << (k % 64);
 }
 
 int tc__mesh_cpu_count(const uint64_t cpus[TC_MESH_CPU_WORDS]) {
@@ -107,9 +108,6 @@ double tc__mesh_spin_policy(const tc_tp_args_t *a, int local, int ncpu) {
     double us = tc__setting_double(TC_SET_CPU_SPIN_US);
     return us > 0 ? us * 1e-6 : 0;
   }
-  cpu_set_t set;
-  if (ncpu <= 0 && sched_getaffinity(0, sizeof set, &set) == 0) ncpu = CPU_COUNT(&set);
-  if (ncpu <= 0) ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
   /* 200 us: on a VM a peer's wake-up or a short preemption often takes
    * 50-100 us; with a 50 us budget the ranks fell, one run in three, into
    * a sleep / wake ping-pong of 3-75 us per 8 B operation (issue 16,

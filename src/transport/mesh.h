@@ -64,11 +64,11 @@ TC_INTERNAL void tc__mesh_host_key(char *key, size_t len);
 /* Busy-polling before sleeping cuts small-message latency several times
  * over, but only pays while every local rank can have a core of its own:
  * TORCHCOMMS_CPU_SPIN_US (microseconds) if set, else 200 us when the `local`
- * ranks on this machine are no more than `ncpu` cores (ncpu <= 0: the
- * cores this process may run on), else 0. */
+ * ranks on this machine are no more than `ncpu` cores, else 0. */
 TC_INTERNAL double tc__mesh_spin_policy(const tc_tp_args_t *a, int local, int ncpu);
-/* The CPUs this process may run on, a bitmap of cores 0..1023 (every core
- * when the mask cannot be read); and the number of cores in such a bitmap. */
+/* The CPUs this process may run on, a bitmap of cores 0..1023 (the online
+ * cores when the mask cannot be read); and the number of cores in such a
+ * bitmap. */
 #define TC_MESH_CPU_WORDS 16
 TC_INTERNAL void tc__mesh_own_cpus(uint64_t cpus[TC_MESH_CPU_WORDS]);
 TC_INTERNAL int tc__mesh_cpu_count(const uint64_t cpus[TC_MESH_CPU_WORDS]);

@@ -549,18 +549,20 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
    * rank bound to a core of its own by tcrun, mpirun or srun is not
    * oversubscribed, which its own one-core mask would suggest) */
   int ncpu = tc__mesh_cpu_count(cpus);
-  for (int64_t i = 1; local > ncpu && i <= local; i++) {
-    void *v = NULL;
-    size_t len = 0;
-    snprintf(mkey, sizeof mkey, "%s/cpus/%lld", hkey, (long long)i);
-    TC_CHECK_GOTO(setup_get(&s, mkey, &v, &len, "a local rank's CPU mask"), rc, out);
-    for (size_t w = 0; w < TC_MESH_CPU_WORDS && (w + 1) * 8 <= len; w++) {
-      uint64_t word;
-      memcpy(&word, (const char *)v + w * 8, 8);
-      cpus[w] |= word;
+  if (local > ncpu) {
+    for (int64_t i = 1; i <= local; i++) {
+      void *v = NULL;
+      size_t len = 0;
+      snprintf(mkey, sizeof mkey, "%s/cpus/%lld", hkey, (long long)i);
+      TC_CHECK_GOTO(setup_get(&s, mkey, &v, &len, "a local rank's CPU mask"), rc, out);
+      for (size_t w = 0; w < TC_MESH_CPU_WORDS && (w + 1) * 8 <= len; w++) {
+        uint64_t word;
+        memcpy(&word, (const char *)v + w * 8, 8);
+        cpus[w] |= word;
+      }
+      a->host->free(v);
     }
-    a->host->free(v);
-    if (i == local) ncpu = tc__mesh_cpu_count(cpus);
+    ncpu = tc__mesh_cpu_count(cpus);
   }
   t->spin_s = tc__mesh_spin_policy(a, (int)local, ncpu);
   /* TCP busy-polls the sockets as long, unless TORCHCOMMS_CPU_TCP_SPIN_US
