@@ -74,6 +74,8 @@
     "TCP busy-poll before sleeping, microseconds (default as TORCHCOMMS_CPU_SPIN_US)")   \
   X(CPU_YIELD_US, "TORCHCOMMS_CPU_YIELD_US", NUM, 200, 0, 1e9, NULL,                       \
     "oversubscribed: sched_yield polling before sleeping, microseconds")                 \
+  X(CPU_EAGER, "TORCHCOMMS_CPU_EAGER", BOOL, 0, 0, 0, NULL,                               \
+    "connect every pair of ranks at creation (default: a pair when it first talks)")      \
   X(CPU_IFNAME, "TORCHCOMMS_CPU_IFNAME", TEXT, 0, 0, 0, NULL,                              \
     "network interface whose address TCP binds and publishes")                           \
   X(SHM_SWEEP, "TORCHCOMMS_SHM_SWEEP", BOOL, 1, 0, 0, NULL,                                \

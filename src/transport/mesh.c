@@ -41,29 +41,53 @@ int tc__mesh_local(const tc_mesh_t *m) { return m->local; }
 
 double tc__mesh_spin_s(const tc_mesh_t *m) { return m->spin_s; }
 
+int tc__mesh_all_gather_as(tc_mesh_t *t, const char *what, const void *mine, size_t len,
+                           void *all, int final, double deadline, char *err,
+                           size_t errlen) {
+  /* Bruck's all-gather: in step k (d = 2^k) each rank sends the blocks it
+   * holds, its own and the next d - 1 ranks', to rank - d and receives those
+   * of rank + d .. rank + 2d - 1 from rank + d; ceil(log2 n) steps, and a
+   * rank talks to at most 2 log2(n) peers, so a lazy mesh connects only
+   * those. Blocks are kept in rotated order (held[i] is rank + i's) and put
+   * in place at the end. Each step completes only once the partner sent
+   * what it held, so the last step completes on a rank only when every rank
+   * has started the all-gather (a barrier). */
+  int n = t->size, r = t->rank;
+  char *held = malloc((size_t)n * len);
+  if (!held) {
+    if (err && errlen) snprintf(err, errlen, "out of memory");
+    return TC_ERR_NOMEM;
+  }
+  memcpy(held, mine, len);
+  char msg[768] = "";
+  tc_tp_op_t op = {.opname = final ? "init (final barrier)" : "init (setup)",
+                   .deadline = deadline, .msg = msg, .msglen = sizeof msg,
+                   .hangup_ok = final};
+  int rc = TC_OK;
+  for (int d = 1; d < n && rc == TC_OK; d *= 2) {
+    int cnt = d < n - d ? d : n - d;
+    tc_xfer_t x[2] = {tc__xfer_send((r - d + n) % n, held, (size_t)cnt * len),
+                      tc__xfer_recv((r + d) % n, held + (size_t)d * len, (size_t)cnt * len)};
+    op.timeout_s = t->timeout_s;
+    rc = tc__tcp_transport.exchange(t, x, 2, &op);
+  }
+  if (rc == TC_OK)
+    for (int i = 0; i < n; i++)
+      memcpy((char *)all + (size_t)((r + i) % n) * len, held + (size_t)i * len, len);
+  free(held);
+  if (rc != TC_OK && err && errlen) snprintf(err, errlen, "%s: %s", what, msg);
+  return rc;
+}
+
 int tc__mesh_all_gather(tc_mesh_t *t, const void *mine, size_t len, void *all, int final,
                         double deadline, char *err, size_t errlen) {
-  int n = t->size;
-  tc_xfer_t *x = t->bye; /* 2 * size transfers: free during setup */
-  size_t k = 0;
-  for (int p = 0; p < n; p++) {
-    memcpy((char *)all + (size_t)p * len, mine, len);
-    if (p == t->rank) continue;
-    x[k++] = tc__xfer_send(p, mine, len);
-    x[k++] = tc__xfer_recv(p, (char *)all + (size_t)p * len, len);
-  }
-  char msg[768] = "";
-  tc_tp_op_t op = {.opname = final ? "init (final barrier)" : "init (shared memory setup)",
-                   .deadline = deadline, .timeout_s = deadline - tc__now(), .msg = msg,
-                   .msglen = sizeof msg, .hangup_ok = final};
-  int rc = tc__tcp_transport.exchange(t, x, k, &op);
-  if (rc != TC_OK) {
-    if (err && errlen)
-      snprintf(err, errlen, "%s: %s", final ? "the final barrier of creation"
-                                            : "the shared-memory setup", msg);
-    return rc;
-  }
-  return TC_OK;
+  return tc__mesh_all_gather_as(t, final ? "the final barrier of creation"
+                                         : "the shared-memory setup",
+                                mine, len, all, final, deadline, err, errlen);
+}
+
+int tc__mesh_connect_all(tc_mesh_t *t, double deadline, char *err, size_t errlen) {
+  return tc__tcp_connect_all(t, deadline, err, errlen);
 }
 
 int tc__mesh_final_barrier(tc_mesh_t *t, double deadline, char *err, size_t errlen) {
@@ -73,6 +97,7 @@ int tc__mesh_final_barrier(tc_mesh_t *t, double deadline, char *err, size_t errl
     snprintf(err, errlen, "out of memory");
   free(all);
   if (rc != TC_OK) tc__tcp_close(t);
+  else tc__tcp_cx_created(t);
   return rc;
 }
 

@@ -17,8 +17,9 @@
 
 typedef struct tcp tc_mesh_t;
 
-/* Connects every pair of ranks (tc__tcp_create). TC_OK with *out, or an
- * error with one sentence in err. */
+/* Creates the mesh (tc__tcp_create): lazy, a pair is connected when an
+ * exchange first needs it (TORCHCOMMS_CPU_EAGER=1: every pair now). TC_OK
+ * with *out, or an error with one sentence in err. */
 TC_INTERNAL int tc__mesh_create(const tc_tp_args_t *a, tc_mesh_t **out, char *err,
                                 size_t errlen);
 /* Closes every socket and frees the mesh (NULL: nothing). */
@@ -43,11 +44,21 @@ TC_INTERNAL int tc__mesh_local(const tc_mesh_t *m);
 TC_INTERNAL double tc__mesh_spin_s(const tc_mesh_t *m);
 
 /* len bytes from every rank to every rank over the mesh (a barrier that
- * also tells everyone everyone's status): all[p * len] gets rank p's.
- * final: the last exchange of creation, after which a peer that completed
- * it may close (hangup_ok). err gets the one-sentence reason of a failure. */
+ * also tells everyone everyone's status): all[p * len] gets rank p's, in
+ * ceil(log2 n) steps with the ranks at distances 1, 2, 4, ... (a lazy mesh
+ * connects only those). final: the last exchange of creation, after which
+ * a peer that completed it may close (hangup_ok). err gets "<what>: " and
+ * the one-sentence reason of a failure (tc__mesh_all_gather: "the final
+ * barrier of creation" or "the shared-memory setup"). */
+TC_INTERNAL int tc__mesh_all_gather_as(tc_mesh_t *m, const char *what, const void *mine,
+                                       size_t len, void *all, int final, double deadline,
+                                       char *err, size_t errlen);
 TC_INTERNAL int tc__mesh_all_gather(tc_mesh_t *m, const void *mine, size_t len, void *all,
                                     int final, double deadline, char *err, size_t errlen);
+/* Connects every pair not connected yet (the shared-memory transport's
+ * liveness channel: a dead peer's socket closes). */
+TC_INTERNAL int tc__mesh_connect_all(tc_mesh_t *m, double deadline, char *err,
+                                     size_t errlen);
 /* Creation returns on no rank before every rank's setup is complete: an
  * all-to-all after the last step, whose completion tells each rank that
  * all got there. A rank that then drops the communicator (or dies) never

@@ -254,6 +254,13 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
     return rc;
   }
 
+  /* the mesh is the liveness channel of shared memory (a dead peer's
+   * socket closes): every pair is connected */
+  rc = tc__mesh_connect_all(t, deadline, err, errlen);
+  if (rc != TC_OK) {
+    tc__mesh_close(t);
+    return rc;
+  }
   struct tc_shm *s = calloc(1, sizeof *s);
   size_t n = (size_t)a->size;
   if (s) {

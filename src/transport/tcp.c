@@ -245,12 +245,15 @@ static int tcp_progress(tcp_t *t, tc_xfer_t *x, int *head, int is_send,
 }
 
 static int tcp_timeout(tcp_t *t, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) {
-  char list[400];
+  char list[400], conn[400] = "";
   (void)nx;
   tc__xfer_pending_text(list, sizeof list, x, t->send_head, t->recv_head,
                         t->size, TCP_HDR);
-  return tcp_fail(t, op, TC_ERR_TIMEOUT, "timed out after %g s; still waiting on %s",
-                  op->timeout_s, list);
+  for (int p = 0; p < t->size && !conn[0]; p++) /* the first peer not connected */
+    if ((t->send_head[p] >= 0 || t->recv_head[p] >= 0) && t->fd[p] < 0)
+      tc__tcp_cx_describe(t, p, conn, sizeof conn);
+  return tcp_fail(t, op, TC_ERR_TIMEOUT, "timed out after %g s; still waiting on %s%s",
+                  op->timeout_s, list, conn);
 }
 
 /* A peer hung up while the exchange still needs it. A rank that found a
@@ -272,19 +275,21 @@ static int tcp_dead_or_cause(tcp_t *t, tc_xfer_t *x, const tc_tp_op_t *op, int d
 
 static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) {
   tcp_t *t = vtp;
+  int rc;
   if (nx == 0) return TC_OK;
   for (int p = 0; p < t->size; p++)
     t->send_head[p] = t->send_tail[p] = t->recv_head[p] = t->recv_tail[p] = -1;
   for (size_t i = 0; i < nx; i++) {
     tc_xfer_t *xf = &x[i];
-    if (xf->peer < 0 || xf->peer >= t->size || xf->peer == t->rank ||
-        t->fd[xf->peer] < 0)
+    if (xf->peer < 0 || xf->peer >= t->size || xf->peer == t->rank)
       return tcp_fail(t, op, TC_ERR_INTERNAL,
                       "internal error: transfer to invalid peer %d", xf->peer);
     if (t->hup[xf->peer] == TCP_HUP_LEFT) /* see "Hang-ups" */
       return tcp_fail(t, op, TC_ERR_REMOTE, "peer %d left the communicator (destroyed or "
                       "aborted it without finalize) before its part of this operation (it "
                       "issued fewer operations than this rank?)", xf->peer);
+    if (t->fd[xf->peer] < 0 && (rc = tc__tcp_cx_want(t, xf->peer, op)) != TC_OK)
+      return rc; /* lazy: the first transfer with this peer connects it */
     xf->done = 0;
     xf->next = -1;
     if (xf->is_send) tcp_put_hdr(xf->hdr, xf->kind, t->epoch, xf->len);
@@ -295,14 +300,13 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
     tail[xf->peer] = (int)i;
   }
   size_t remaining = nx;
-  int rc;
   /* optimistic first pass: most small messages go out without a poll */
   for (int p = 0; p < t->size; p++)
-    if (t->send_head[p] >= 0 &&
+    if (t->send_head[p] >= 0 && t->fd[p] >= 0 &&
         (rc = tcp_progress(t, x, &t->send_head[p], 1, &remaining, op)) != TC_OK)
       return rc;
   for (int p = 0; p < t->size; p++)
-    if (t->recv_head[p] >= 0 &&
+    if (t->recv_head[p] >= 0 && t->fd[p] >= 0 &&
         (rc = tcp_progress(t, x, &t->recv_head[p], 0, &remaining, op)) != TC_OK)
       return rc;
 
@@ -313,7 +317,7 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
     if (left <= 0) return tcp_timeout(t, x, nx, op);
     int np = 0;
     t->pfd[np] = (struct pollfd){.fd = t->wake_fd, .events = POLLIN};
-    t->pfd_peer[np++] = -1;
+    t->pfd_peer[np++] = TCP_PFD_WAKE;
     for (int p = 0; p < t->size; p++) {
       if (t->fd[p] < 0) continue;
       short ev = 0;
@@ -327,6 +331,10 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
     }
     int ms = (int)(left * 1000.0) + 1;
     if (ms > TCP_POLL_CAP_MS) ms = TCP_POLL_CAP_MS;
+    int npeers = np; /* then the connector's sockets (lazy): the listening
+                      * one always, so a peer that needs this rank is
+                      * accepted whatever this exchange waits for */
+    if (t->cx && (rc = tc__tcp_cx_fill(t, &np, &ms, op)) != TC_OK) return rc;
     int r = 0;
     if (t->poll_spin_s > 0) { /* a short busy poll may save the sleep/wake-up */
       double until = tc__now() + t->poll_spin_s;
@@ -342,7 +350,7 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
     /* a hang-up fails the exchange unless this very round completed it, or
      * nothing is pending with that peer and it may leave ("Hang-ups") */
     int dead = -1, dead_err = 0;
-    for (int i = 1; i < np; i++) {
+    for (int i = 1; i < npeers; i++) {
       short re = t->pfd[i].revents;
       int p = t->pfd_peer[i];
       if (!re) continue;
@@ -358,6 +366,10 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
       if (re & POLLERR) dead_err = tc__tcp_sock_error(t->fd[p]);
     }
     if (dead >= 0 && remaining > 0) return tcp_dead_or_cause(t, x, op, dead, dead_err, &remaining);
+    int connected = 0;
+    if (t->cx && np > npeers &&
+        (rc = tc__tcp_cx_events(t, npeers, np, &connected, op)) != TC_OK)
+      return rc;
   }
   return TC_OK;
 }
@@ -400,6 +412,7 @@ void tc__tcp_leave(void *vtp) {
 void tc__tcp_close(void *vtp) {
   tcp_t *t = vtp;
   if (!t) return;
+  tc__tcp_cx_free(t);
   if (t->fd)
     for (int p = 0; p < t->size; p++)
       if (t->fd[p] >= 0) close(t->fd[p]);
@@ -413,6 +426,7 @@ void tc__tcp_close(void *vtp) {
   free(t->pfd);
   free(t->pfd_peer);
   free(t->bye);
+  free(t->host_id);
   free(t);
 }
 
@@ -421,8 +435,12 @@ static void tcp_describe(void *tp, char *buf, size_t len) {
   const tcp_t *t = tp;
   char local[32] = "?";
   if (t->local >= 0) snprintf(local, sizeof local, "%d", t->local);
-  snprintf(buf, len, "tcp: a socket per peer, %s of %d ranks on this machine; "
-           "busy-poll %g us, then sleep in poll", local, t->size, t->poll_spin_s * 1e6);
+  int conn = 0;
+  for (int p = 0; p < t->size; p++) conn += t->fd[p] >= 0;
+  snprintf(buf, len, "tcp: a socket per peer, %s (%d of %d peers connected), %s of %d "
+           "ranks on this machine; busy-poll %g us, then sleep in poll",
+           t->cx ? "connected on first use" : "every pair connected", conn, t->size - 1,
+           local, t->size, t->poll_spin_s * 1e6);
 }
 
 const tc_transport_ops_t tc__tcp_transport = {

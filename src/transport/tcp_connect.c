@@ -1,18 +1,53 @@
-/* tcp_connect.c -- builds the TCP transport's full mesh: a random token in
- * the store, every rank listening on an ephemeral port of the one address
- * it publishes ("addr:port"; TORCHCOMMS_CPU_IFNAME picks the interface),
- * rank i connecting to every j < i and accepting every j > i, both sides
- * exchanging a hello {magic, version, rank, size, token} before a
- * connection counts. All non-blocking, in one poll loop, under the
- * bootstrap deadline.
+/* tcp_connect.c -- the TCP transport's connections: the token, the
+ * listening socket, the published addresses, and the connector that turns
+ * them into authenticated sockets, at creation or on first use.
  *
- * Against strangers on the port (scans, idle connections, other jobs): an
- * incoming connection must send a valid hello within
- * TC__TCP_HELLO_TIMEOUT_S; at most the expected peers plus
- * TC__TCP_PENDING_EXTRA connections wait unauthenticated, the oldest dropped
- * first for a newer one; refusals are logged once per source, then counted
- * and reported once (tcp_listen.c). */
-#include "transport/mesh.h" /* tc__mesh_host_key, tc__mesh_spin_policy */
+ * Creation (tc__tcp_create): rank 0 puts a random token in the store; every
+ * rank listens on an ephemeral port of the one address it publishes
+ * ("cpu/addr/<rank>" = "<token hex>|addr:port"; TORCHCOMMS_CPU_IFNAME picks
+ * the interface) and its CPU mask ("cpu/cpus/<rank>"); then the ranks
+ * all-gather a hash of their host name and boot id through the mesh's
+ * all-gather (mesh.c: log2(n) steps, each rank talking to the ranks at
+ * distances 1, 2, 4, ... on either side), which tells every rank which ranks
+ * share its machine. That is a constant number of store requests per rank
+ * plus one address read per peer it connects to.
+ *
+ * Lazy connections (the default). A peer is connected the first time an
+ * exchange has a transfer with it (tc__tcp_cx_want): its address is read
+ * from the store once, a non-blocking connect starts, and the exchange's poll
+ * loop drives it (tc__tcp_cx_fill / tc__tcp_cx_events) together with the
+ * listening socket, which stays open for the communicator's life and is
+ * served by every exchange (a rank busy with one peer still accepts the
+ * others, so two ranks never wait on each other's accept). Both sides of a
+ * transfer need the connection at about the same time; the higher rank
+ * starts it (at once), the lower one waits for it. A lower rank that waited
+ * TCP_CX_GRACE_S in vain starts one too if the peer's address is in the
+ * store (the peer may be dead: a refused connect says so at once, where
+ * waiting would last until the deadline). When two connections cross, the
+ * higher rank's is kept: a rank drops an incoming connection from a lower
+ * rank while its own to that rank is under way, and accepts one from a
+ * higher rank, leaving its own to end (a connection is never closed before
+ * it sent its hello, which the peer would count as a stranger's). Each side
+ * decides alone and both arrive at the same socket. A refused connect means
+ * the peer's listening socket is gone (it exited, or destroyed the
+ * communicator): the exchange fails at once with that, as a lost peer's
+ * hang-up does. A rank's address is read from the store only by the ranks
+ * that connect to it: once, and without waiting when a lower rank looks
+ * (its own exchanges are never held up by a store request for a peer that
+ * has not started yet). TORCHCOMMS_CPU_EAGER=1 connects every pair at
+ * creation (rank i connecting to every j < i), as the shared-memory
+ * transport also does, whose liveness channel is a socket to every peer.
+ *
+ * Connections open with a hello {magic, version, rank, size, epoch, token}
+ * in both directions before they count. Against strangers on the port
+ * (scans, idle connections, other jobs): an incoming connection must send a
+ * valid hello within TC__TCP_HELLO_TIMEOUT_S; at most the expected peers
+ * plus TC__TCP_PENDING_EXTRA connections wait unauthenticated, the oldest
+ * dropped first for a newer one; refusals are logged once per source, then
+ * counted and reported once (tcp_listen.c). Addresses carry the token, so an
+ * address left in the store by an earlier job with the same keys is never
+ * used. */
+#include "transport/mesh.h" /* tc__mesh_all_gather_as, tc__mesh_spin_policy */
 #include "transport/tcp_internal.h"
 #include "transport/tcp_listen.h"
 
@@ -33,6 +68,8 @@ typedef struct conn {
   int fd;
   int peer;  /* known for outgoing; from the hello for incoming */
   int state; /* CONN_* */
+  int want;  /* outgoing: an exchange needs this peer (until connected) */
+  double want_since; /* outgoing to a higher rank: when its grace began */
   double retry_at;
   double since; /* incoming: when accepted */
   size_t off;
@@ -43,33 +80,41 @@ typedef struct conn {
 
 enum { CONN_IDLE, CONN_CONNECTING, CONN_SENDING, CONN_RECEIVING, CONN_DONE };
 
-typedef struct setup {
-  tcp_t *t;
-  const tc_tp_args_t *a;
-  unsigned char token[16];
-  double deadline;
-  int lfd;
-  conn_t *out;     /* [rank]: connections to lower ranks */
-  conn_t *pend;    /* [maxpend]: incoming, not yet authenticated */
-  int npend, maxpend;
-  struct pollfd *pfd; /* [2 + maxpend + rank] */
-  int *who;
-  tc__tcp_refusals_t refused;
-  char whoami[200]; /* "cpu backend 'name' rank r" for log lines */
-  char *err;
-  size_t errlen;
-  char **addrs; /* [rank] "host:port" of lower ranks */
-  char pub[300]; /* our own published "host:port" */
-} setup_t;
+/* How long a lower rank waits for a higher one to connect before it tries
+ * too (see the top of the file). */
+#define TCP_CX_GRACE_S 0.05
 
-static int setup_fail(setup_t *s, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int setup_fail(setup_t *s, int rc, const char *fmt, ...) {
-  if (!s->err || !s->errlen) return rc;
+struct tcp_cx {
+  tcp_t *t;
+  const tc_backend_host_t *host;
+  tc_store_t *store; /* the communicator's, retained */
+  unsigned char token[16];
+  char tokhex[33];
+  int lazy;    /* connect on first use (else every pair at creation) */
+  int all;     /* connecting every pair: only the higher rank of a pair
+                * starts the connection (tc__tcp_connect_all) */
+  int published; /* our address is in the store (lazy: deleted at close) */
+  int created; /* creation complete: every rank published its address */
+  double timeout_s;
+  int lfd;
+  conn_t *out;  /* [size]: outgoing connections */
+  conn_t *pend; /* [maxpend]: incoming, not yet authenticated or answered */
+  int npend, maxpend;
+  int base_pend, base_out; /* pfd_peer encodings: TCP_PFD_CX - 1 - index */
+  char **addrs; /* [size]: "addr:port", read from the store on first use */
+  char pub[300]; /* our own "addr:port" */
+  char whoami[200];
+  tc__tcp_refusals_t refused;
+};
+
+static int msg_fail(char *msg, size_t len, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int msg_fail(char *msg, size_t len, int rc, const char *fmt, ...) {
+  if (!msg || !len) return rc;
   /* the core adds the communicator, the rank and the size */
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(s->err, s->errlen, fmt, ap);
+  vsnprintf(msg, len, fmt, ap);
   va_end(ap);
   return rc;
 }
@@ -90,51 +135,120 @@ static void sockaddr_ip(const struct sockaddr_storage *ss, char *buf, size_t len
   }
 }
 
-/* Listens on an ephemeral port of the address it publishes (s->pub is
- * set to "addr:port"). */
-static int setup_listen(setup_t *s) {
-  char addr[256], err[400];
-  int rc = tc__tcp_pick_addr(s->a->advertise_addr, addr, sizeof addr, err,
-                             sizeof err);
-  if (rc != TC_OK) return setup_fail(s, rc, "%s", err);
-  int port = 0, everywhere = 0;
-  /* a backlog for bursts: connections wait there until accepted */
-  rc = tc__tcp_listen_on(addr, s->t->size + 1024, &s->lfd, &port, &everywhere,
-                         err, sizeof err);
-  if (rc != TC_OK) return setup_fail(s, rc, "%s", err);
-  if (everywhere)
-    TC_BACKEND_LOGS(s->a->host, everywhere == 1 ? TC_LOG_WARN : TC_LOG_INFO, TC_LOG_TCP,
-                    "%s: %s %s; listening on every "
-                    "interface (TORCHCOMMS_CPU_IFNAME, or a numeric "
-                    "TORCHCOMMS_SOCKET_ADDR of this host, binds one)", s->whoami,
-                    addr, everywhere == 1 ? "is no address of this host (a "
-                    "NAT's?)" : "names several addresses");
-  snprintf(s->pub, sizeof s->pub, strchr(addr, ':') ? "[%s]:%d" : "%s:%d",
-           addr, port);
-  return TC_OK;
+/* ------------------------------------------------------------------------ */
+/* The store                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* The store's own message for a failed request. */
+static void store_why(int rc, char *why, size_t len) {
+  snprintf(why, len, "%s", tc_last_error()[0] ? tc_last_error() : tc_strerror(rc));
 }
 
 /* Gets a store key, waiting until the deadline. */
-static int setup_get(setup_t *s, const char *key, void **v, size_t *len, const char *what) {
-  double left = s->deadline - tc__now();
+static int store_get(tcp_cx_t *cx, const char *key, void **v, size_t *len, double deadline,
+                     const char *what, char *msg, size_t msglen) {
+  double left = deadline - tc__now();
   if (left < 0.001) left = 0.001;
-  int rc = s->a->host->store_get(s->a->store, key, v, len, left);
+  int rc = cx->host->store_get(cx->store, key, v, len, left);
   if (rc == TC_ERR_TIMEOUT)
-    return setup_fail(s, TC_ERR_TIMEOUT,
-                      "timed out after %g s waiting for %s in the store (key '%s'); "
-                      "check that all %d ranks were started with the same store and "
-                      "communicator name",
-                      s->a->timeout_s, what, key, s->t->size);
-  if (rc != TC_OK)
-    return setup_fail(s, rc, "could not read '%s' from the store (%s); check that the "
-                      "store server is still running", key, tc_strerror(rc));
+    return msg_fail(msg, msglen, TC_ERR_TIMEOUT,
+                    "timed out after %g s waiting for %s in the store (key '%s'); "
+                    "check that all %d ranks were started with the same store and "
+                    "communicator name",
+                    cx->timeout_s, what, key, cx->t->size);
+  if (rc != TC_OK) {
+    char why[512];
+    store_why(rc, why, sizeof why);
+    return msg_fail(msg, msglen, rc, "could not read '%s' from the store (%s); check that "
+                    "the store server is still running", key, why);
+  }
   return TC_OK;
 }
 
-/* Starts a non-blocking connect to lower rank j. */
-static void conn_start(setup_t *s, int j) {
-  conn_t *c = &s->out[j];
-  const char *addr = s->addrs[j];
+/* Reads peer p's address (once). wait: until the deadline; else 1 when it
+ * is not there yet. An address with another token was left by an earlier
+ * job with the same keys: it is read again until p replaced it. */
+static int cx_addr(tcp_cx_t *cx, int p, int wait, double deadline, char *msg,
+                   size_t msglen) {
+  if (cx->addrs[p]) return TC_OK;
+  char key[64], what[64];
+  snprintf(key, sizeof key, "cpu/addr/%d", p);
+  snprintf(what, sizeof what, "rank %d's address", p);
+  if (cx->created || !wait) {
+    /* every rank published before creation completed: a missing address
+     * was deleted by a peer that left */
+    const char *keys[1] = {key};
+    int ready = 1;
+    if (tc_store_check(cx->store, keys, 1, &ready) == TC_OK && !ready) {
+      if (!cx->created) return 1;
+      return msg_fail(msg, msglen, TC_ERR_REMOTE,
+                      "peer %d left the communicator (destroyed it) before this rank "
+                      "first needed a connection to it (it issued fewer operations than "
+                      "this rank?)", p);
+    }
+  }
+  for (;;) {
+    void *v = NULL;
+    size_t len = 0;
+    int rc = store_get(cx, key, &v, &len, deadline, what, msg, msglen);
+    if (rc != TC_OK) return rc;
+    const char *s = v, *bar = len > 33 ? memchr(s, '|', len) : NULL;
+    if (bar == s + 32 && !memcmp(s, cx->tokhex, 32)) {
+      size_t al = len - 33;
+      cx->addrs[p] = malloc(al + 1);
+      if (!cx->addrs[p]) {
+        cx->host->free(v);
+        return msg_fail(msg, msglen, TC_ERR_NOMEM, "out of memory");
+      }
+      memcpy(cx->addrs[p], bar + 1, al);
+      cx->addrs[p][al] = 0;
+      cx->host->free(v);
+      return TC_OK;
+    }
+    cx->host->free(v);
+    if (tc__now() >= deadline)
+      return msg_fail(msg, msglen, TC_ERR_TIMEOUT,
+                      "timed out after %g s waiting for %s in the store: key '%s' holds "
+                      "another job's address (a store shared with an earlier job of the "
+                      "same id?); set TORCHCOMMS_JOB_ID to a new value",
+                      cx->timeout_s, what, key);
+    if (atomic_load(cx->t->aborted))
+      return msg_fail(msg, msglen, TC_ERR_ABORTED, "aborted while reading %s", what);
+    struct pollfd w = {.fd = cx->t->wake_fd, .events = POLLIN};
+    (void)poll(&w, 1, 10); /* an earlier job's key: p replaces it soon */
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Connections                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Listens on an ephemeral port of the address it publishes (cx->pub is
+ * set to "addr:port"). */
+static int cx_listen(tcp_cx_t *cx, const tc_tp_args_t *a, char *err, size_t errlen) {
+  char addr[256], why[400];
+  int rc = tc__tcp_pick_addr(a->advertise_addr, addr, sizeof addr, why, sizeof why);
+  if (rc != TC_OK) return msg_fail(err, errlen, rc, "%s", why);
+  int port = 0, everywhere = 0;
+  /* a backlog for bursts: connections wait there until accepted */
+  rc = tc__tcp_listen_on(addr, cx->t->size + 1024, &cx->lfd, &port, &everywhere,
+                         why, sizeof why);
+  if (rc != TC_OK) return msg_fail(err, errlen, rc, "%s", why);
+  if (everywhere)
+    TC_BACKEND_LOGS(a->host, everywhere == 1 ? TC_LOG_WARN : TC_LOG_INFO, TC_LOG_TCP,
+                    "%s: %s %s; listening on every "
+                    "interface (TORCHCOMMS_CPU_IFNAME, or a numeric "
+                    "TORCHCOMMS_SOCKET_ADDR of this host, binds one)", cx->whoami,
+                    addr, everywhere == 1 ? "is no address of this host (a "
+                    "NAT's?)" : "names several addresses");
+  snprintf(cx->pub, sizeof cx->pub, strchr(addr, ':') ? "[%s]:%d" : "%s:%d", addr, port);
+  return TC_OK;
+}
+
+/* Starts a non-blocking connect to peer j (its address is known). */
+static void conn_start(tcp_cx_t *cx, int j) {
+  conn_t *c = &cx->out[j];
+  const char *addr = cx->addrs[j];
   char host[256];
   const char *colon = strrchr(addr, ':');
   size_t hl = colon ? (size_t)(colon - addr) : 0;
@@ -167,8 +281,9 @@ static void conn_start(setup_t *s, int j) {
     return;
   }
   c->fd = fd;
+  c->peer = j;
   c->off = 0;
-  tc__tcp_put_hello(c->out, s->t->rank, s->t->size, s->t->epoch, s->token);
+  tc__tcp_put_hello(c->out, cx->t->rank, cx->t->size, cx->t->epoch, cx->token);
   c->state = r == 0 ? CONN_SENDING : CONN_CONNECTING;
 }
 
@@ -201,95 +316,133 @@ static int conn_io(conn_t *c, int sending) {
   return 1;
 }
 
+/* This rank may start the connection to p now: to a lower rank at once;
+ * to a higher one only lazily, after the grace (see the top of the file). */
+static int cx_may_start(const tcp_cx_t *cx, int p, double now) {
+  return p < cx->t->rank ||
+         (cx->lazy && !cx->all && now >= cx->out[p].want_since + TCP_CX_GRACE_S);
+}
+
+/* An outgoing connection to lower rank p is under way or due (not yet
+ * connected): an incoming one from p is the crossing one, and is dropped. */
+static int cx_outgoing(const tcp_cx_t *cx, int p) {
+  const conn_t *c = &cx->out[p];
+  return cx->t->fd[p] < 0 && (c->fd >= 0 || c->want);
+}
+
 /* Closes pending connection i (refused for `why` unless NULL). */
-static void pend_drop(setup_t *s, int i, const char *why) {
-  if (why)
-    tc__tcp_refused(&s->refused, s->a->host, s->whoami, s->pend[i].ip,
-                    why);
-  if (s->pend[i].fd >= 0) close(s->pend[i].fd);
-  s->pend[i] = s->pend[--s->npend];
+static void pend_drop(tcp_cx_t *cx, int i, const char *why) {
+  if (why) tc__tcp_refused(&cx->refused, cx->host, cx->whoami, cx->pend[i].ip, why);
+  if (cx->pend[i].fd >= 0) close(cx->pend[i].fd);
+  cx->pend[i] = cx->pend[--cx->npend];
 }
 
-static int setup_incoming(setup_t *s, int i, short re);
-
-/* Accepts every waiting connection; when the pending table is full the
- * oldest unauthenticated one makes room. A hello already there is read at
- * once. */
-static void setup_accept(setup_t *s) {
-  for (;;) {
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return; /* EAGAIN, or a transient error: poll again */
-    if (s->npend == s->maxpend) {
-      int old = 0;
-      for (int i = 1; i < s->npend; i++)
-        if (s->pend[i].since < s->pend[old].since) old = i;
-      pend_drop(s, old, "dropped for a newer connection (too many "
-                "connections without a hello)");
-    }
-    conn_t *c = &s->pend[s->npend++];
-    memset(c, 0, sizeof *c);
-    c->fd = fd;
-    c->peer = -1;
-    c->state = CONN_RECEIVING;
-    c->since = tc__now();
-    sockaddr_ip(&ss, c->ip, sizeof c->ip);
-    setup_incoming(s, s->npend - 1, POLLIN);
-  }
+/* 1 if an accepted connection from peer p is still sending our hello. */
+static int pend_answering(const tcp_cx_t *cx, int p) {
+  for (int i = 0; i < cx->npend; i++)
+    if (cx->pend[i].state == CONN_SENDING && cx->pend[i].peer == p) return 1;
+  return 0;
 }
 
-/* Closes the pending connections that sent no hello in time. */
-static void setup_expire(setup_t *s, double now) {
-  for (int i = s->npend - 1; i >= 0; i--)
-    if (s->pend[i].state == CONN_RECEIVING &&
-        now - s->pend[i].since >= TC__TCP_HELLO_TIMEOUT_S)
-      pend_drop(s, i, "no hello within the deadline (an idle connection)");
+/* Peer p is connected through fd. An outgoing connection of ours still
+ * under way lost the crossing: it runs to its end (the peer drops it after
+ * its hello) and is closed then. */
+static void cx_connected(tcp_cx_t *cx, int p, int fd) {
+  tune_socket(fd);
+  cx->t->fd[p] = fd;
+  cx->out[p].want = 0;
 }
 
 /* Progresses one incoming connection; may drop it (then returns 1). */
-static int setup_incoming(setup_t *s, int i, short re) {
-  conn_t *c = &s->pend[i];
-  tcp_t *t = s->t;
+static int cx_incoming(tcp_cx_t *cx, int i, short re) {
+  conn_t *c = &cx->pend[i];
+  tcp_t *t = cx->t;
   if (c->state == CONN_RECEIVING) {
     int r = conn_io(c, 0);
     if (r == 0 && !(re & (POLLHUP | POLLERR))) return 0;
     if (r <= 0) {
-      pend_drop(s, i, "closed before its hello (a port scan?)");
+      pend_drop(cx, i, "closed before its hello (a port scan?)");
       return 1;
     }
     const char *why = NULL;
-    int peer = tc__tcp_parse_hello(c->in, TCP_HELLO, t->size, t->epoch, s->token, &why);
-    if (peer >= 0 && (peer <= t->rank || t->fd[peer] >= 0))
-      why = "a hello from an unexpected or duplicate rank";
+    int peer = tc__tcp_parse_hello(c->in, TCP_HELLO, t->size, t->epoch, cx->token, &why);
+    if (peer == t->rank) why = "a hello with this rank's own number";
     if (why) {
-      pend_drop(s, i, why);
+      pend_drop(cx, i, why);
+      return 1;
+    }
+    /* a peer (it has the token) already connected, or crossing connections
+     * (ours, the higher rank's, stays): closed without a word, the peer
+     * takes the other one */
+    if (t->fd[peer] >= 0 || pend_answering(cx, peer) ||
+        (peer < t->rank && cx_outgoing(cx, peer))) {
+      pend_drop(cx, i, NULL);
       return 1;
     }
     c->peer = peer;
-    tc__tcp_put_hello(c->out, t->rank, t->size, t->epoch, s->token);
+    tc__tcp_put_hello(c->out, t->rank, t->size, t->epoch, cx->token);
     c->state = CONN_SENDING;
   }
   if (c->state == CONN_SENDING) {
     int r = conn_io(c, 1);
     if (r == 0) return 0;
     if (r < 0) {
-      pend_drop(s, i, NULL); /* a peer that went away: it retries */
+      pend_drop(cx, i, NULL); /* a peer that went away: it retries */
       return 1;
     }
-    tune_socket(c->fd);
-    t->fd[c->peer] = c->fd;
+    cx_connected(cx, c->peer, c->fd);
     c->fd = -1;
-    pend_drop(s, i, NULL);
+    pend_drop(cx, i, NULL);
     return 1;
   }
   return 0;
 }
 
-/* Progresses the outgoing connection to lower rank j. */
-static void setup_outgoing(setup_t *s, int j, short re) {
-  conn_t *c = &s->out[j];
-  tcp_t *t = s->t;
+/* Accepts every waiting connection; when the pending table is full the
+ * oldest unauthenticated one makes room. A hello already there is read at
+ * once. */
+static void cx_accept(tcp_cx_t *cx) {
+  for (;;) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int fd = accept4(cx->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return; /* EAGAIN, or a transient error: poll again */
+    if (cx->npend == cx->maxpend) {
+      int old = -1;
+      for (int i = 0; i < cx->npend; i++)
+        if (cx->pend[i].state == CONN_RECEIVING &&
+            (old < 0 || cx->pend[i].since < cx->pend[old].since))
+          old = i;
+      if (old < 0) { /* all answering peers: this one waits for the next round */
+        close(fd);
+        return;
+      }
+      pend_drop(cx, old, "dropped for a newer connection (too many "
+                "connections without a hello)");
+    }
+    conn_t *c = &cx->pend[cx->npend++];
+    memset(c, 0, sizeof *c);
+    c->fd = fd;
+    c->peer = -1;
+    c->state = CONN_RECEIVING;
+    c->since = tc__now();
+    sockaddr_ip(&ss, c->ip, sizeof c->ip);
+    cx_incoming(cx, cx->npend - 1, POLLIN);
+  }
+}
+
+/* Closes the pending connections that sent no hello in time. */
+static void cx_expire(tcp_cx_t *cx, double now) {
+  for (int i = cx->npend - 1; i >= 0; i--)
+    if (cx->pend[i].state == CONN_RECEIVING &&
+        now - cx->pend[i].since >= TC__TCP_HELLO_TIMEOUT_S)
+      pend_drop(cx, i, "no hello within the deadline (an idle connection)");
+}
+
+/* Progresses the outgoing connection to peer j. */
+static void cx_outgoing_io(tcp_cx_t *cx, int j, short re) {
+  conn_t *c = &cx->out[j];
+  tcp_t *t = cx->t;
   if (c->state == CONN_CONNECTING) {
     if (!(re & (POLLOUT | POLLERR | POLLHUP))) return;
     int err = tc__tcp_sock_error(c->fd);
@@ -307,105 +460,375 @@ static void setup_outgoing(setup_t *s, int j, short re) {
   }
   if (c->state == CONN_RECEIVING) {
     int r = conn_io(c, 0);
+    /* closed during the hello: the peer kept its own connection (crossing,
+     * lazy), or a stale address; retry unless connected meanwhile */
     if (r < 0) conn_reset(c, errno ? errno : ECONNABORTED);
     if (r <= 0) return;
     const char *why = NULL;
-    if (tc__tcp_parse_hello(c->in, TCP_HELLO, t->size, t->epoch, s->token, &why) != j) {
+    if (tc__tcp_parse_hello(c->in, TCP_HELLO, t->size, t->epoch, cx->token, &why) != j) {
       /* a stale address: someone else listens there; retry later */
       conn_reset(c, EACCES);
       return;
     }
-    tune_socket(c->fd);
-    t->fd[j] = c->fd;
+    int fd = c->fd;
     c->fd = -1;
     c->state = CONN_DONE;
+    if (t->fd[j] >= 0) close(fd); /* it lost the crossing: the peer's is kept */
+    else cx_connected(cx, j, fd);
   }
 }
 
-static int setup_mesh(setup_t *s) {
-  tcp_t *t = s->t;
-  for (int j = 0; j < t->rank; j++) conn_start(s, j);
+/* A connect to p was refused while the communicator exists: p's listening
+ * socket is gone. Lazy only: every rank listens from before it publishes
+ * its address until it closes the communicator. */
+static int cx_refused(const tcp_cx_t *cx, int p) {
+  return cx->lazy && cx->out[p].want && cx->out[p].fd < 0 && cx->t->fd[p] < 0 &&
+         cx->out[p].last_err == ECONNREFUSED;
+}
+
+static int cx_refused_fail(tcp_cx_t *cx, int p, char *msg, size_t msglen) {
+  return msg_fail(msg, msglen, TC_ERR_REMOTE,
+                  "peer %d refused this rank's connection to %s (its process exited, or "
+                  "it destroyed the communicator)", p, cx->addrs[p] ? cx->addrs[p] : "?");
+}
+
+int tc__tcp_cx_want(tcp_t *t, int p, const tc_tp_op_t *op) {
+  tcp_cx_t *cx = t->cx;
+  if (t->fd[p] >= 0) return TC_OK;
+  if (!cx)
+    return msg_fail(op->msg, op->msglen, TC_ERR_INTERNAL,
+                    "internal error: transfer to peer %d, which is not connected", p);
+  conn_t *c = &cx->out[p];
+  if (c->want) return TC_OK;
+  c->want = 1;
+  c->want_since = tc__now();
+  c->last_err = 0;
+  c->retry_at = 0;
+  if (p < t->rank) { /* a lower rank published before its first exchange */
+    int rc = cx_addr(cx, p, 1, op->deadline, op->msg, op->msglen);
+    if (rc != TC_OK) {
+      c->want = 0;
+      return rc;
+    }
+    if (c->fd < 0) conn_start(cx, p);
+  }
+  return TC_OK;
+}
+
+int tc__tcp_cx_fill(tcp_t *t, int *np, int *ms, const tc_tp_op_t *op) {
+  tcp_cx_t *cx = t->cx;
+  if (!cx) return TC_OK;
+  double now = tc__now(), next = now + 3600;
+  cx_expire(cx, now);
+  int k = *np;
+  if (cx->lfd >= 0) {
+    t->pfd[k] = (struct pollfd){.fd = cx->lfd, .events = POLLIN};
+    t->pfd_peer[k++] = TCP_PFD_CX;
+  }
+  for (int i = 0; i < cx->npend; i++) {
+    conn_t *c = &cx->pend[i];
+    t->pfd[k] = (struct pollfd){.fd = c->fd,
+                                .events = c->state == CONN_SENDING ? POLLOUT : POLLIN};
+    t->pfd_peer[k++] = TCP_PFD_CX - 1 - (cx->base_pend + i);
+    if (c->state == CONN_RECEIVING && c->since + TC__TCP_HELLO_TIMEOUT_S < next)
+      next = c->since + TC__TCP_HELLO_TIMEOUT_S;
+  }
+  for (int j = 0; j < t->size; j++) {
+    conn_t *c = &cx->out[j];
+    if (c->fd < 0) { /* none under way: start one if it is due */
+      if (!c->want || t->fd[j] >= 0) continue;
+      if (cx_refused(cx, j)) return cx_refused_fail(cx, j, op->msg, op->msglen);
+      if (!cx_may_start(cx, j, now)) {
+        if (cx->lazy && !cx->all && c->want_since + TCP_CX_GRACE_S < next)
+          next = c->want_since + TCP_CX_GRACE_S;
+        continue;
+      }
+      if (!cx->addrs[j]) { /* a higher rank: is it there? (never waits) */
+        int rc = cx_addr(cx, j, 0, op->deadline, op->msg, op->msglen);
+        if (rc < 0 || rc > TC_OK) {
+          if (rc != 1) return rc;
+          c->want_since = now; /* not yet: look again after another grace */
+          if (now + TCP_CX_GRACE_S < next) next = now + TCP_CX_GRACE_S;
+          continue;
+        }
+      }
+      if (c->retry_at <= now) conn_start(cx, j);
+      if (cx_refused(cx, j)) return cx_refused_fail(cx, j, op->msg, op->msglen);
+      if (c->fd < 0) {
+        if (c->retry_at < next) next = c->retry_at;
+        continue;
+      }
+    }
+    t->pfd[k] = (struct pollfd){.fd = c->fd,
+                                .events = c->state == CONN_RECEIVING ? POLLIN : POLLOUT};
+    t->pfd_peer[k++] = TCP_PFD_CX - 1 - (cx->base_out + j);
+  }
+  *np = k;
+  int tms = (int)((next - now) * 1000.0) + 1;
+  if (tms < *ms) *ms = tms < 0 ? 0 : tms;
+  return TC_OK;
+}
+
+int tc__tcp_cx_events(tcp_t *t, int from, int to, int *connected, const tc_tp_op_t *op) {
+  tcp_cx_t *cx = t->cx;
+  if (!cx) return TC_OK;
+  int before = 0;
+  for (int p = 0; p < t->size; p++) before += t->fd[p] >= 0;
+  /* pending connections first, from the end, so drops keep indexes valid */
+  for (int i = to - 1; i >= from; i--) {
+    int code = TCP_PFD_CX - 1 - t->pfd_peer[i];
+    if (!t->pfd[i].revents || t->pfd_peer[i] >= TCP_PFD_CX) continue;
+    if (code >= cx->base_pend && code < cx->base_out)
+      cx_incoming(cx, code - cx->base_pend, t->pfd[i].revents);
+  }
+  for (int i = from; i < to; i++) {
+    if (!t->pfd[i].revents) continue;
+    if (t->pfd_peer[i] == TCP_PFD_CX) {
+      cx_accept(cx);
+      continue;
+    }
+    int code = TCP_PFD_CX - 1 - t->pfd_peer[i];
+    if (code >= cx->base_out) cx_outgoing_io(cx, code - cx->base_out, t->pfd[i].revents);
+  }
+  int after = 0;
+  for (int p = 0; p < t->size; p++) {
+    after += t->fd[p] >= 0;
+    if (cx_refused(cx, p)) return cx_refused_fail(cx, p, op->msg, op->msglen);
+  }
+  *connected = after > before;
+  return TC_OK;
+}
+
+void tc__tcp_cx_describe(const tcp_t *t, int p, char *buf, size_t len) {
+  const tcp_cx_t *cx = t->cx;
+  buf[0] = 0;
+  if (t->fd[p] >= 0 || !cx) return;
+  const conn_t *c = &cx->out[p];
+  if (c->fd < 0 && !c->last_err)
+    snprintf(buf, len, "; peer %d has not connected to this rank (listening at %s)", p,
+             cx->pub);
+  else
+    snprintf(buf, len, "; no connection to peer %d at %s yet (%s)", p,
+             cx->addrs[p] ? cx->addrs[p] : "?",
+             c->state == CONN_CONNECTING ? "no answer"
+             : c->state == CONN_SENDING || c->state == CONN_RECEIVING ? "in the handshake"
+             : c->last_err == EACCES ? "it answered with a wrong token"
+             : c->last_err == ECONNABORTED ? "it closed the connection during the handshake"
+             : c->last_err ? strerror(c->last_err) : "not started");
+}
+
+void tc__tcp_cx_created(tcp_t *t) {
+  tcp_cx_t *cx = t->cx;
+  if (!cx) return;
+  cx->created = 1;
+}
+
+void tc__tcp_cx_free(tcp_t *t) {
+  tcp_cx_t *cx = t->cx;
+  if (!cx) return;
+  t->cx = NULL;
+  if (cx->lfd >= 0) close(cx->lfd);
+  if (cx->pend)
+    while (cx->npend > 0) /* those still sending our hello are peers */
+      pend_drop(cx, cx->npend - 1, cx->pend[cx->npend - 1].state == CONN_SENDING ? NULL
+                : "still without a hello when the connections were closed");
+  tc__tcp_refusals_report(&cx->refused, cx->host, cx->whoami);
+  if (cx->out)
+    for (int i = 0; i < t->size; i++)
+      if (cx->out[i].fd >= 0) close(cx->out[i].fd);
+  if (cx->addrs)
+    for (int i = 0; i < t->size; i++) free(cx->addrs[i]);
+  if (cx->lazy && cx->published) { /* our address: nobody may connect now */
+    char key[64];
+    int deleted = 0;
+    snprintf(key, sizeof key, "cpu/addr/%d", t->rank);
+    (void)tc_store_delete(cx->store, key, &deleted);
+  }
+  if (cx->store) tc_store_release(cx->store);
+  free(cx->addrs);
+  free(cx->out);
+  free(cx->pend);
+  free(cx);
+}
+
+/* Waits, under `deadline`, until every peer is connected. */
+int tc__tcp_connect_all(tcp_t *t, double deadline, char *err, size_t errlen) {
+  tcp_cx_t *cx = t->cx;
+  if (!cx) return TC_OK;
+  tc_tp_op_t op = {.opname = "init (connections)", .deadline = deadline,
+                   .timeout_s = cx->timeout_s, .msg = err, .msglen = errlen};
+  cx->all = 1; /* every pair: the higher rank connects, as eager creation does */
+  for (int p = 0; p < t->size; p++) {
+    if (p == t->rank || t->fd[p] >= 0) continue;
+    if (cx->out[p].want && p > t->rank) continue; /* it connects to this rank */
+    cx->out[p].want = 0;
+    int rc = tc__tcp_cx_want(t, p, &op);
+    if (rc != TC_OK) return rc;
+  }
   for (;;) {
     int missing = -1;
     for (int p = 0; p < t->size && missing < 0; p++)
       if (p != t->rank && t->fd[p] < 0) missing = p;
-    if (missing < 0) return TC_OK;
-    if (atomic_load(s->a->aborted))
-      return setup_fail(s, TC_ERR_ABORTED, "aborted while connecting to its peers");
-    double now = tc__now(), left = s->deadline - now;
+    if (missing < 0) {
+      tc__tcp_cx_free(t); /* nobody connects to this rank any more */
+      return TC_OK;
+    }
+    if (atomic_load(t->aborted))
+      return msg_fail(err, errlen, TC_ERR_ABORTED, "aborted while connecting to its peers");
+    double left = deadline - tc__now();
     if (left <= 0) {
-      if (missing < t->rank) {
-        conn_t *c = &s->out[missing];
-        return setup_fail(s, TC_ERR_TIMEOUT,
-                          "could not connect to rank %d at %s within %g s (%s); "
-                          "check that rank %d is running and that this address is "
-                          "reachable from this host (advertise address, firewall)",
-                          missing, s->addrs[missing], s->a->timeout_s,
-                          c->last_err == EACCES ? "it answered with a wrong token"
-                          : c->last_err == ECONNABORTED
-                              ? "it closed the connection during the handshake: a "
-                                "different token, i.e. a stale address or another job?"
-                          : c->last_err ? strerror(c->last_err) : "no answer",
-                          missing);
-      }
-      return setup_fail(s, TC_ERR_TIMEOUT,
-                        "rank %d did not connect to this rank (listening at %s) "
-                        "within %g s; check that rank %d is running and can reach "
-                        "this address (advertise address, firewall)",
-                        missing, s->pub, s->a->timeout_s, missing);
+      char d[400];
+      tc__tcp_cx_describe(t, missing, d, sizeof d);
+      return msg_fail(err, errlen, TC_ERR_TIMEOUT,
+                      "could not connect to every peer within %g s%s; check that rank %d "
+                      "is running and that the addresses are reachable between the hosts "
+                      "(advertise address, firewall)", cx->timeout_s, d, missing);
     }
-    setup_expire(s, now);
-    struct pollfd *pfd = s->pfd;
-    int *who = s->who; /* -1 wake, -2 listen, 0.. out, 10000+ pend */
     int np = 0;
-    double next_retry = s->deadline;
-    pfd[np] = (struct pollfd){.fd = s->a->wake_fd, .events = POLLIN};
-    who[np++] = -1;
-    if (s->lfd >= 0) {
-      pfd[np] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
-      who[np++] = -2;
-    }
-    for (int i = 0; i < s->npend; i++) {
-      conn_t *c = &s->pend[i];
-      pfd[np] = (struct pollfd){.fd = c->fd,
-                                .events = c->state == CONN_SENDING ? POLLOUT : POLLIN};
-      who[np++] = 10000 + i;
-      if (c->since + TC__TCP_HELLO_TIMEOUT_S < next_retry)
-        next_retry = c->since + TC__TCP_HELLO_TIMEOUT_S;
-    }
-    for (int j = 0; j < t->rank; j++) {
-      conn_t *c = &s->out[j];
-      if (c->state == CONN_DONE) continue;
-      if (c->state == CONN_IDLE) {
-        if (c->retry_at <= now) conn_start(s, j);
-        if (c->state == CONN_IDLE) {
-          if (c->retry_at < next_retry) next_retry = c->retry_at;
-          continue;
-        }
-      }
-      pfd[np] = (struct pollfd){.fd = c->fd,
-                                .events = c->state == CONN_RECEIVING ? POLLIN : POLLOUT};
-      who[np++] = j;
-    }
-    double wait = next_retry - now;
-    if (wait > left) wait = left;
-    int ms = (int)(wait * 1000.0) + 1;
+    t->pfd[np] = (struct pollfd){.fd = t->wake_fd, .events = POLLIN};
+    t->pfd_peer[np++] = TCP_PFD_WAKE;
+    int ms = (int)(left * 1000.0) + 1;
     if (ms > TCP_POLL_CAP_MS) ms = TCP_POLL_CAP_MS;
-    int r = poll(pfd, (nfds_t)np, ms);
+    int rc = tc__tcp_cx_fill(t, &np, &ms, &op);
+    if (rc != TC_OK) return rc;
+    int r = poll(t->pfd, (nfds_t)np, ms);
     if (r < 0 && errno != EINTR)
-      return setup_fail(s, TC_ERR_SYSTEM, "poll failed: %s", strerror(errno));
+      return msg_fail(err, errlen, TC_ERR_SYSTEM, "poll failed: %s", strerror(errno));
     if (r <= 0) continue;
-    /* pending connections first, from the end, so drops keep indexes valid */
-    for (int i = np - 1; i >= 0; i--) {
-      if (!pfd[i].revents) continue;
-      if (who[i] >= 10000) setup_incoming(s, who[i] - 10000, pfd[i].revents);
-    }
-    for (int i = 0; i < np; i++) {
-      if (!pfd[i].revents) continue;
-      if (who[i] == -2) setup_accept(s);
-      else if (who[i] >= 0 && who[i] < 10000) setup_outgoing(s, who[i], pfd[i].revents);
-    }
+    int connected = 0;
+    rc = tc__tcp_cx_events(t, 1, np, &connected, &op);
+    if (rc != TC_OK) return rc;
   }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Creation                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* FNV-1a, 64 bits. */
+static uint64_t hash64(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+/* The token: made by rank 0, read by the others. */
+static int setup_token(tcp_cx_t *cx, const tc_tp_args_t *a, double deadline, char *err,
+                       size_t errlen) {
+  if (a->rank == 0) {
+    size_t got = 0;
+    while (got < sizeof cx->token) {
+      ssize_t r = getrandom(cx->token + got, sizeof cx->token - got, 0);
+      if (r < 0 && errno != EINTR)
+        return msg_fail(err, errlen, TC_ERR_SYSTEM, "getrandom failed: %s", strerror(errno));
+      if (r > 0) got += (size_t)r;
+    }
+    int rc = a->host->store_set(a->store, "cpu/token", cx->token, sizeof cx->token);
+    if (rc != TC_OK) {
+      char why[512];
+      store_why(rc, why, sizeof why);
+      return msg_fail(err, errlen, rc, "could not publish the connection token in the "
+                      "store (%s)", why);
+    }
+    return TC_OK;
+  }
+  void *v = NULL;
+  size_t len = 0;
+  int rc = store_get(cx, "cpu/token", &v, &len, deadline, "rank 0's connection token", err,
+                     errlen);
+  if (rc != TC_OK) return rc;
+  if (len != sizeof cx->token) {
+    a->host->free(v);
+    return msg_fail(err, errlen, TC_ERR_PROTOCOL, "the connection token in the store has "
+                    "%zu bytes instead of 16 (another program using the same keys?)", len);
+  }
+  memcpy(cx->token, v, sizeof cx->token);
+  a->host->free(v);
+  return TC_OK;
+}
+
+/* The busy-wait policy: the cores of the local ranks' CPU masks (the union
+ * when this rank's own mask has fewer cores than there are local ranks:
+ * each rank bound to a core of its own by tcrun, mpirun or srun is not
+ * oversubscribed, which its own one-core mask would suggest). The masks are
+ * read only then, and only when the own mask is not all the machine's. */
+static int setup_spin(tcp_cx_t *cx, const tc_tp_args_t *a, uint64_t *cpus, double deadline,
+                      char *err, size_t errlen) {
+  tcp_t *t = cx->t;
+  int ncpu = tc__mesh_cpu_count(cpus);
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  if (t->local > ncpu && ncpu < online) {
+    for (int r = 0; r < t->size; r++) {
+      if (r == t->rank || t->host_id[r] != t->host_id[t->rank]) continue;
+      void *v = NULL;
+      size_t len = 0;
+      char key[64];
+      snprintf(key, sizeof key, "cpu/cpus/%d", r);
+      int rc = store_get(cx, key, &v, &len, deadline, "a local rank's CPU mask", err, errlen);
+      if (rc != TC_OK) return rc;
+      for (size_t w = 0; w < TC_MESH_CPU_WORDS && (w + 1) * 8 <= len; w++) {
+        uint64_t word;
+        memcpy(&word, (const char *)v + w * 8, 8);
+        cpus[w] |= word;
+      }
+      a->host->free(v);
+    }
+    ncpu = tc__mesh_cpu_count(cpus);
+  }
+  t->spin_s = tc__mesh_spin_policy(a, t->local, ncpu);
+  /* TCP busy-polls the sockets as long, unless TORCHCOMMS_CPU_TCP_SPIN_US
+   * says otherwise (0: sleep in poll at once; on a loaded VM, whose loopback
+   * packets are delivered by ksoftirqd, spinning delays them) */
+  t->poll_spin_s = t->spin_s;
+  if (tc__setting_is_set(TC_SET_CPU_TCP_SPIN_US)) {
+    double tsp = tc__setting_double(TC_SET_CPU_TCP_SPIN_US);
+    t->poll_spin_s = tsp > 0 ? tsp * 1e-6 : 0;
+  }
+  return TC_OK;
+}
+
+static int setup(tcp_t *t, tcp_cx_t *cx, const tc_tp_args_t *a, double deadline, char *err,
+                 size_t errlen) {
+  int rc = setup_token(cx, a, deadline, err, errlen);
+  if (rc != TC_OK) return rc;
+  for (int i = 0; i < 16; i++) snprintf(cx->tokhex + 2 * i, 3, "%02x", cx->token[i]);
+  memcpy(t->token, cx->token, sizeof t->token);
+
+  /* listen, and publish "<token>|addr:port" and the CPU mask. A lazy
+   * communicator's address stays in the store until it closes (peers read
+   * it on first use): set directly, not through the host, which deletes
+   * what creation set once it completes */
+  rc = cx_listen(cx, a, err, errlen);
+  if (rc != TC_OK) return rc;
+  char key[64], val[400];
+  snprintf(key, sizeof key, "cpu/addr/%d", t->rank);
+  snprintf(val, sizeof val, "%s|%s", cx->tokhex, cx->pub);
+  rc = cx->lazy ? tc_store_set(a->store, key, val, strlen(val))
+                : a->host->store_set(a->store, key, val, strlen(val));
+  cx->published = rc == TC_OK;
+  uint64_t cpus[TC_MESH_CPU_WORDS];
+  tc__mesh_own_cpus(cpus);
+  snprintf(key, sizeof key, "cpu/cpus/%d", t->rank);
+  if (rc == TC_OK) rc = a->host->store_set(a->store, key, cpus, sizeof cpus);
+  if (rc != TC_OK) {
+    char why[512];
+    store_why(rc, why, sizeof why);
+    return msg_fail(err, errlen, rc, "could not publish its address in the store (%s)", why);
+  }
+
+  /* eager: every pair now */
+  if (!cx->lazy && (rc = tc__tcp_connect_all(t, deadline, err, errlen)) != TC_OK) return rc;
+
+  /* every rank's machine (host name and boot id), through the mesh */
+  char hkey[400];
+  tc__mesh_host_key(hkey, sizeof hkey);
+  uint64_t mine = hash64(hkey);
+  rc = tc__mesh_all_gather_as(t, "the exchange of host names", &mine, sizeof mine,
+                              t->host_id, 0, deadline, err, errlen);
+  if (rc != TC_OK) return rc;
+  t->local = 0;
+  for (int r = 0; r < t->size; r++) t->local += t->host_id[r] == mine;
+  return setup_spin(cx, a, cpus, deadline, err, errlen);
 }
 
 int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) {
@@ -419,7 +842,11 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
   t->wake_fd = a->wake_fd;
   t->aborted = a->aborted;
   t->epoch = a->epoch;
+  t->local = -1;
+  t->timeout_s = a->timeout_s > 0 ? a->timeout_s : TC_DEFAULT_TIMEOUT_S;
   size_t n = (size_t)a->size;
+  int maxpend = a->size - 1 + TC__TCP_PENDING_EXTRA;
+  t->npfd = 2 + 2 * a->size + maxpend;
   t->fd = malloc(n * sizeof *t->fd);
   t->gone = calloc(n, 1);
   t->hup = calloc(n, 1);
@@ -427,176 +854,51 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
   t->send_tail = malloc(n * sizeof(int));
   t->recv_head = malloc(n * sizeof(int));
   t->recv_tail = malloc(n * sizeof(int));
-  t->pfd = malloc((n + 1) * sizeof *t->pfd);
-  t->pfd_peer = malloc((n + 1) * sizeof(int));
+  t->pfd = malloc((size_t)t->npfd * sizeof *t->pfd);
+  t->pfd_peer = malloc((size_t)t->npfd * sizeof(int));
   t->bye = malloc(2 * n * sizeof *t->bye);
-  setup_t s = {.t = t, .a = a, .lfd = -1, .err = err, .errlen = errlen,
-               .deadline = tc__now() + (a->timeout_s > 0 ? a->timeout_s : TC_DEFAULT_TIMEOUT_S)};
+  t->host_id = calloc(n, sizeof *t->host_id);
+  tcp_cx_t *cx = t->cx = calloc(1, sizeof *cx);
+  if (cx) {
+    cx->t = t;
+    cx->host = a->host;
+    cx->lfd = -1;
+    cx->maxpend = maxpend;
+    cx->base_pend = 0;
+    cx->base_out = maxpend;
+    cx->timeout_s = a->timeout_s > 0 ? a->timeout_s : TC_DEFAULT_TIMEOUT_S;
+    cx->lazy = !tc__setting_bool(TC_SET_CPU_EAGER);
+    cx->out = calloc(n, sizeof *cx->out);
+    cx->pend = calloc((size_t)maxpend, sizeof *cx->pend);
+    cx->addrs = calloc(n, sizeof *cx->addrs);
+    snprintf(cx->whoami, sizeof cx->whoami, "cpu backend '%s' rank %d", t->name, t->rank);
+    cx->refused.at_close = cx->lazy; /* the refusals are reported when it stops listening */
+    tc_store_retain(a->store);
+    cx->store = a->store;
+  }
   int rc = TC_OK;
+  if (t->fd) for (size_t i = 0; i < n; i++) t->fd[i] = -1;
   if (!t->fd || !t->gone || !t->hup || !t->send_head || !t->send_tail || !t->recv_head ||
-      !t->recv_tail || !t->pfd || !t->pfd_peer || !t->bye) {
-    if (t->fd) for (size_t i = 0; i < n; i++) t->fd[i] = -1;
-    rc = setup_fail(&s, TC_ERR_NOMEM, "out of memory");
+      !t->recv_tail || !t->pfd || !t->pfd_peer || !t->bye || !t->host_id || !cx ||
+      !cx->out || !cx->pend || !cx->addrs) {
+    rc = msg_fail(err, errlen, TC_ERR_NOMEM, "out of memory");
     goto out;
   }
-  for (size_t i = 0; i < n; i++) t->fd[i] = -1;
+  for (size_t i = 0; i < n; i++) cx->out[i].fd = -1;
   if (a->size > 1024) {
-    rc = setup_fail(&s, TC_ERR_NOT_SUPPORTED, "the TCP transport supports at most 1024 ranks");
+    rc = msg_fail(err, errlen, TC_ERR_NOT_SUPPORTED,
+                  "the TCP transport supports at most 1024 ranks");
     goto out;
   }
-  snprintf(s.whoami, sizeof s.whoami, "cpu backend '%s' rank %d", t->name, t->rank);
-  s.maxpend = a->size - 1 - a->rank + TC__TCP_PENDING_EXTRA;
-  s.out = calloc(n, sizeof *s.out);
-  s.addrs = calloc(n, sizeof *s.addrs);
-  s.pend = calloc((size_t)s.maxpend, sizeof *s.pend);
-  s.pfd = calloc(2 + (size_t)s.maxpend + n, sizeof *s.pfd);
-  s.who = calloc(2 + (size_t)s.maxpend + n, sizeof *s.who);
-  if (!s.out || !s.addrs || !s.pend || !s.pfd || !s.who) {
-    rc = setup_fail(&s, TC_ERR_NOMEM, "out of memory");
-    goto out;
-  }
-  for (size_t i = 0; i < n; i++) s.out[i].fd = -1;
-
-  /* 0. count the ranks on this machine (read back once all are connected),
-   * and publish this rank's CPU mask under its place in that count */
-  char hkey[400], mkey[440];
-  tc__mesh_host_key(hkey, sizeof hkey);
-  int64_t local = 0;
-  uint64_t cpus[TC_MESH_CPU_WORDS];
-  tc__mesh_own_cpus(cpus);
-  if (a->host->store_add(a->store, hkey, 1, &local) != TC_OK) local = -1;
-  if (local > 0) {
-    snprintf(mkey, sizeof mkey, "%s/cpus/%lld", hkey, (long long)local);
-    if (a->host->store_set(a->store, mkey, cpus, sizeof cpus) != TC_OK) local = -1;
-  }
-
-  /* 1. the token */
-  if (t->rank == 0) {
-    size_t got = 0;
-    while (got < sizeof s.token) {
-      ssize_t r = getrandom(s.token + got, sizeof s.token - got, 0);
-      if (r < 0 && errno != EINTR) {
-        rc = setup_fail(&s, TC_ERR_SYSTEM, "getrandom failed: %s", strerror(errno));
-        goto out;
-      }
-      if (r > 0) got += (size_t)r;
-    }
-    rc = a->host->store_set(a->store, "cpu/token", s.token, sizeof s.token);
-    if (rc != TC_OK) {
-      {
-        char why[512]; /* the store's own message (e.g. a Python exception) */
-        snprintf(why, sizeof why, "%s", tc_last_error()[0] ? tc_last_error() : tc_strerror(rc));
-        rc = setup_fail(&s, rc, "could not publish the connection token in the store (%s)", why);
-      }
-      goto out;
-    }
-  } else {
-    void *v = NULL;
-    size_t len = 0;
-    TC_CHECK_GOTO(setup_get(&s, "cpu/token", &v, &len, "rank 0's connection token"), rc, out);
-    if (len != sizeof s.token) {
-      a->host->free(v);
-      rc = setup_fail(&s, TC_ERR_PROTOCOL, "the connection token in the store has %zu "
-                      "bytes instead of 16 (another program using the same keys?)", len);
-      goto out;
-    }
-    memcpy(s.token, v, sizeof s.token);
-    a->host->free(v);
-  }
-
-  /* 2. listen and publish (ranks that higher ranks connect to) */
-  if (t->rank < t->size - 1) {
-    TC_CHECK_GOTO(setup_listen(&s), rc, out);
-    char key[64];
-    snprintf(key, sizeof key, "cpu/addr/%d", t->rank);
-    rc = a->host->store_set(a->store, key, s.pub, strlen(s.pub));
-    if (rc != TC_OK) {
-      {
-        char why[512]; /* the store's own message (e.g. a Python exception) */
-        snprintf(why, sizeof why, "%s", tc_last_error()[0] ? tc_last_error() : tc_strerror(rc));
-        rc = setup_fail(&s, rc, "could not publish its address in the store (%s)", why);
-      }
-      goto out;
-    }
-  }
-
-  /* 3. the addresses of lower ranks */
-  for (int j = 0; j < t->rank; j++) {
-    char key[64], what[64];
-    snprintf(key, sizeof key, "cpu/addr/%d", j);
-    snprintf(what, sizeof what, "rank %d's address", j);
-    void *v = NULL;
-    size_t len = 0;
-    TC_CHECK_GOTO(setup_get(&s, key, &v, &len, what), rc, out);
-    s.addrs[j] = malloc(len + 1);
-    if (!s.addrs[j]) {
-      a->host->free(v);
-      rc = setup_fail(&s, TC_ERR_NOMEM, "out of memory");
-      goto out;
-    }
-    memcpy(s.addrs[j], v, len);
-    s.addrs[j][len] = 0;
-    a->host->free(v);
-  }
-
-  /* 4. connect down, accept up */
-  TC_CHECK_GOTO(setup_mesh(&s), rc, out);
-
-  /* 5. every peer has counted itself before it could connect */
-  if (local >= 0 && a->host->store_add(a->store, hkey, 0, &local) != TC_OK) local = -1;
-  /* the cores the local ranks may run on: the union of their CPU masks
-   * when this rank's own has fewer cores than there are local ranks (each
-   * rank bound to a core of its own by tcrun, mpirun or srun is not
-   * oversubscribed, which its own one-core mask would suggest) */
-  int ncpu = tc__mesh_cpu_count(cpus);
-  if (local > ncpu) {
-    for (int64_t i = 1; i <= local; i++) {
-      void *v = NULL;
-      size_t len = 0;
-      snprintf(mkey, sizeof mkey, "%s/cpus/%lld", hkey, (long long)i);
-      TC_CHECK_GOTO(setup_get(&s, mkey, &v, &len, "a local rank's CPU mask"), rc, out);
-      for (size_t w = 0; w < TC_MESH_CPU_WORDS && (w + 1) * 8 <= len; w++) {
-        uint64_t word;
-        memcpy(&word, (const char *)v + w * 8, 8);
-        cpus[w] |= word;
-      }
-      a->host->free(v);
-    }
-    ncpu = tc__mesh_cpu_count(cpus);
-  }
-  t->spin_s = tc__mesh_spin_policy(a, (int)local, ncpu);
-  /* TCP busy-polls the sockets as long, unless TORCHCOMMS_CPU_TCP_SPIN_US
-   * says otherwise (0: sleep in poll at once; on a loaded VM, whose loopback
-   * packets are delivered by ksoftirqd, spinning delays them) */
-  t->poll_spin_s = t->spin_s;
-  if (tc__setting_is_set(TC_SET_CPU_TCP_SPIN_US)) {
-    double tsp = tc__setting_double(TC_SET_CPU_TCP_SPIN_US);
-    t->poll_spin_s = tsp > 0 ? tsp * 1e-6 : 0;
-  }
-  t->local = (int)local;
-  memcpy(t->token, s.token, sizeof t->token);
-
+  rc = setup(t, cx, a, tc__now() + cx->timeout_s, err, errlen);
 out:
-  if (s.lfd >= 0) close(s.lfd);
-  while (s.npend > 0) /* those still sending our hello are peers */
-    pend_drop(&s, s.npend - 1, s.pend[s.npend - 1].state == CONN_SENDING ? NULL
-              : "still without a hello when the setup ended");
-  tc__tcp_refusals_report(&s.refused, a->host, s.whoami);
-  free(s.pend);
-  free(s.pfd);
-  free(s.who);
-  if (s.out)
-    for (size_t i = 0; i < n; i++)
-      if (s.out[i].fd >= 0) close(s.out[i].fd);
-  if (s.addrs)
-    for (size_t i = 0; i < n; i++) free(s.addrs[i]);
-  free(s.addrs);
-  free(s.out);
   if (rc != TC_OK) {
     tc__tcp_close(t);
     return rc;
   }
+  TC_BACKEND_LOGS(a->host, TC_LOG_DEBUG, TC_LOG_TCP,
+                  "cpu backend '%s' rank %d: %s connections, %d of %d ranks on this machine",
+                  t->name, t->rank, t->cx ? "lazy" : "eager", t->local, t->size);
   *out = t;
   return TC_OK;
 }
-

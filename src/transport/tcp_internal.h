@@ -20,31 +20,76 @@
 #define TCP_HUP_DATA 2 /* unread messages precede the end of its stream */
 #define TCP_HUP_DONE 3 /* it closed after finishing the final creation barrier */
 
+typedef struct tcp_cx tcp_cx_t; /* tcp_connect.c: connections being made */
+
 typedef struct tcp {
   const tc_backend_host_t *host;
   char name[128];
   int rank, size;
-  int *fd;                /* [size]; -1 for self */
+  int *fd;                /* [size]; -1 for self and for peers not connected
+                           * yet (lazy: connected on first use) */
   unsigned char *gone;    /* [size]; goodbye received: may close any time */
   unsigned char *hup;     /* [size]; TCP_HUP_*: hung up while nothing was
                            * pending with it (tcp.c, "Hang-ups") */
   int *send_head, *send_tail, *recv_head, *recv_tail; /* [size] per exchange */
-  struct pollfd *pfd;     /* [size + 1] */
-  int *pfd_peer;          /* [size + 1] */
+  struct pollfd *pfd;     /* [npfd]: the peers, the wake fd and the
+                           * connector's sockets */
+  int *pfd_peer;          /* [npfd]: peer, or TCP_PFD_* */
+  int npfd;
   tc_xfer_t *bye;         /* [2 * size] goodbye transfers */
   int wake_fd;
   atomic_int *aborted;
   double spin_s;      /* shared memory's busy-wait budget (tc__mesh_spin_policy, mesh.c) */
   double poll_spin_s; /* TCP: busy-poll the sockets this long before sleeping
                        * in poll (TORCHCOMMS_CPU_TCP_SPIN_US, default spin_s) */
+  double timeout_s; /* the creation deadline's length, for messages */
   int local;     /* ranks of this communicator on this machine (-1: unknown) */
+  uint64_t *host_id; /* [size]: a hash of each rank's host name and boot id */
+  tcp_cx_t *cx;  /* lazy: the listening socket and the connections being
+                  * made; NULL once every peer is connected (eager) */
   unsigned char token[16]; /* the communicator's random token */
   uint32_t epoch;          /* the configuration, in every header and hello */
 } tcp_t;
 
-/* tcp_connect.c: creates the mesh (tc_transport_ops_t.create). */
+/* pfd_peer values that are not peers */
+#define TCP_PFD_WAKE (-1)
+#define TCP_PFD_CX (-2) /* a connector socket: tc__tcp_cx_event */
+
+/* tcp_connect.c: creates the transport (tc_transport_ops_t.create): the
+ * token, this rank's listening socket and published address, and an
+ * all-gather of every rank's host (which also connects the all-gather's
+ * partners). Lazy (the default): a peer is connected the first time an
+ * exchange has a transfer with it; TORCHCOMMS_CPU_EAGER=1 connects every
+ * pair first. */
 TC_INTERNAL int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err,
                                size_t errlen);
+/* tcp_connect.c: connects every peer not yet connected (the shared-memory
+ * transport's liveness channel needs them all; TORCHCOMMS_CPU_EAGER=1)
+ * within the deadline: the higher rank of each pair connects. Then frees
+ * the connector (no connection is made after it). */
+TC_INTERNAL int tc__tcp_connect_all(tcp_t *t, double deadline, char *err, size_t errlen);
+/* tcp_connect.c: creation is complete: every rank published its address
+ * (a missing one now means the peer left). */
+TC_INTERNAL void tc__tcp_cx_created(tcp_t *t);
+/* tcp_connect.c: an exchange needs peer p, not connected yet: starts
+ * connecting (reads its address from the store the first time). TC_OK, or
+ * an error with op->msg set. */
+TC_INTERNAL int tc__tcp_cx_want(tcp_t *t, int p, const tc_tp_op_t *op);
+/* tcp_connect.c: appends the connector's sockets to t->pfd (pfd_peer
+ * TCP_PFD_CX and below) from index *np, starting the connects that are
+ * due; lowers *ms to its next timer. TC_OK, or TC_ERR_REMOTE with op->msg
+ * set when a wanted peer refused the connection (it is gone). */
+TC_INTERNAL int tc__tcp_cx_fill(tcp_t *t, int *np, int *ms, const tc_tp_op_t *op);
+/* tcp_connect.c: handles the events of t->pfd[from..to) that are the
+ * connector's (accepts, hellos, connects, timers). Sets *connected when a
+ * peer was connected. TC_OK, or TC_ERR_REMOTE with op->msg set when a
+ * wanted peer cannot be reached (connection refused: it is gone). */
+TC_INTERNAL int tc__tcp_cx_events(tcp_t *t, int from, int to, int *connected,
+                                  const tc_tp_op_t *op);
+/* tcp_connect.c: " (not connected: ...)" for a timeout message. */
+TC_INTERNAL void tc__tcp_cx_describe(const tcp_t *t, int p, char *buf, size_t len);
+/* tcp_connect.c: frees the connector (closes its sockets). */
+TC_INTERNAL void tc__tcp_cx_free(tcp_t *t);
 /* tcp.c: the pending error of a socket (SO_ERROR), or errno. */
 TC_INTERNAL int tc__tcp_sock_error(int fd);
 /* tcp.c: a zero-timeout check of every connection whose peer has not said

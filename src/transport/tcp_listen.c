@@ -229,8 +229,8 @@ void tc__tcp_refused(tc__tcp_refusals_t *r, const tc_backend_host_t *host,
   r->src[i].n = 1;
   TC_BACKEND_LOGS(host, TC_LOG_WARN, TC_LOG_TCP,
                   "%s: refused a connection from %s: %s (further refusals from %s are "
-                  "counted and reported when the communicator is set up)", who, ip, why,
-                  ip);
+                  "counted and reported when the communicator %s)", who, ip, why,
+                  ip, r->at_close ? "closes" : "is set up");
 }
 
 void tc__tcp_refusals_report(const tc__tcp_refusals_t *r,
@@ -238,10 +238,12 @@ void tc__tcp_refusals_report(const tc__tcp_refusals_t *r,
   for (int i = 0; i < r->nsrc; i++)
     if (r->src[i].n > 1)
       TC_BACKEND_LOGS(host, TC_LOG_WARN, TC_LOG_TCP,
-                      "%s: refused %lu connections from %s while setting up (the "
-                      "first: %s)", who, r->src[i].n, r->src[i].ip, r->src[i].first);
+                      "%s: refused %lu connections from %s %s (the "
+                      "first: %s)", who, r->src[i].n, r->src[i].ip,
+                      r->at_close ? "while listening" : "while setting up", r->src[i].first);
   if (r->other > 1)
     TC_BACKEND_LOGS(host, TC_LOG_WARN, TC_LOG_TCP,
-                    "%s: refused %lu connections from %lu+ other sources while setting "
-                    "up", who, r->other, (unsigned long)TC__TCP_REFUSAL_SOURCES);
+                    "%s: refused %lu connections from %lu+ other sources %s", who, r->other,
+                    (unsigned long)TC__TCP_REFUSAL_SOURCES,
+                    r->at_close ? "while listening" : "while setting up");
 }

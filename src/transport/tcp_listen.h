@@ -58,6 +58,8 @@ typedef struct tc__tcp_refusals {
   int nsrc;
   unsigned long other; /* from sources beyond the table */
   unsigned long total;
+  int at_close; /* 0: reported at the end of creation; 1: when the
+                 * communicator closes (a lazy mesh listens all its life) */
 } tc__tcp_refusals_t;
 
 /* Counts a connection from ip refused for `why`; the first one from each

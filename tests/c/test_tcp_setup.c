@@ -33,9 +33,12 @@ static void published(tc_store_t *s, const char *name, int r, char *host,
   void *v = NULL;
   size_t n = 0;
   TC_ASSERT_OK(tc_store_get(s, key, &v, &n, 60));
-  char addr[128];
-  snprintf(addr, sizeof addr, "%.*s", (int)n, (char *)v);
+  char val[200];
+  snprintf(val, sizeof val, "%.*s", (int)n, (char *)v);
   tc_free(v);
+  /* "<token hex>|host:port" */
+  char *bar = strchr(val, '|'), *addr = bar ? bar + 1 : val;
+  TC_ASSERT(bar != NULL && bar - val == 32);
   char *colon = strrchr(addr, ':');
   TC_ASSERT(colon != NULL);
   *colon = 0;
