@@ -96,6 +96,13 @@ bed_down() {
   for ns in $(bed_namespaces "$1"); do ns_delete "$ns"; done
 }
 
+# Is pid $1 a bed.sh that still runs (not a zombie, not a reused pid)?
+run_alive() {
+  local state
+  state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+  [ -n "$state" ] && [ "$state" != Z ] && grep -qa bed.sh "/proc/$1/cmdline" 2>/dev/null
+}
+
 # Removes the beds of runs that are gone: tcmh-p<pid>-* whose pid is dead
 # (a `run` or `test` killed before its trap ran).
 clean_stale() {
@@ -104,7 +111,7 @@ clean_stale() {
     id=${ns#"$PREFIX"}
     id=${id%%-*}
     pid=${id#p}
-    if ! kill -0 "$pid" 2>/dev/null; then
+    if ! run_alive "$pid"; then
       say "removing $ns, left by run $pid (gone)"
       ns_delete "$ns"
     fi

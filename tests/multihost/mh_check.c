@@ -13,8 +13,9 @@
  *     compiled in from that file) at counts 0, 1, 7 with every dtype and
  *     every allowed reduction, and at MH_MID_COUNT elements (above every
  *     size threshold of the TCP algorithms: ring, pipelined all_to_all) with
- *     the subset test_collectives.c uses for its large count; each result
- *     compared exactly with a reference computed locally;
+ *     the subset test_collectives.c uses for its large count, and at
+ *     TC_BIG_COUNT (1 Mi + 3) the bandwidth-bound ones on float32 (sum, max);
+ *     each result compared exactly with a reference computed locally;
  *  4. split: one communicator per host (all its ranks on one machine: shared
  *     memory), one of the first rank of every host (one rank per machine),
  *     and even / odd ranks (across hosts); each checks its own local count
@@ -58,7 +59,8 @@ static void mh_check_local(const char *name, int rank, int local) {
     char line[256] = "(none)";
     if (got) snprintf(line, sizeof line, "%.*s", (int)strcspn(got, "\n"), got);
     tc_test_fail(__FILE__, __LINE__, "topology: communicator '%s' rank %d should see %d "
-                 "ranks on its machine; its log line: %s", name, rank, local, line);
+                 "ranks on its machine; its log line: %s (log kept: %s)", name, rank, local,
+                 line, mh_log_path);
   }
 }
 
@@ -174,6 +176,21 @@ int main(void) {
   const size_t counts[] = {0, 1, 7, MH_MID_COUNT};
   int cases = mh_run_ops(c, mh_all_ops, sizeof mh_all_ops / sizeof mh_all_ops[0], counts, 4,
                          "world");
+
+  /* and multi-megabyte messages (TC_BIG_COUNT) of the bandwidth-bound
+   * operations on float32: several chunks of every pipelined algorithm */
+  static const tc_op_desc_t *const big_ops[] = {
+      &desc_all_reduce, &desc_reduce_scatter_single, &desc_all_gather_single,
+      &desc_all_to_all_single, &desc_broadcast};
+  for (size_t oi = 0; oi < sizeof big_ops / sizeof big_ops[0]; oi++)
+    for (int op = TC_SUM; op <= (big_ops[oi]->reducing ? TC_MAX : TC_SUM); op++) {
+      if (op != TC_SUM && op != TC_MAX) continue;
+      snprintf(tc_case, sizeof tc_case, "world: %s rank %d of %d dtype float32 op %s count %zu",
+               big_ops[oi]->name, rank, size, tc_redop_name((tc_redop_type_t)op), TC_BIG_COUNT);
+      big_ops[oi]->fn(c, rank, size, TC_FLOAT32, TC_OP((tc_redop_type_t)op), TC_BIG_COUNT,
+                      op == TC_MAX);
+      cases++;
+    }
 
   /* 4. splits */
   int *ranks = tc_xmalloc((size_t)size * sizeof *ranks);
