@@ -360,7 +360,12 @@ case $cmd in
   up)
     parse_opts "$@"
     ID=${ID:-up}
+    [[ $ID =~ ^[a-zA-Z0-9_]+$ ]] && ! [[ $ID =~ ^p[0-9]+$ ]] ||
+      { say "bad --id '$ID' (letters, digits, _; not p<digits>, the runs' own)"; exit 2; }
+    [ -z "$(bed_namespaces "$ID")" ] || die "a bed with id $ID is up already (bed.sh down --id $ID)"
+    trap cleanup EXIT INT TERM HUP # a bed that could not be completed goes
     bed_up
+    trap - EXIT INT TERM HUP
     ;;
   exec)
     parse_opts "$@"
