@@ -2,7 +2,9 @@
  * or mpirun, without Python.
  *
  * usage: tcrun -n N [--tag-output] [--grace SECONDS] [--timeout SECONDS]
- *              [--port PORT] [--bind-to auto|core|none] [--] program [args...]
+ *              [--port PORT] [--bind-to auto|core|none]
+ *              [--nnodes N --node-rank K --master-addr ADDR --port P
+ *               [--join-timeout SECONDS]] [--] program [args...]
  *
  * tcrun hosts a TCPStore server itself (on 127.0.0.1, port PORT or a free
  * one), then starts N copies of `program` (searched in PATH), each with the
@@ -18,6 +20,26 @@
  * TORCHELASTIC_USE_AGENT_STORE=True tells every rank (ours and torch's) that
  * the store at MASTER_ADDR:MASTER_PORT is hosted by the launcher, so every
  * rank connects to it as a client -- exactly the path taken under torchrun.
+ *
+ * Several nodes (--nnodes N > 1, one tcrun per host, like torchrun's static
+ * rendezvous): node 0's tcrun hosts the store on --master-addr:--port (an
+ * address of node 0's host; it binds that address only), every tcrun
+ * (node 0's too) connects to it as a client and publishes its node's rank
+ * count, waits up to --join-timeout (default 300 s) for all N nodes, and
+ * then starts its ranks with
+ *
+ *   RANK = (ranks of nodes 0..K-1) + local rank  WORLD_SIZE = all ranks
+ *   LOCAL_RANK, LOCAL_WORLD_SIZE = this node's   GROUP_RANK=K GROUP_WORLD_SIZE=N
+ *   MASTER_ADDR=ADDR MASTER_PORT=P  TORCHELASTIC_RUN_ID = node 0's run id
+ *
+ * so with the same -n everywhere RANK = K * n + local rank, as torchrun;
+ * -n may also differ between nodes (the ranks are numbered node by node).
+ * Each tcrun supervises only its own ranks (a failed rank stops its node's
+ * ranks; those of other nodes see the dead peer through the library and
+ * fail by themselves); when its ranks have ended every node marks itself
+ * done in the store, and node 0 keeps the store up until all nodes are done
+ * (at most --join-timeout more), so no rank loses the store while it still
+ * finalizes.
  *
  * Each rank runs in its own process group, so signals reach its children
  * too; when tcrun stops the job, processes a rank left behind in its group
@@ -76,6 +98,8 @@
 #endif
 
 #define TCRUN_MAX_RANKS 4096
+#define TCRUN_MAX_NODES 4096
+#define TCRUN_JOIN_TIMEOUT 300.0 /* default --join-timeout, seconds */
 #define TCRUN_MAX_LINE (64 * 1024)
 #define TCRUN_BIND_HOST "127.0.0.1"
 
@@ -112,6 +136,10 @@ typedef struct {
   double timeout; /* seconds; 0 = none */
   int port;
   int bind;       /* TCRUN_BIND_* (--bind-to) */
+  int nnodes;     /* --nnodes (1: this host only) */
+  int node_rank;  /* --node-rank, -1 if not given */
+  const char *master_addr; /* --master-addr, NULL if not given */
+  double join_timeout; /* --join-timeout: seconds to wait for every node */
   char **argv;    /* program and its arguments, NULL-terminated */
 } tcrun_opts_t;
 
@@ -130,6 +158,9 @@ typedef struct {
   int devnull;       /* /dev/null, stdin of ranks > 0 */
   sigset_t handled;  /* the signals tcrun catches */
   sigset_t orig_mask;
+  int rank0;         /* global rank of this node's local rank 0 */
+  int world;         /* WORLD_SIZE: ranks of every node */
+  char run_id[64];   /* TORCHELASTIC_RUN_ID (node 0's on every node) */
 } tcrun_t;
 
 static int tcrun_sigpipe[2] = {-1, -1};
@@ -169,21 +200,39 @@ __attribute__((format(printf, 1, 2))) static void tcrun_msg(const char *fmt,
 static void tcrun_usage(FILE *f) {
   fputs(
       "usage: tcrun -n N [--tag-output] [--grace SECONDS] [--timeout SECONDS]\n"
-      "             [--port PORT] [--bind-to auto|core|none] [--] program [args...]\n"
+      "             [--port PORT] [--bind-to auto|core|none]\n"
+      "             [--nnodes N --node-rank K --master-addr ADDR --port PORT\n"
+      "              [--join-timeout SECONDS]] [--] program [args...]\n"
       "\n"
       "Starts N ranks of program on this host with torchrun's environment\n"
       "(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK,\n"
       "MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True, ...) and\n"
       "a TCPStore server hosted by tcrun at MASTER_ADDR:MASTER_PORT.\n"
       "\n"
+      "Several hosts: run one tcrun per host with the same --nnodes,\n"
+      "--master-addr and --port and its own --node-rank. Node 0's tcrun hosts\n"
+      "the store on ADDR:PORT (ADDR must be an address of node 0's host); the\n"
+      "others connect to it. RANK = ranks of the nodes before + LOCAL_RANK\n"
+      "(K * N when every node has N ranks; -n may differ between nodes),\n"
+      "WORLD_SIZE = all ranks, GROUP_RANK = K, GROUP_WORLD_SIZE = --nnodes.\n"
+      "\n"
       "options:\n"
-      "  -n, --nproc-per-node N  number of ranks (1.." "4096)\n"
+      "  -n, --nproc-per-node N  number of ranks on this host (1.." "4096)\n"
       "  --tag-output            prefix each output line with \"[RANK]: \"\n"
       "  --grace SECONDS         after a failure, time between SIGTERM and\n"
       "                          SIGKILL for the other ranks (default 3)\n"
       "  --timeout SECONDS       stop all ranks and exit 124 after this long\n"
       "                          (default 0: no limit)\n"
-      "  --port PORT             the store's port (default 0: a free port)\n"
+      "  --port PORT             the store's port (default 0: a free port;\n"
+      "                          required with --nnodes > 1)\n"
+      "  --nnodes N              number of hosts (nodes) of the job (default 1)\n"
+      "  --node-rank K           this host's node rank, 0..N-1 (default 0;\n"
+      "                          required with --nnodes > 1)\n"
+      "  --master-addr ADDR      node 0's address: where node 0 hosts the store\n"
+      "                          and every rank finds it (default 127.0.0.1;\n"
+      "                          required with --nnodes > 1)\n"
+      "  --join-timeout SECONDS  how long to wait for every node to join, and\n"
+      "                          node 0 for every node to finish (default 300)\n"
       "  --bind-to WHAT          auto (default): bind rank r to the r-th core\n"
       "                          tcrun may run on when 2 <= N <= cores (like\n"
       "                          mpirun; ranks that each own a core keep it\n"
@@ -194,7 +243,8 @@ static void tcrun_usage(FILE *f) {
       "\n"
       "exit status: 0 if every rank exits 0; else the first failing rank's\n"
       "exit code (128+S if killed by signal S); 124 on --timeout; 127/126 if\n"
-      "program cannot be found/run; 128+S if tcrun gets signal S; 2: usage.\n",
+      "program cannot be found/run; 128+S if tcrun gets signal S; 2: usage;\n"
+      "1: tcrun itself failed (store, joining the other nodes).\n",
       f);
 }
 
@@ -249,7 +299,10 @@ static const char *tcrun_optval(int argc, char **argv, int *i,
 /* Parses the command line into *o; --help prints usage and exits 0, any
  * error prints usage and exits 2. */
 static void tcrun_parse_args(int argc, char **argv, tcrun_opts_t *o) {
-  *o = (tcrun_opts_t){.nranks = 0, .grace = 3.0, .timeout = 0, .port = 0};
+  *o = (tcrun_opts_t){.nranks = 0, .grace = 3.0, .timeout = 0, .port = 0,
+                      .nnodes = 1, .node_rank = -1,
+                      .join_timeout = TCRUN_JOIN_TIMEOUT};
+  int port_given = 0;
   int i = 1;
   for (; i < argc; i++) {
     const char *a = argv[i], *v;
@@ -279,6 +332,20 @@ static void tcrun_parse_args(int argc, char **argv, tcrun_opts_t *o) {
       o->timeout = tcrun_parse_seconds("--timeout", v);
     } else if ((v = tcrun_optval(argc, argv, &i, "--port"))) {
       o->port = tcrun_parse_int("--port", v, 0, 65535);
+      port_given = 1;
+    } else if ((v = tcrun_optval(argc, argv, &i, "--nnodes"))) {
+      o->nnodes = tcrun_parse_int("--nnodes", v, 1, TCRUN_MAX_NODES);
+    } else if ((v = tcrun_optval(argc, argv, &i, "--node-rank")) ||
+               (v = tcrun_optval(argc, argv, &i, "--node_rank"))) {
+      o->node_rank = tcrun_parse_int("--node-rank", v, 0, TCRUN_MAX_NODES - 1);
+    } else if ((v = tcrun_optval(argc, argv, &i, "--master-addr")) ||
+               (v = tcrun_optval(argc, argv, &i, "--master_addr"))) {
+      if (!*v || strlen(v) > 255)
+        tcrun_bad_usage("bad value for --master-addr: '%s' (expected a host "
+                        "name or address)", v);
+      o->master_addr = v;
+    } else if ((v = tcrun_optval(argc, argv, &i, "--join-timeout"))) {
+      o->join_timeout = tcrun_parse_seconds("--join-timeout", v);
     } else if ((v = tcrun_optval(argc, argv, &i, "--bind-to"))) {
       if (!strcmp(v, "auto")) o->bind = TCRUN_BIND_AUTO;
       else if (!strcmp(v, "core")) o->bind = TCRUN_BIND_CORE;
@@ -289,6 +356,21 @@ static void tcrun_parse_args(int argc, char **argv, tcrun_opts_t *o) {
     }
   }
   if (o->nranks == 0) tcrun_bad_usage("-n N (the number of ranks) is required");
+  if (o->node_rank >= o->nnodes)
+    tcrun_bad_usage("bad value for --node-rank: '%d' (expected 0 to %d: "
+                    "--nnodes is %d)", o->node_rank, o->nnodes - 1, o->nnodes);
+  if (o->nnodes > 1) {
+    if (o->node_rank < 0)
+      tcrun_bad_usage("--nnodes %d needs --node-rank K (this host's node, 0 to "
+                      "%d)", o->nnodes, o->nnodes - 1);
+    if (!o->master_addr)
+      tcrun_bad_usage("--nnodes %d needs --master-addr ADDR (node 0's address, "
+                      "where it hosts the store)", o->nnodes);
+    if (!port_given || o->port == 0)
+      tcrun_bad_usage("--nnodes %d needs --port PORT (a fixed port: the other "
+                      "nodes must know it)", o->nnodes);
+  }
+  if (o->node_rank < 0) o->node_rank = 0;
   if (i >= argc) tcrun_bad_usage("no program given");
   o->argv = argv + i;
 }
@@ -367,28 +449,33 @@ static int tcrun_setup_signals(tcrun_t *t) {
   return 0;
 }
 
+/* MASTER_ADDR: --master-addr, else the loopback address tcrun binds. */
+static const char *tcrun_master(const tcrun_t *t) {
+  return t->o.master_addr ? t->o.master_addr : TCRUN_BIND_HOST;
+}
+
 /* Builds rank r's environment: ours minus the variables set here, plus
  * torchrun's worker variables. Returns a malloc()ed NULL-terminated array
  * of malloc()ed strings, or NULL when out of memory. */
 static char **tcrun_build_env(const tcrun_t *t, int r, int port) {
   int n = t->o.nranks, m = 0;
-  char mine[16][96];
+  char mine[16][320];
 #define TCRUN_VAR(...) snprintf(mine[m++], sizeof mine[0], __VA_ARGS__)
-  TCRUN_VAR("RANK=%d", r);
-  TCRUN_VAR("WORLD_SIZE=%d", n);
+  TCRUN_VAR("RANK=%d", t->rank0 + r);
+  TCRUN_VAR("WORLD_SIZE=%d", t->world);
   TCRUN_VAR("LOCAL_RANK=%d", r);
   TCRUN_VAR("LOCAL_WORLD_SIZE=%d", n);
-  TCRUN_VAR("GROUP_RANK=0");
-  TCRUN_VAR("GROUP_WORLD_SIZE=1");
-  TCRUN_VAR("ROLE_RANK=%d", r);
-  TCRUN_VAR("ROLE_WORLD_SIZE=%d", n);
+  TCRUN_VAR("GROUP_RANK=%d", t->o.node_rank);
+  TCRUN_VAR("GROUP_WORLD_SIZE=%d", t->o.nnodes);
+  TCRUN_VAR("ROLE_RANK=%d", t->rank0 + r);
+  TCRUN_VAR("ROLE_WORLD_SIZE=%d", t->world);
   TCRUN_VAR("ROLE_NAME=default");
-  TCRUN_VAR("MASTER_ADDR=%s", TCRUN_BIND_HOST);
+  TCRUN_VAR("MASTER_ADDR=%s", tcrun_master(t));
   TCRUN_VAR("MASTER_PORT=%d", port);
   TCRUN_VAR("TORCHELASTIC_USE_AGENT_STORE=True");
   TCRUN_VAR("TORCHELASTIC_RESTART_COUNT=0");
   TCRUN_VAR("TORCHELASTIC_MAX_RESTARTS=0");
-  TCRUN_VAR("TORCHELASTIC_RUN_ID=tcrun-%d", (int)getpid());
+  TCRUN_VAR("TORCHELASTIC_RUN_ID=%s", t->run_id);
   /* like torchrun: one OpenMP thread per rank when ranks share the host */
   if (n > 1 && !getenv("OMP_NUM_THREADS")) TCRUN_VAR("OMP_NUM_THREADS=1");
 #undef TCRUN_VAR
@@ -521,7 +608,7 @@ static int tcrun_spawn(tcrun_t *t, int r) {
   if ((t->o.tag_output && (pipe2(outp, O_CLOEXEC) < 0 ||
                            pipe2(errp, O_CLOEXEC) < 0)) ||
       pipe2(execp, O_CLOEXEC) < 0) {
-    tcrun_msg("cannot create a pipe for rank %d: %s", r, strerror(errno));
+    tcrun_msg("cannot create a pipe for rank %d: %s", t->rank0 + r, strerror(errno));
     t->exit_code = 1;
     goto out;
   }
@@ -534,7 +621,7 @@ static int tcrun_spawn(tcrun_t *t, int r) {
   int fork_errno = errno;
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (pid < 0) {
-    tcrun_msg("cannot start rank %d: fork: %s", r, strerror(fork_errno));
+    tcrun_msg("cannot start rank %d: fork: %s", t->rank0 + r, strerror(fork_errno));
     t->exit_code = 1;
     goto out;
   }
@@ -576,7 +663,7 @@ static void tcrun_emit(tcrun_t *t, tcrun_stream_t *s, int r, const char *data,
                        size_t len) {
   if (t->dest_broken[s->dest]) return;
   char prefix[32];
-  int plen = snprintf(prefix, sizeof prefix, "[%d]: ", r);
+  int plen = snprintf(prefix, sizeof prefix, "[%d]: ", t->rank0 + r);
   size_t lines = 0;
   for (size_t k = 0; k < len; k++) lines += data[k] == '\n';
   if (len > 0 && data[len - 1] != '\n') lines++;
@@ -653,13 +740,13 @@ static void tcrun_rank_ended(tcrun_t *t, int r, int status) {
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (t->stopping) { /* expected: we are stopping it */
     tc__log(2, "tcrun: rank %d (pid %d) ended with status %d while stopping",
-            r, (int)rk->pid, code);
+            t->rank0 + r, (int)rk->pid, code);
     return;
   }
   if (WIFEXITED(status))
-    tcrun_msg("rank %d (pid %d) exited with code %d", r, (int)rk->pid, code);
+    tcrun_msg("rank %d (pid %d) exited with code %d", t->rank0 + r, (int)rk->pid, code);
   else
-    tcrun_msg("rank %d (pid %d) was killed by signal %d (%s)%s", r,
+    tcrun_msg("rank %d (pid %d) was killed by signal %d (%s)%s", t->rank0 + r,
               (int)rk->pid, WTERMSIG(status), tcrun_signame(WTERMSIG(status)),
               WCOREDUMP(status) ? " (core dumped)" : "");
   if (t->nlive > 0)
@@ -761,7 +848,7 @@ static void tcrun_loop(tcrun_t *t, double start) {
       for (int r = 0; r < n; r++)
         if (t->ranks[r].live)
           tcrun_msg("rank %d (pid %d) did not stop within %g s; sending SIGKILL",
-                    r, (int)t->ranks[r].pid, t->o.grace);
+                    t->rank0 + r, (int)t->ranks[r].pid, t->o.grace);
       if (t->nlive == 0)
         tcrun_msg("processes left behind by the ranks did not stop within "
                   "%g s; sending SIGKILL", t->o.grace);
@@ -806,6 +893,193 @@ out:
   free(owner_rank);
 }
 
+/* ---- several nodes: joining through node 0's store ---- */
+
+/* A signal other than SIGCHLD that tcrun received meanwhile (reaping
+ * children on SIGCHLD), or 0. For the waits outside the main loop. */
+static int tcrun_pending_signal(tcrun_t *t) {
+  unsigned char sigs[64];
+  ssize_t n;
+  int got = 0;
+  while ((n = read(tcrun_sigpipe[0], sigs, sizeof sigs)) > 0)
+    for (ssize_t k = 0; k < n; k++) {
+      if (sigs[k] == SIGCHLD) tcrun_reap(t);
+      else if (!got) got = sigs[k];
+    }
+  return got;
+}
+
+/* Waits until every key exists in the store, in slices of a second so that
+ * a signal to tcrun ends the wait. Returns 0; -1 past `deadline` or on a
+ * store error (reported, naming `what`); 128+S on signal S. */
+static int tcrun_store_wait(tcrun_t *t, tc_store_t *st, const char *const *keys,
+                            size_t nkeys, double deadline, const char *what) {
+  for (;;) {
+    int sig = tcrun_pending_signal(t);
+    if (sig) {
+      tcrun_msg("received %s while waiting for %s; exiting", tcrun_signame(sig), what);
+      return 128 + sig;
+    }
+    double left = deadline - tc__now();
+    if (left <= 0) {
+      tcrun_msg("timed out after --join-timeout %g s waiting for %s", t->o.join_timeout, what);
+      return -1;
+    }
+    int rc = tc_store_wait(st, keys, nkeys, left < 1 ? left : 1);
+    if (rc == TC_OK) return 0;
+    if (rc != TC_ERR_TIMEOUT) {
+      tcrun_msg("the store at %s:%d failed while waiting for %s: %s", tcrun_master(t),
+                t->o.port, what, tc_last_error()[0] ? tc_last_error() : tc_strerror(rc));
+      return -1;
+    }
+  }
+}
+
+/* The store keys of node j ("tcrun/node/<j>", "tcrun/done/<j>"). */
+static char **tcrun_node_keys(int nnodes, const char *kind) {
+  char **keys = calloc((size_t)nnodes, sizeof *keys);
+  for (int j = 0; keys && j < nnodes; j++) {
+    char k[64];
+    snprintf(k, sizeof k, "tcrun/%s/%d", kind, j);
+    if (!(keys[j] = strdup(k))) {
+      for (int i = 0; i < j; i++) free(keys[i]);
+      free(keys);
+      return NULL;
+    }
+  }
+  return keys;
+}
+
+static void tcrun_free_keys(char **keys, int n) {
+  for (int j = 0; keys && j < n; j++) free(keys[j]);
+  free(keys);
+}
+
+/* Joins the other nodes (--nnodes > 1): connects to node 0's store,
+ * publishes this node's rank count, waits for every node's, and sets
+ * t->rank0, t->world and t->run_id. Returns 0 with *out the store client
+ * (kept for the exit), else tcrun's exit status (reported). */
+static int tcrun_join(tcrun_t *t, tc_store_t **out) {
+  const tcrun_opts_t *o = &t->o;
+  double deadline = tc__now() + o->join_timeout;
+  tc_store_t *st = NULL;
+  char **keys = NULL;
+  int code = 1, rc;
+  *out = NULL;
+  for (;;) { /* connect, a second at a time, so that a signal ends it */
+    int sig = tcrun_pending_signal(t);
+    if (sig) {
+      tcrun_msg("received %s while connecting to node 0's store; exiting", tcrun_signame(sig));
+      return 128 + sig;
+    }
+    double left = deadline - tc__now();
+    rc = tc_store_tcp_connect(o->master_addr, o->port, left < 1 ? (left > 0 ? left : 0.01) : 1, &st);
+    if (rc == TC_OK) break;
+    if (left <= 1) {
+      tcrun_msg("node %d cannot reach node 0's store at %s:%d within --join-timeout %g s "
+                "(%s); start node 0's tcrun with --master-addr an address of its host "
+                "that this host can reach, and the same --port", o->node_rank,
+                o->master_addr, o->port, o->join_timeout,
+                tc_last_error()[0] ? tc_last_error() : tc_strerror(rc));
+      return 1;
+    }
+  }
+  char key[64], val[64];
+  int64_t claims = 0;
+  snprintf(key, sizeof key, "tcrun/claim/%d", o->node_rank);
+  if ((rc = tc_store_add(st, key, 1, &claims)) != TC_OK) goto store_failed;
+  if (claims != 1) {
+    tcrun_msg("node rank %d is already taken: another tcrun joined this job (the store "
+              "at %s:%d) with --node-rank %d; give every host its own --node-rank",
+              o->node_rank, o->master_addr, o->port, o->node_rank);
+    goto out;
+  }
+  if (o->node_rank == 0) {
+    snprintf(val, sizeof val, "tcrun-%d", (int)getpid());
+    if ((rc = tc_store_set(st, "tcrun/run_id", val, strlen(val))) != TC_OK) goto store_failed;
+  }
+  snprintf(key, sizeof key, "tcrun/node/%d", o->node_rank);
+  snprintf(val, sizeof val, "%d %d", o->nranks, o->nnodes);
+  if ((rc = tc_store_set(st, key, val, strlen(val))) != TC_OK) goto store_failed;
+  if (!(keys = tcrun_node_keys(o->nnodes, "node"))) {
+    tcrun_msg("out of memory");
+    goto out;
+  }
+  char what[96];
+  snprintf(what, sizeof what, "all %d nodes to join", o->nnodes);
+  int w = tcrun_store_wait(t, st, (const char *const *)keys, (size_t)o->nnodes, deadline, what);
+  if (w != 0) {
+    code = w < 0 ? 1 : w;
+    goto out;
+  }
+  t->rank0 = t->world = 0;
+  for (int j = 0; j < o->nnodes; j++) {
+    void *v = NULL;
+    size_t len = 0;
+    if ((rc = tc_store_get(st, keys[j], &v, &len, 1.0)) != TC_OK) goto store_failed;
+    char text[64] = "";
+    memcpy(text, v, len < sizeof text - 1 ? len : sizeof text - 1);
+    tc_free(v);
+    int np = 0, nn = 0;
+    if (sscanf(text, "%d %d", &np, &nn) != 2 || np < 1 || np > TCRUN_MAX_RANKS) {
+      tcrun_msg("node %d published '%s' in the store at %s:%d, not its rank count (another "
+                "program's store?)", j, text, o->master_addr, o->port);
+      goto out;
+    }
+    if (nn != o->nnodes) {
+      tcrun_msg("node %d was started with --nnodes %d, this node (%d) with --nnodes %d; "
+                "start every node with the same --nnodes", j, nn, o->node_rank, o->nnodes);
+      goto out;
+    }
+    if (j < o->node_rank) t->rank0 += np;
+    t->world += np;
+  }
+  const char *rid = "tcrun/run_id";
+  w = tcrun_store_wait(t, st, &rid, 1, deadline, "node 0's run id");
+  if (w != 0) {
+    code = w < 0 ? 1 : w;
+    goto out;
+  }
+  void *v = NULL;
+  size_t len = 0;
+  if ((rc = tc_store_get(st, rid, &v, &len, 1.0)) != TC_OK) goto store_failed;
+  memcpy(t->run_id, v, len < sizeof t->run_id - 1 ? len : sizeof t->run_id - 1);
+  tc_free(v);
+  tc__log(2, "tcrun: node %d of %d: ranks %d..%d of %d, run id %s", o->node_rank,
+          o->nnodes, t->rank0, t->rank0 + o->nranks - 1, t->world, t->run_id);
+  tcrun_free_keys(keys, o->nnodes);
+  *out = st;
+  return 0;
+store_failed:
+  tcrun_msg("node %d: the store at %s:%d failed: %s", o->node_rank, o->master_addr, o->port,
+            tc_last_error()[0] ? tc_last_error() : tc_strerror(rc));
+out:
+  tcrun_free_keys(keys, o->nnodes);
+  tc_store_release(st);
+  return code;
+}
+
+/* After this node's ranks ended: marks it done in the store; node 0 then
+ * waits (up to --join-timeout) until every node is done before its store
+ * goes away. Returns 0, or 1/128+S when node 0 stopped waiting. */
+static int tcrun_leave(tcrun_t *t, tc_store_t *st) {
+  char key[64];
+  snprintf(key, sizeof key, "tcrun/done/%d", t->o.node_rank);
+  if (tc_store_set(st, key, "1", 1) != TC_OK) {
+    tcrun_msg("node %d: could not mark itself done in the store at %s:%d: %s", t->o.node_rank,
+              t->o.master_addr, t->o.port, tc_last_error());
+    return t->o.node_rank == 0 ? 1 : 0; /* others: node 0 may already be gone */
+  }
+  if (t->o.node_rank != 0) return 0;
+  char **keys = tcrun_node_keys(t->o.nnodes, "done");
+  if (!keys) return 1;
+  int w = tcrun_store_wait(t, st, (const char *const *)keys, (size_t)t->o.nnodes,
+                           tc__now() + t->o.join_timeout,
+                           "the other nodes to finish (node 0 hosts their store)");
+  tcrun_free_keys(keys, t->o.nnodes);
+  return w < 0 ? 1 : w;
+}
+
 /* Entry point: parse, host the store, start the ranks, supervise them. */
 int main(int argc, char **argv) {
   tcrun_t t;
@@ -831,20 +1105,34 @@ int main(int argc, char **argv) {
   tc_store_server_t *server = NULL;
   sigset_t old;
   pthread_sigmask(SIG_BLOCK, &t.handled, &old);
-  int src = tc_store_server_start(TCRUN_BIND_HOST, t.o.port, &server);
+  int src = t.o.node_rank == 0 ? tc_store_server_start(tcrun_master(&t), t.o.port, &server)
+                                : TC_OK;
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (src != TC_OK) {
-    tcrun_msg("cannot start the store server on %s:%d: %s", TCRUN_BIND_HOST,
-              t.o.port, tc_last_error()[0] ? tc_last_error() : tc_strerror(src));
+    tcrun_msg("cannot start the store server on %s:%d: %s%s", tcrun_master(&t),
+              t.o.port, tc_last_error()[0] ? tc_last_error() : tc_strerror(src),
+              t.o.master_addr ? " (--master-addr must be an address of node 0's host; "
+                                "is the port taken?)" : "");
     return 1;
   }
-  int port = tc_store_server_port(server);
+  int port = server ? tc_store_server_port(server) : t.o.port;
+  t.world = t.o.nranks;
+  snprintf(t.run_id, sizeof t.run_id, "tcrun-%d", (int)getpid());
+  tc_store_t *node_store = NULL; /* --nnodes > 1: our client of node 0's store */
+  if (t.o.nnodes > 1) {
+    int jc = tcrun_join(&t, &node_store);
+    if (jc != 0) {
+      if (server) tc_store_server_stop(server);
+      return jc;
+    }
+  }
 
   double start = tc__now();
   t.ranks = calloc((size_t)t.o.nranks, sizeof *t.ranks);
   if (!t.ranks) {
     tcrun_msg("out of memory");
-    tc_store_server_stop(server);
+    if (server) tc_store_server_stop(server);
+    tc_store_release(node_store);
     return 1;
   }
   tcrun_plan_binding(&t);
@@ -865,7 +1153,12 @@ int main(int argc, char **argv) {
   int swept = tc__shm_sweep();
   if (swept > 0) tc__log(2, "tcrun: removed %d leftover shared-memory segments", swept);
 
-  tc_store_server_stop(server);
+  if (node_store) {
+    int lc = tcrun_leave(&t, node_store);
+    if (t.exit_code == 0) t.exit_code = lc;
+    tc_store_release(node_store);
+  }
+  if (server) tc_store_server_stop(server);
   for (int r = 0; r < t.o.nranks; r++) {
     tcrun_free_env(t.ranks[r].env);
     tcrun_stream_close(&t, &t.ranks[r].out, r);

@@ -566,7 +566,7 @@ TC_TEST(tcrun_help_and_bad_usage) {
     tcrun_free(&p);
   }
   static const struct {
-    const char *args[8];
+    const char *args[12];
     const char *msg;
   } bad[] = {
       {{NULL}, "-n N (the number of ranks) is required"},
@@ -582,6 +582,24 @@ TC_TEST(tcrun_help_and_bad_usage) {
       {{"-n", "2", "--timeout", "abc", "true", NULL}, "bad value for --timeout"},
       {{"-n", "2", "--port", "70000", "true", NULL}, "bad value for --port"},
       {{"-n", "2", "--bind-to", "socket", "true", NULL}, "bad value for --bind-to: 'socket'"},
+      {{"-n", "2", "--nnodes", "0", "true", NULL}, "bad value for --nnodes: '0'"},
+      {{"-n", "2", "--nnodes", "x", "true", NULL}, "bad value for --nnodes: 'x'"},
+      {{"-n", "2", "--node-rank", "-1", "true", NULL}, "bad value for --node-rank: '-1'"},
+      {{"-n", "2", "--node-rank", "1", "true", NULL},
+       "bad value for --node-rank: '1' (expected 0 to 0: --nnodes is 1)"},
+      {{"-n", "2", "--nnodes", "2", "--node-rank", "2", "true", NULL},
+       "bad value for --node-rank: '2' (expected 0 to 1: --nnodes is 2)"},
+      {{"-n", "2", "--nnodes", "2", "--master-addr", "127.0.0.1", "--port", "29500", "true", NULL},
+       "--nnodes 2 needs --node-rank K (this host's node, 0 to 1)"},
+      {{"-n", "2", "--nnodes=2", "--node-rank=1", "--port=29500", "true", NULL},
+       "--nnodes 2 needs --master-addr ADDR (node 0's address, where it hosts the store)"},
+      {{"-n", "2", "--nnodes=2", "--node-rank=1", "--master-addr=h", "true", NULL},
+       "--nnodes 2 needs --port PORT (a fixed port: the other nodes must know it)"},
+      {{"-n", "2", "--nnodes=2", "--node-rank=1", "--master-addr=h", "--port=0", "true", NULL},
+       "--nnodes 2 needs --port PORT (a fixed port: the other nodes must know it)"},
+      {{"-n", "2", "--master-addr=", "true", NULL}, "bad value for --master-addr: ''"},
+      {{"-n", "2", "--join-timeout", "-3", "true", NULL}, "bad value for --join-timeout: '-3'"},
+      {{"-n", "2", "--nnodes", NULL}, "option '--nnodes' needs a value"},
   };
   for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
     tcrun_run(&p, bad[k].args);
@@ -591,4 +609,139 @@ TC_TEST(tcrun_help_and_bad_usage) {
     TC_ASSERT_CONTAINS(p.err, "usage: tcrun");
     tcrun_free(&p);
   }
+}
+
+/* A free TCP port on 127.0.0.1 (bound, read back, released). */
+static int tcrun_free_port(void) {
+  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t alen = sizeof a;
+  TC_ASSERT(bind(s, (struct sockaddr *)&a, sizeof a) == 0);
+  TC_ASSERT(getsockname(s, (struct sockaddr *)&a, &alen) == 0);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+#define TCRUN_ENV_LINE                                                         \
+  "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK "        \
+  "$GROUP_WORLD_SIZE $ROLE_RANK $ROLE_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "   \
+  "$TORCHELASTIC_RUN_ID\""
+
+/* Two tcruns on this host as nodes 0 and 1 of one job (node 1 connecting to
+ * node 0's store over loopback): each rank's torchrun variables, exactly;
+ * with nproc (node 0, node 1) ranks per node. Node 1 is started first: it
+ * waits for node 0's store. */
+static void tcrun_two_nodes(int n0, int n1) {
+  int port = tcrun_free_port();
+  char portarg[32], n0arg[16], n1arg[16];
+  snprintf(portarg, sizeof portarg, "--port=%d", port);
+  snprintf(n0arg, sizeof n0arg, "-n%d", n0);
+  snprintf(n1arg, sizeof n1arg, "-n%d", n1);
+  tcrun_proc_t p0, p1;
+  tcrun_start(&p1, (const char *[]){"--nnodes", "2", "--node-rank", "1", "--master-addr",
+      "127.0.0.1", portarg, n1arg, "sh", "-c", TCRUN_ENV_LINE, NULL});
+  tcrun_start(&p0, (const char *[]){"--nnodes=2", "--node-rank=0", "--master-addr=127.0.0.1",
+      portarg, n0arg, "--", "sh", "-c", TCRUN_ENV_LINE, NULL});
+  tcrun_finish(&p1);
+  tcrun_finish(&p0);
+  TC_ASSERT_EQ(p0.code, 0);
+  TC_ASSERT_EQ(p1.code, 0);
+  TC_ASSERT_STR_EQ(p0.err, "");
+  TC_ASSERT_STR_EQ(p1.err, "");
+  /* one run id for the whole job: node 0's */
+  char runid[64] = "";
+  const char *at = strstr(p0.out, "tcrun-");
+  TC_ASSERT(at != NULL);
+  TC_ASSERT_EQ(sscanf(at, "%63s", runid), 1);
+  char want0[1024] = "", want1[1024] = "", line[256];
+  int world = n0 + n1;
+  for (int r = 0; r < n0; r++) {
+    snprintf(line, sizeof line, "%d %d %d %d 0 2 %d %d 127.0.0.1 %d %s\n", r, world, r, n0,
+             r, world, port, runid);
+    strcat(want0, line);
+  }
+  for (int r = 0; r < n1; r++) {
+    snprintf(line, sizeof line, "%d %d %d %d 1 2 %d %d 127.0.0.1 %d %s\n", n0 + r, world, r,
+             n1, n0 + r, world, port, runid);
+    strcat(want1, line);
+  }
+  char *sorted0 = tcrun_sorted(want0), *sorted1 = tcrun_sorted(want1);
+  TCRUN_ASSERT_SORTED(p0.out, sorted0);
+  TCRUN_ASSERT_SORTED(p1.out, sorted1);
+  free(sorted0);
+  free(sorted1);
+  tcrun_free(&p0);
+  tcrun_free(&p1);
+}
+
+TC_TEST(tcrun_two_nodes_on_loopback) {
+  tcrun_two_nodes(2, 2); /* RANK = node * 2 + local rank */
+  tcrun_two_nodes(1, 3); /* uneven: node 1's ranks follow node 0's */
+}
+
+/* A C program's ranks of both nodes form one communicator through node 0's
+ * store: the quick start's all_reduce of rank + 1 over 2 + 1 ranks. */
+TC_TEST(tcrun_two_nodes_one_communicator) {
+  int port = tcrun_free_port();
+  char portarg[32];
+  snprintf(portarg, sizeof portarg, "--port=%d", port);
+  tcrun_proc_t p0, p1;
+  tcrun_start(&p0, (const char *[]){"--nnodes=2", "--node-rank=0", "--master-addr=127.0.0.1",
+      portarg, "-n2", "--tag-output", TC_BUILD_DIR "/examples/all_reduce_sync", NULL});
+  tcrun_start(&p1, (const char *[]){"--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1",
+      portarg, "-n1", "--tag-output", TC_BUILD_DIR "/examples/all_reduce_sync", NULL});
+  tcrun_finish(&p0);
+  tcrun_finish(&p1);
+  TC_ASSERT_EQ(p0.code, 0);
+  TC_ASSERT_EQ(p1.code, 0);
+  TC_ASSERT_CONTAINS(p0.out, "[0]: Rank 0: After AllReduce: 6.0\n");
+  TC_ASSERT_CONTAINS(p0.out, "[1]: Rank 1: After AllReduce: 6.0\n");
+  TC_ASSERT_CONTAINS(p1.out, "[2]: Rank 2: After AllReduce: 6.0\n");
+  tcrun_free(&p0);
+  tcrun_free(&p1);
+}
+
+/* Joining fails with a clear message and status 1: node 0's store never
+ * comes (join timeout), or two tcruns claim the same node rank. */
+TC_TEST(tcrun_two_nodes_join_failures) {
+  int port = tcrun_free_port();
+  char portarg[32];
+  snprintf(portarg, sizeof portarg, "--port=%d", port);
+  tcrun_proc_t p;
+  tcrun_run(&p, (const char *[]){"--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1",
+      portarg, "--join-timeout=1", "-n1", "true", NULL});
+  TC_ASSERT_EQ(p.code, 1);
+  TC_ASSERT_CONTAINS(p.err, "tcrun: node 1 cannot reach node 0's store at 127.0.0.1:");
+  TC_ASSERT_CONTAINS(p.err, "within --join-timeout 1 s");
+  tcrun_free(&p);
+
+  /* node 0 alone: waits for node 1, which never joins */
+  tcrun_run(&p, (const char *[]){"--nnodes=2", "--node-rank=0", "--master-addr=127.0.0.1",
+      portarg, "--join-timeout=1", "-n1", "true", NULL});
+  TC_ASSERT_EQ(p.code, 1);
+  TC_ASSERT_STR_EQ(p.err, "tcrun: timed out after --join-timeout 1 s waiting for all 2 "
+                          "nodes to join\n");
+  tcrun_free(&p);
+
+  /* two node 1s: the second one is refused; node 0 and the first run on */
+  tcrun_proc_t p0, p1, dup;
+  tcrun_start(&p1, (const char *[]){"--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1",
+      portarg, "-n1", "true", NULL});
+  tcrun_start(&p0, (const char *[]){"--nnodes=2", "--node-rank=0", "--master-addr=127.0.0.1",
+      portarg, "-n1", "sh", "-c", "echo up; read x; true", NULL});
+  tcrun_wait_for(&p0, "up", 1); /* node 0 started its rank: node 1 joined */
+  tcrun_run(&dup, (const char *[]){"--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1",
+      portarg, "-n1", "true", NULL});
+  TC_ASSERT_EQ(dup.code, 1);
+  TC_ASSERT_CONTAINS(dup.err, "tcrun: node rank 1 is already taken: another tcrun joined "
+                              "this job");
+  tcrun_finish(&p0); /* closes the rank's stdin */
+  tcrun_finish(&p1);
+  TC_ASSERT_STR_EQ(p0.err, "");
+  TC_ASSERT_EQ(p0.code, 0);
+  TC_ASSERT_EQ(p1.code, 0);
+  tcrun_free(&p0);
+  tcrun_free(&p1);
+  tcrun_free(&dup);
 }
