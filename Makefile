@@ -36,6 +36,11 @@
 #                    targets (bench/bench_load.py)
 #   make bench-targets  the issue-16 targets again from bench/results/'s
 #                    CSVs, measuring nothing (BENCH_OUT=dir for another)
+#   make scaling     the bootstrap cost per rank (store requests and time
+#                    of creation and split, sockets after one all_reduce)
+#                    at N = 2..256 ranks over TCP and shared memory
+#                    (bench/scaling.py, tools/tcscale.c; SCALING_SIZES=2,4,..;
+#                    writes bench/results/scaling.{csv,md}); not in make test
 #   make fuzz        the parsers that read the network (store protocol, TCP
 #                    hello, message header) under ASan+UBSan with random and
 #                    mutated inputs, FUZZ_TIME seconds each (default 60) or
@@ -57,7 +62,7 @@ VPY        := $(VENV)/bin/python
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 TORCH_VERSION := 2.13.0
 
-.PHONY: test-multihost check-layers soak chaos chaos-short chaos-ft all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan check-tsan venv deps clean install bench bench-load bench-targets bench-deps fuzz fuzz-short fuzz-build
+.PHONY: scaling test-multihost check-layers soak chaos chaos-short chaos-ft all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan check-tsan venv deps clean install bench bench-load bench-targets bench-deps fuzz fuzz-short fuzz-build
 
 all: build
 
@@ -183,6 +188,14 @@ bench: build pyinstall bench-deps
 bench-load: build bench-deps
 	TC_BUILD_DIR=$(abspath $(BUILD)) ANCHOR_CACHE=$(ANCHOR_CACHE) \
 	  $(VPY) bench/run_bench.py --load --colls none
+
+# Issue 17, point 2: the bootstrap cost by number of ranks (oversubscribed
+# above the cores: counts and correctness, not speed).
+SCALING_SIZES ?= 2,4,8,16,32,64,128,256
+SCALING_TRANSPORTS ?= tcp,shm
+scaling: build
+	$(PYTHON) bench/scaling.py --build $(BUILD) --out bench/results \
+	  --sizes $(SCALING_SIZES) --transports $(SCALING_TRANSPORTS)
 
 # The issue-16 targets from the CSVs of a finished run (BENCH_OUT: its folder).
 bench-targets:

@@ -1,6 +1,7 @@
 /* private_api.h -- the internal entry points of libtorchcomms deliberately
- * shared with its two statically linked clients: tcrun (tools/tcrun.c) and
- * the Python extension (python/torchcomms/_comms_*.c). They include this
+ * shared with its statically linked clients: tcrun (tools/tcrun.c), the
+ * Python extension (python/torchcomms/_comms_*.c) and the bootstrap-cost
+ * measurement tcscale (tools/tcscale.c). They include this
  * header and the public ones, never a layer's internal header
  * (docs/architecture.md; tools/check_layers.py enforces it).
  *
@@ -60,6 +61,10 @@ typedef struct tc__store_ext {
   const char *(*local_addr)(void *ctx);
   /* Short name for messages ("tcp", "memory", "prefix", "custom"). */
   const char *kind;
+  /* 1: every request is forwarded to another store through the public
+   * tc_store_* functions (the prefix store), where it is counted; so it is
+   * not counted again on this one (tc__store_counts). */
+  int forwards;
 } tc__store_ext_t;
 
 /* Like tc_store_create, with the extra functions. ext may be NULL. On
@@ -67,6 +72,43 @@ typedef struct tc__store_ext {
 TC__PRIVATE int tc__store_create_ext(const tc_store_vtable_t *vtable,
                                      const tc__store_ext_t *ext, void *ctx,
                                      tc_store_t **out);
+
+/* Store request counter (src/bootstrap/store.c): a per-process count of
+ * every request that reaches a store doing the work (TCP client, memory,
+ * a custom or Python store; a prefix store's requests are counted once, on
+ * its base), by kind, made by the tc_store_* functions: one vtable call is
+ * one request (a TCP get is WAIT + GET on the wire, a set is SET + PING: one
+ * request each here). A tc_store_wait on a store without its own wait
+ * polls `check`: each poll counts as a check. CONNECT counts the TCP store
+ * client's connections opened (tc_store_tcp_connect and the spare
+ * connections of concurrent requests); it is not in `requests`. For
+ * measurement (tools/tcscale.c, docs/scaling_before.md) and tests. */
+typedef enum tc__store_req_kind {
+  TC__SREQ_SET = 0,
+  TC__SREQ_GET,
+  TC__SREQ_ADD,
+  TC__SREQ_CHECK,
+  TC__SREQ_WAIT,
+  TC__SREQ_DELETE,
+  TC__SREQ_CONNECT,
+  TC__SREQ_KINDS
+} tc__store_req_kind_t;
+
+typedef struct tc__store_counts {
+  unsigned long long n[TC__SREQ_KINDS]; /* by kind */
+  unsigned long long requests; /* sum of every kind but CONNECT */
+  unsigned long long keys;     /* keys named by them (a wait of k keys: k) */
+} tc__store_counts_t;
+
+/* Copies the counts since the last reset (or the process start). */
+TC__PRIVATE void tc__store_counts(tc__store_counts_t *out);
+/* Sets every count to 0. */
+TC__PRIVATE void tc__store_counts_reset(void);
+/* "set", "get", "add", "check", "wait", "delete", "connect"; "?" else. */
+TC__PRIVATE const char *tc__store_req_kind_name(int kind);
+/* Counts one request of `kind` naming nkeys keys (store layer only; the
+ * TCP client counts its connections with it). */
+TC__PRIVATE void tc__store_count(int kind, size_t nkeys);
 
 /* ---- transport (src/transport/shm.h) ---- */
 

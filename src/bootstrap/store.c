@@ -8,6 +8,11 @@
  * a released or foreign pointer is reported as TC_ERR_INVALID_USAGE instead
  * of being dereferenced. Every operation holds a reference for its whole
  * duration, so a concurrent release cannot free the store under it.
+ *
+ * Counter: each request that a tc_store_* function passes to a store's
+ * vtable is counted per process, by kind (tc__store_counts, private_api.h),
+ * except on stores that forward to another store (prefix), whose base
+ * counts it: tools/tcscale.c measures bootstrap cost with it.
  */
 #include "bootstrap/store_internal.h"
 
@@ -95,6 +100,47 @@ int tc__store_wait_timeout_error(
                        "(is %s running%s)",
                        op, list, timeout_s, missing, owner,
                        suffix ? suffix : "?");
+}
+
+/* ======================================================================== */
+/* Request counter (private_api.h)                                           */
+/* ======================================================================== */
+
+static _Atomic unsigned long long store_req_n[TC__SREQ_KINDS];
+static _Atomic unsigned long long store_req_keys;
+
+void tc__store_count(int kind, size_t nkeys) {
+  if (kind < 0 || kind >= TC__SREQ_KINDS) return;
+  atomic_fetch_add_explicit(&store_req_n[kind], 1, memory_order_relaxed);
+  if (kind != TC__SREQ_CONNECT)
+    atomic_fetch_add_explicit(&store_req_keys, nkeys, memory_order_relaxed);
+}
+
+void tc__store_counts(tc__store_counts_t *out) {
+  if (!out) return;
+  memset(out, 0, sizeof *out);
+  for (int k = 0; k < TC__SREQ_KINDS; k++) {
+    out->n[k] = atomic_load_explicit(&store_req_n[k], memory_order_relaxed);
+    if (k != TC__SREQ_CONNECT) out->requests += out->n[k];
+  }
+  out->keys = atomic_load_explicit(&store_req_keys, memory_order_relaxed);
+}
+
+void tc__store_counts_reset(void) {
+  for (int k = 0; k < TC__SREQ_KINDS; k++)
+    atomic_store_explicit(&store_req_n[k], 0, memory_order_relaxed);
+  atomic_store_explicit(&store_req_keys, 0, memory_order_relaxed);
+}
+
+const char *tc__store_req_kind_name(int kind) {
+  static const char *const names[TC__SREQ_KINDS] = {
+      "set", "get", "add", "check", "wait", "delete", "connect"};
+  return kind >= 0 && kind < TC__SREQ_KINDS ? names[kind] : "?";
+}
+
+/* Counts a request on s unless s forwards it to a store that counts it. */
+static void store_count(const tc_store_t *s, int kind, size_t nkeys) {
+  if (!s->ext.forwards) tc__store_count(kind, nkeys);
 }
 
 /* ======================================================================== */
@@ -234,6 +280,7 @@ int tc_store_set(tc_store_t *store, const char *key, const void *value,
   TC__ARG(value || len == 0, fn, "value is NULL but len > 0");
   TC_CHECK(tc__store_acquire(store, fn));
   tc__set_error_text(TC_OK, "");
+  store_count(store, TC__SREQ_SET, 1);
   int rc = store->vt.set(store->ctx, key, value ? value : "", len);
   if (rc != TC_OK) rc = store_fail(store, rc, "set", key);
   tc__store_drop(store, fn);
@@ -252,6 +299,7 @@ int tc_store_get(tc_store_t *store, const char *key, void **value, size_t *len,
   tc__set_error_text(TC_OK, "");
   void *v = NULL;
   size_t n = 0;
+  store_count(store, TC__SREQ_GET, 1);
   int rc = store->vt.get(store->ctx, key, &v, &n, timeout_s);
   if (rc == TC_OK) {
     /* always a non-NULL, NUL-terminated buffer (the NUL not counted) */
@@ -280,6 +328,7 @@ int tc_store_add(tc_store_t *store, const char *key, int64_t delta,
   TC_CHECK(tc__store_acquire(store, fn));
   tc__set_error_text(TC_OK, "");
   int64_t r = 0;
+  store_count(store, TC__SREQ_ADD, 1);
   int rc = store->vt.add(store->ctx, key, delta, &r);
   if (rc != TC_OK) rc = store_fail(store, rc, "add", key);
   else if (result) *result = r;
@@ -300,6 +349,7 @@ int tc_store_check(tc_store_t *store, const char *const *keys, size_t nkeys,
     *ready = 1;
   } else {
     tc__set_error_text(TC_OK, "");
+    store_count(store, TC__SREQ_CHECK, nkeys);
     rc = store->vt.check(store->ctx, keys, nkeys, ready);
     if (rc != TC_OK) rc = store_fail(store, rc, "check", keys[0]);
     else *ready = *ready != 0;
@@ -315,6 +365,7 @@ static int store_poll_wait(tc_store_t *s, const char *const *keys,
   for (;;) {
     int ready = 0;
     tc__set_error_text(TC_OK, "");
+    store_count(s, TC__SREQ_CHECK, nkeys);
     int rc = s->vt.check(s->ctx, keys, nkeys, &ready);
     if (rc != TC_OK) return store_fail(s, rc, "wait", keys[0]);
     if (ready) return TC_OK;
@@ -340,6 +391,7 @@ int tc_store_wait(tc_store_t *store, const char *const *keys, size_t nkeys,
   if (nkeys > 0) {
     tc__set_error_text(TC_OK, "");
     if (store->ext.wait) {
+      store_count(store, TC__SREQ_WAIT, nkeys);
       rc = store->ext.wait(store->ctx, keys, nkeys, timeout_s);
       if (rc != TC_OK) rc = store_fail(store, rc, "wait", keys[0]);
     } else {
@@ -356,6 +408,7 @@ int tc_store_delete(tc_store_t *store, const char *key, int *deleted) {
   TC_CHECK(tc__store_acquire(store, fn));
   tc__set_error_text(TC_OK, "");
   int d = 0;
+  store_count(store, TC__SREQ_DELETE, 1);
   int rc = store->vt.delete_key(store->ctx, key, &d);
   if (rc != TC_OK) rc = store_fail(store, rc, "delete", key);
   else if (deleted) *deleted = d != 0;

@@ -132,7 +132,7 @@ int tc_store_prefix(tc_store_t *base, const char *prefix, tc_store_t **out) {
       .delete_key = prefix_delete, .destroy = prefix_destroy};
   static const tc__store_ext_t ext = {.wait = prefix_wait,
                                       .local_addr = prefix_local_addr,
-                                      .kind = "prefix"};
+                                      .kind = "prefix", .forwards = 1};
   int rc = tc__store_create_ext(&vt, &ext, p, out);
   if (rc != TC_OK) prefix_destroy(p);
   return rc;

@@ -360,6 +360,7 @@ static tc__tcp_client_t *tcp_spare_open(tc__tcp_client_t *root) {
     return NULL;
   }
   tcp_note_local(q);
+  tc__store_count(TC__SREQ_CONNECT, 0);
   return q;
 }
 
@@ -746,5 +747,6 @@ int tc_store_tcp_connect(const char *host, int port, double timeout_s,
       .wait = tcp_wait, .local_addr = tcp_local_addr, .kind = "tcp"};
   rc = tc__store_create_ext(&vt, &ext, c, out);
   if (rc != TC_OK) tcp_destroy(c);
+  else tc__store_count(TC__SREQ_CONNECT, 0);
   return rc;
 }
