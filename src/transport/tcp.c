@@ -456,3 +456,7 @@ const tc_transport_ops_t tc__tcp_transport = {
 double tc__tcp_poll_spin_s(const tc_transport_ops_t *ops, void *tp) {
   return ops == &tc__tcp_transport && tp ? ((const tcp_t *)tp)->poll_spin_s : 0;
 }
+
+const uint64_t *tc__tcp_host_ids(const tc_transport_ops_t *ops, void *tp) {
+  return ops == &tc__tcp_transport && tp ? ((const tcp_t *)tp)->host_id : NULL;
+}

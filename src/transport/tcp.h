@@ -18,6 +18,10 @@ TC_INTERNAL extern const tc_transport_ops_t tc__tcp_transport;
  * (TORCHCOMMS_CPU_TCP_SPIN_US, default the machine's spin policy); 0 when
  * (ops, tp) is another transport. */
 TC_INTERNAL double tc__tcp_poll_spin_s(const tc_transport_ops_t *ops, void *tp);
+/* The TCP transport's view of the machines: hosts[r] is a hash of rank r's
+ * host name and boot id (equal hashes: the same machine), found at
+ * creation. NULL when tp is not the TCP transport. */
+TC_INTERNAL const uint64_t *tc__tcp_host_ids(const tc_transport_ops_t *ops, void *tp);
 
 /* ---- sockets of the one-sided window service (tcp_winsock.c) ---- */
 
