@@ -295,8 +295,7 @@ static void usage(int code) {
 
 int main(int argc, char **argv) {
   const char *csv = NULL, *backend = "cpu", *trace = NULL;
-  const char *label = getenv("TORCHCOMMS_CPU_TRANSPORT");
-  if (!label || !*label) label = "default";
+  const char *label = "default"; /* bench/scaling.py passes the transport */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
     else if (!strcmp(argv[i], "--label") && i + 1 < argc) label = argv[++i];
@@ -317,9 +316,7 @@ int main(int argc, char **argv) {
   g_start = now_s();
   g_verbose = getenv("TCSCALE_VERBOSE") && atoi(getenv("TCSCALE_VERBOSE"));
   step("started");
-  double timeout = 600;
-  const char *t_s = getenv("TORCHCOMM_TIMEOUT_SECONDS");
-  if (t_s && atof(t_s) > 0) timeout = atof(t_s);
+  double timeout = 600; /* the store's; the communicator's: TORCHCOMM_TIMEOUT_SECONDS */
 
   /* 1. the store connection, before anything is measured */
   tc_store_t *store = NULL;

@@ -78,6 +78,8 @@ static void tcp_also_gone(tcp_t *t, const tc_tp_op_t *op, int peer) {
   }
 }
 
+static void tcp_notice_send(tcp_t *t, int code, const char *text);
+
 /* A peer's connection failed: EOF (err == 0) or a socket error. */
 static int tcp_dead(tcp_t *t, const tc_tp_op_t *op, int peer, int err) {
   if (err == 0)
@@ -89,7 +91,10 @@ static int tcp_dead(tcp_t *t, const tc_tp_op_t *op, int peer, int err) {
   else
     tcp_fail(t, op, TC_ERR_REMOTE, "the connection to peer %d failed: %s", peer,
              strerror(err));
-  if (op->msg && op->msglen) tcp_also_gone(t, op, peer);
+  if (op->msg && op->msglen) {
+    tcp_also_gone(t, op, peer);
+    tcp_notice_send(t, TC_ERR_REMOTE, op->msg); /* the ranks not connected to it */
+  }
   return TC_ERR_REMOTE;
 }
 
@@ -159,6 +164,94 @@ static void tcp_put_hdr(unsigned char *h, uint32_t kind, uint32_t epoch, uint64_
   memcpy(h + 8, &len, 8);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Mismatch notices (TC_XFER_NOTICE, transport.h)                            */
+/* ------------------------------------------------------------------------ */
+
+/* Sends the notice {code, text} to every connected peer that is still
+ * there, once per transport, without waiting (a full socket misses it: that
+ * peer learns from another, or fails on its own). */
+static void tcp_notice_send(tcp_t *t, int code, const char *text) {
+  if (t->noticed) return;
+  t->noticed = 1;
+  size_t len = strlen(text);
+  if (len > TC_XFER_NOTICE_MAX - 4) len = TC_XFER_NOTICE_MAX - 4;
+  unsigned char msg[TCP_HDR + TC_XFER_NOTICE_MAX];
+  int32_t c32 = code;
+  tcp_put_hdr(msg, TC_XFER_NOTICE, t->epoch, 4 + len);
+  memcpy(msg + TCP_HDR, &c32, 4);
+  memcpy(msg + TCP_HDR + 4, text, len);
+  len += 4;
+  for (int p = 0; p < t->size; p++) {
+    if (t->fd[p] < 0 || t->gone[p] || t->hup[p]) continue;
+    ssize_t n;
+    do n = send(t->fd[p], msg, TCP_HDR + len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+  }
+}
+
+/* Reads the rest of a notice from peer p (have bytes of its len-byte text
+ * are in text already), waiting at most a second for them; then passes it
+ * on and fails the exchange with it. */
+static int tcp_notice_got(tcp_t *t, const tc_tp_op_t *op, int p, char *text, size_t have,
+                          size_t len) {
+  if (len > TC_XFER_NOTICE_MAX) len = TC_XFER_NOTICE_MAX;
+  double until = tc__now() + 1.0;
+  while (have < len) {
+    ssize_t n = recv(t->fd[p], text + have, len - have, MSG_DONTWAIT);
+    if (n > 0) {
+      have += (size_t)n;
+      continue;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
+    double left = until - tc__now();
+    if (left <= 0) break;
+    struct pollfd w = {.fd = t->fd[p], .events = POLLIN};
+    (void)poll(&w, 1, (int)(left * 1000) + 1);
+  }
+  text[have < len ? have : len] = 0;
+  int32_t code = TC_ERR_REMOTE;
+  if (have >= 4) memcpy(&code, text, 4);
+  if (code != TC_ERR_PROTOCOL) code = TC_ERR_REMOTE;
+  const char *why = have > 4 ? text + 4 : "";
+  tcp_notice_send(t, code, why);
+  if (!why[0]) return tcp_fail(t, op, code, "peer %d failed this operation", p);
+  return tcp_fail(t, op, code, "%s (as peer %d found)", why, p);
+}
+
+/* 1 if the 16 bytes at h are a notice header; its text length in *len. */
+static int tcp_is_notice(const unsigned char *h, uint32_t epoch, size_t *len) {
+  uint32_t magic, word;
+  uint64_t l;
+  memcpy(&magic, h, 4);
+  memcpy(&word, h + 4, 4);
+  memcpy(&l, h + 8, 8);
+  if (magic != TCP_MSG_MAGIC || TC_XFER_KIND(word) != TC_XFER_NOTICE ||
+      TC_XFER_EPOCH(word) != (epoch & 0xffffffu))
+    return 0;
+  *len = (size_t)l;
+  return 1;
+}
+
+/* A peer with nothing pending in this exchange sent something: a notice
+ * fails the exchange; anything else is for a later exchange and is left
+ * unread (the peer is not watched for input again in this exchange). */
+static int tcp_peek_notice(tcp_t *t, int p, const tc_tp_op_t *op) {
+  unsigned char h[TCP_HDR];
+  size_t len = 0;
+  ssize_t n;
+  do n = recv(t->fd[p], h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  if (n == (ssize_t)sizeof h && tcp_is_notice(h, t->epoch, &len)) {
+    do n = recv(t->fd[p], h, sizeof h, MSG_DONTWAIT); /* consumes the header */
+    while (n < 0 && errno == EINTR);
+    char text[TC_XFER_NOTICE_MAX + 1];
+    return tcp_notice_got(t, op, p, text, 0, len);
+  }
+  if (n == (ssize_t)sizeof h) t->quiet[p] = 1;
+  return TC_OK;
+}
+
 /* Checks a received header against what the transfer expects. */
 static int tcp_check_hdr(tcp_t *t, const tc_tp_op_t *op, const tc_xfer_t *x) {
   char why[256];
@@ -224,6 +317,29 @@ static int tcp_progress(tcp_t *t, tc_xfer_t *x, int *head, int is_send,
       size_t before = xf->done;
       xf->done += take;
       left -= take;
+      size_t nlen = 0;
+      if (!is_send && before < TCP_HDR && xf->done >= TCP_HDR &&
+          tcp_is_notice(xf->hdr, t->epoch, &nlen)) {
+        /* its text follows the header in this read (the iovecs put it in
+         * the transfer's buffer and beyond), the rest is in the socket */
+        char text[TC_XFER_NOTICE_MAX + 1];
+        size_t at = (size_t)n - left - take + (TCP_HDR - before); /* the header's end */
+        size_t want = nlen < TC_XFER_NOTICE_MAX ? nlen : TC_XFER_NOTICE_MAX;
+        size_t have = 0, avail = (size_t)n - at;
+        if (want > avail) want = avail;
+        for (int i = 0; i < niov && have < want; i++) {
+          size_t il = iov[i].iov_len;
+          if (at >= il) {
+            at -= il;
+            continue;
+          }
+          size_t c = il - at < want - have ? il - at : want - have;
+          memcpy(text + have, (const char *)iov[i].iov_base + at, c);
+          have += c;
+          at = 0;
+        }
+        return tcp_notice_got(t, op, xf->peer, text, have, nlen);
+      }
       if (!is_send && before < TCP_HDR && xf->done >= TCP_HDR) {
         int rc = tcp_check_hdr(t, op, xf);
         if (rc != TC_OK) return rc;
@@ -231,8 +347,10 @@ static int tcp_progress(tcp_t *t, tc_xfer_t *x, int *head, int is_send,
       if (xf->done < total) break;
       if (!is_send && xf->kind == TC_XFER_GOODBYE) t->gone[peer] = 1;
       char why[400];
-      if (!is_send && tc__xfer_fp_problem(xf, op, t->rank, why, sizeof why))
+      if (!is_send && tc__xfer_fp_problem(xf, op, t->rank, why, sizeof why)) {
+        tcp_notice_send(t, TC_ERR_PROTOCOL, why); /* the ranks that do not exchange with it */
         return tcp_fail(t, op, TC_ERR_PROTOCOL, "%s", why);
+      }
       (*remaining)--;
       *head = xf->next;
     }
@@ -279,6 +397,7 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
   if (nx == 0) return TC_OK;
   for (int p = 0; p < t->size; p++)
     t->send_head[p] = t->send_tail[p] = t->recv_head[p] = t->recv_tail[p] = -1;
+  memset(t->quiet, 0, (size_t)t->size);
   for (size_t i = 0; i < nx; i++) {
     tc_xfer_t *xf = &x[i];
     if (xf->peer < 0 || xf->peer >= t->size || xf->peer == t->rank)
@@ -323,6 +442,8 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
       short ev = 0;
       if (t->send_head[p] >= 0) ev |= POLLOUT;
       if (t->recv_head[p] >= 0) ev |= POLLIN;
+      /* a peer with nothing pending: its failure notice, if it sends one */
+      else if (!t->quiet[p] && !t->gone[p] && !t->hup[p]) ev |= POLLIN;
       if (!t->gone[p] && (!t->hup[p] || (t->hup[p] == TCP_HUP_DONE && !op->hangup_ok)))
         ev |= POLLRDHUP;
       else if (!ev) continue; /* said goodbye, or left: no liveness check */
@@ -359,6 +480,9 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
         return rc;
       if (t->send_head[p] >= 0 && (re & (POLLOUT | POLLHUP | POLLERR)) &&
           (rc = tcp_progress(t, x, &t->send_head[p], 1, &remaining, op)) != TC_OK)
+        return rc;
+      if (t->recv_head[p] < 0 && (re & POLLIN) && !t->quiet[p] &&
+          (rc = tcp_peek_notice(t, p, op)) != TC_OK)
         return rc;
       if (t->gone[p] || dead >= 0 || !(re & (POLLERR | POLLHUP | POLLRDHUP))) continue;
       if (t->send_head[p] < 0 && t->recv_head[p] < 0 && tcp_hup_ok(t, p, op)) continue;
@@ -427,6 +551,7 @@ void tc__tcp_close(void *vtp) {
   free(t->pfd_peer);
   free(t->bye);
   free(t->host_id);
+  free(t->quiet);
   free(t);
 }
 

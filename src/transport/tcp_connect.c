@@ -20,10 +20,11 @@
  * served by every exchange (a rank busy with one peer still accepts the
  * others, so two ranks never wait on each other's accept). Both sides of a
  * transfer need the connection at about the same time; the higher rank
- * starts it (at once), the lower one waits for it. A lower rank that waited
- * TCP_CX_GRACE_S in vain starts one too if the peer's address is in the
- * store (the peer may be dead: a refused connect says so at once, where
- * waiting would last until the deadline). When two connections cross, the
+ * starts it (at once), the lower one waits for it. After creation, a lower
+ * rank that waited TCP_CX_GRACE_S in vain starts one too (the peer may be
+ * dead: a refused connect says so at once, where waiting would last until
+ * the deadline; during creation a peer that has not published its address
+ * has not started, and connects when it does). When two connections cross, the
  * higher rank's is kept: a rank drops an incoming connection from a lower
  * rank while its own to that rank is under way, and accepts one from a
  * higher rank, leaving its own to end (a connection is never closed before
@@ -316,11 +317,16 @@ static int conn_io(conn_t *c, int sending) {
   return 1;
 }
 
+/* A lower rank tries the higher one itself after the grace: lazily, once
+ * creation is complete (every address is in the store then; before, a
+ * missing one means the peer has not started, and it connects when it
+ * does). */
+static int cx_grace(const tcp_cx_t *cx) { return cx->lazy && !cx->all && cx->created; }
+
 /* This rank may start the connection to p now: to a lower rank at once;
  * to a higher one only lazily, after the grace (see the top of the file). */
 static int cx_may_start(const tcp_cx_t *cx, int p, double now) {
-  return p < cx->t->rank ||
-         (cx->lazy && !cx->all && now >= cx->out[p].want_since + TCP_CX_GRACE_S);
+  return p < cx->t->rank || (cx_grace(cx) && now >= cx->out[p].want_since + TCP_CX_GRACE_S);
 }
 
 /* An outgoing connection to lower rank p is under way or due (not yet
@@ -539,7 +545,7 @@ int tc__tcp_cx_fill(tcp_t *t, int *np, int *ms, const tc_tp_op_t *op) {
       if (!c->want || t->fd[j] >= 0) continue;
       if (cx_refused(cx, j)) return cx_refused_fail(cx, j, op->msg, op->msglen);
       if (!cx_may_start(cx, j, now)) {
-        if (cx->lazy && !cx->all && c->want_since + TCP_CX_GRACE_S < next)
+        if (cx_grace(cx) && c->want_since + TCP_CX_GRACE_S < next)
           next = c->want_since + TCP_CX_GRACE_S;
         continue;
       }
@@ -858,6 +864,7 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
   t->pfd_peer = malloc((size_t)t->npfd * sizeof(int));
   t->bye = malloc(2 * n * sizeof *t->bye);
   t->host_id = calloc(n, sizeof *t->host_id);
+  t->quiet = calloc(n, 1);
   tcp_cx_t *cx = t->cx = calloc(1, sizeof *cx);
   if (cx) {
     cx->t = t;
@@ -879,7 +886,7 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
   int rc = TC_OK;
   if (t->fd) for (size_t i = 0; i < n; i++) t->fd[i] = -1;
   if (!t->fd || !t->gone || !t->hup || !t->send_head || !t->send_tail || !t->recv_head ||
-      !t->recv_tail || !t->pfd || !t->pfd_peer || !t->bye || !t->host_id || !cx ||
+      !t->recv_tail || !t->pfd || !t->pfd_peer || !t->bye || !t->host_id || !t->quiet || !cx ||
       !cx->out || !cx->pend || !cx->addrs) {
     rc = msg_fail(err, errlen, TC_ERR_NOMEM, "out of memory");
     goto out;

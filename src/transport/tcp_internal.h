@@ -43,6 +43,8 @@ typedef struct tcp {
   double poll_spin_s; /* TCP: busy-poll the sockets this long before sleeping
                        * in poll (TORCHCOMMS_CPU_TCP_SPIN_US, default spin_s) */
   double timeout_s; /* the creation deadline's length, for messages */
+  int noticed;       /* a mismatch notice was sent to every peer */
+  unsigned char *quiet; /* [size]: this exchange saw early data from the peer */
   int local;     /* ranks of this communicator on this machine (-1: unknown) */
   uint64_t *host_id; /* [size]: a hash of each rank's host name and boot id */
   tcp_cx_t *cx;  /* lazy: the listening socket and the connections being

@@ -74,6 +74,15 @@ TC_INTERNAL int tc__opfp_mismatch(const tc_opfp_t *mine, int rank, const tc_opfp
  * (tc_transport_ops_t.leave): every operation it completed stands, nothing
  * more will come from it, and nothing follows. See tcp.c, "Hang-ups". */
 #define TC_XFER_LEFT 0x10u
+/* Sent (TCP only) by a rank that found a mismatch of collectives or lost a
+ * peer, to every peer it is connected to, and passed on by each peer that
+ * receives it (once per rank): a lazy mesh connects a rank only to the
+ * peers its algorithms use, and this tells the others at once. Its payload
+ * is the status (int32: TC_ERR_PROTOCOL or TC_ERR_REMOTE) and the text of
+ * the failure (at most TC_XFER_NOTICE_MAX bytes in all); the receiver fails
+ * its operation with them, "(as peer p found)". */
+#define TC_XFER_NOTICE 0x11u
+#define TC_XFER_NOTICE_MAX 1024u
 
 /* One transfer of an exchange. Fill the public fields (tc__xfer_send /
  * tc__xfer_recv); the rest belongs to the transport. */

@@ -272,6 +272,7 @@ TC_TEST(settings_read_only_through_the_table) {
            "cd %s && grep -rnE 'getenv\\(|tc__env_str\\(\"TORCHCOMM' src tools "
            "python/torchcomms/*.c | grep -v '^src/core/settings.c:' "
            "| grep -v '^src/backends/nccl/' | grep -v '^tools/tcrun.c:.*OMP_NUM_THREADS' "
+           "| grep -vE '^tools/tcscale.c:.*getenv\\(\"(MASTER_|RANK|WORLD_SIZE|TCSCALE_)' "
            "| grep -v 'TORCHCOMMS_BACKEND_LIB_PATH_GLOO'",
            TC_SOURCE_DIR);
   FILE *p = popen(cmd, "r");

@@ -8,8 +8,10 @@
  *  batch           one exchange with every transfer; sends to the own rank
  *                  matched with its receives in posted order (memcpy).
  *  all_gather(_v, _single)  total < 64 KiB: one round (own block to every
- *                  peer); otherwise a ring over block pointers. In place
- *                  when sendbuf already is the own block.
+ *                  peer) up to 8 ranks, Bruck's log2(n) rounds above (a
+ *                  rank then talks to 2 log2(n) peers, not n - 1);
+ *                  otherwise a ring over block pointers. In place when
+ *                  sendbuf already is the own block.
  *  all_to_all(_single, _v_single)  total sent < 1 MiB: one round;
  *                  otherwise pairwise steps (send to r+s, receive from r-s).
  *                  Overlapping send and receive memory is staged in scratch.
@@ -123,6 +125,37 @@ int tc__cpu_broadcast(cpu_ctx_t *ctx) {
 /* all_gather                                                                */
 /* ------------------------------------------------------------------------ */
 
+/* Bruck's all-gather for small totals on many ranks: in step k (d = 2^k)
+ * each rank sends the blocks it holds (its own and the next d - 1 ranks',
+ * in rotated order in scratch) to rank - d and receives the next ones from
+ * rank + d: ceil(log2 n) rounds with 2 log2(n) peers, where one round would
+ * take n - 1 peers (and as many connections). Blocks may differ in size:
+ * both sides of a step know every block's count. */
+static int ag_bruck(cpu_ctx_t *ctx, const tc_block_t *blk, size_t total) {
+  int r = ctx->rank, n = ctx->size;
+  size_t es = ctx->es;
+  char *scr;
+  size_t tab = ((size_t)(n + 1) * sizeof(size_t) + 63) & ~(size_t)63;
+  TC_CHECK(tc__cpu_scratch(ctx, tab + total, (void **)&scr));
+  size_t *off = (size_t *)scr;
+  char *held = scr + tab;
+  off[0] = 0;
+  for (int i = 0; i < n; i++) off[i + 1] = off[i] + blk[cpu_mod(r + i, n)].count * es;
+  if (off[1]) memcpy(held, blk[r].buf, off[1]);
+  tc_xfer_t *x;
+  TC_CHECK(tc__cpu_xfers(ctx, 2, &x));
+  for (int d = 1; d < n; d *= 2) {
+    int cnt = d < n - d ? d : n - d;
+    size_t k = 0, sbytes = off[cnt], rbytes = off[d + cnt] - off[d];
+    if (sbytes) x[k++] = tc__xfer_send(cpu_mod(r - d, n), held, sbytes);
+    if (rbytes) x[k++] = tc__xfer_recv(cpu_mod(r + d, n), held + off[d], rbytes);
+    TC_CHECK(tc__cpu_xchg(ctx, x, k));
+  }
+  for (int i = 1; i < n; i++)
+    if (off[i + 1] > off[i]) memcpy(blk[cpu_mod(r + i, n)].buf, held + off[i], off[i + 1] - off[i]);
+  return TC_OK;
+}
+
 int tc__cpu_all_gather(cpu_ctx_t *ctx) {
   const tc_backend_op_t *op = ctx->op;
   const tc_block_t *blk = op->recv; /* where every rank's block goes */
@@ -132,6 +165,8 @@ int tc__cpu_all_gather(cpu_ctx_t *ctx) {
   size_t mine = blk[r].count * es;
   if (mine && blk[r].buf != op->sendbuf) memmove(blk[r].buf, op->sendbuf, mine);
   if (total == 0 || n == 1) return TC_OK;
+  if (total < CPU_DIRECT_GATHER_BYTES && n > CPU_DIRECT_GATHER_RANKS)
+    return ag_bruck(ctx, blk, total);
   tc_xfer_t *x;
   TC_CHECK(tc__cpu_xfers(ctx, 2 * (size_t)n, &x));
   if (total < CPU_DIRECT_GATHER_BYTES) { /* one round */

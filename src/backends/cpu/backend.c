@@ -96,36 +96,54 @@ int tc__cpu_xfers(cpu_ctx_t *ctx, size_t n, tc_xfer_t **out) {
   return TC_OK;
 }
 
-/* The collective's first exchange over TCP also carries the fingerprints:
- * to and from every peer, queued ahead of the algorithm's transfers so that
- * each arrives (and is compared, transport.h) before any data of the op. */
+/* Over TCP a collective's fingerprint goes to each peer it exchanges with
+ * and to the ranks at distances 1, 2, 4, ... on either side (connected at
+ * creation; with them every rank is linked to every other through compared
+ * pairs, whatever the algorithm), queued ahead of the first transfer with
+ * that peer in the operation (and one comes back), so that each arrives
+ * (and is compared, transport.h) before any data of the op from that peer.
+ * Both sides add the pair at their first transfer with each other in the
+ * op (the distance set with the op's first exchange, or at its end when it
+ * moved nothing), so they always match. A rank that finds a mismatch tells
+ * the others (TC_XFER_NOTICE). At most 2 log2(n) peers beyond the
+ * algorithm's are involved: a lazy mesh connects no others. */
 static int cpu_xchg_fp(cpu_ctx_t *ctx, tc_xfer_t *x, size_t n, tc_tp_op_t *t) {
   cpu_comm_t *c = ctx->c;
-  size_t need = n + 2 * (size_t)(c->size - 1);
+  int dist[128], nd = 0;
+  if (!ctx->fp_any)
+    for (int d = 1; d < c->size && nd + 2 <= (int)(sizeof dist / sizeof dist[0]); d *= 2) {
+      dist[nd++] = (c->rank + d) % c->size;
+      dist[nd++] = (c->rank - d + c->size) % c->size;
+    }
+  ctx->fp_any = 1;
+  size_t cand = n + (size_t)nd, need = n + 2 * cand;
   if (need > c->fpx_cap) {
     tc_xfer_t *p = realloc(c->fpx, need * sizeof *p);
     if (!p) return tc__cpu_fail(ctx, TC_ERR_NOMEM, "out of memory (%zu transfers)", need);
     c->fpx = p;
     c->fpx_cap = need;
   }
+  uint64_t seq = ctx->fp.seq;
   size_t k = 0;
-  for (int p = 0; p < c->size; p++) {
-    if (p == c->rank) continue;
+  for (size_t i = 0; i < cand; i++) {
+    int p = i < (size_t)nd ? dist[i] : x[i - (size_t)nd].peer;
+    if (p < 0 || p >= c->size || p == c->rank || c->fp_seq[p] == seq) continue;
+    c->fp_seq[p] = seq;
     c->fpx[k] = tc__xfer_send(p, &ctx->fp, sizeof ctx->fp);
     c->fpx[k++].kind = TC_XFER_FP;
     c->fpx[k] = tc__xfer_recv(p, &c->peer_fp[p], sizeof ctx->fp);
     c->fpx[k++].kind = TC_XFER_FP;
   }
-  if (n) memcpy(c->fpx + k, x, n * sizeof *x);
   t->fp = &ctx->fp;
+  if (k == 0) return n ? c->tp_ops->exchange(c->tp, x, n, t) : TC_OK;
+  if (n) memcpy(c->fpx + k, x, n * sizeof *x);
   int rc = c->tp_ops->exchange(c->tp, c->fpx, k + n, t);
   if (n) memcpy(x, c->fpx + k, n * sizeof *x); /* the transfers' progress, as the caller's */
-  ctx->fp_todo = 0;
   return rc;
 }
 
 int tc__cpu_xchg(cpu_ctx_t *ctx, tc_xfer_t *x, size_t n) {
-  if (n == 0 && !ctx->fp_todo) return TC_OK;
+  if (n == 0) return TC_OK;
   cpu_comm_t *c = ctx->c;
   if (!c->tp)
     return tc__cpu_fail(ctx, TC_ERR_INTERNAL, "internal error: no transport");
@@ -201,8 +219,15 @@ int tc__cpu_run(cpu_ctx_t *ctx) {
     TC_CHECK(tc__cpu_fast_fpsync(ctx));
     ctx->fp_todo = 0;
   }
+  ctx->fp_any = 0;
   int rc = cpu_run_algo(ctx);
-  if (rc == TC_OK && ctx->fp_todo) rc = tc__cpu_xchg(ctx, NULL, 0); /* moved no data */
+  if (rc == TC_OK && ctx->fp_todo && !ctx->fp_any && ctx->c->tp && ctx->c->size > 1) {
+    /* moved no data: the fingerprints with the distance set alone */
+    tc_tp_op_t t = {.opname = ctx->opname, .deadline = ctx->deadline,
+                    .timeout_s = ctx->timeout_s, .msg = ctx->msg,
+                    .msglen = sizeof ctx->msg};
+    rc = cpu_xchg_fp(ctx, NULL, 0, &t);
+  }
   return rc;
 }
 
@@ -476,6 +501,7 @@ static void cpu_free(cpu_comm_t *c) {
   free(c->xf);
   free(c->fpx);
   free(c->peer_fp);
+  free(c->fp_seq);
   free(c);
 }
 
@@ -534,7 +560,8 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
   }
   c->check_fp = tc__setting_bool(TC_SET_CHECK_MISMATCH);
   c->peer_fp = calloc((size_t)c->size, sizeof *c->peer_fp);
-  if (!c->peer_fp) {
+  c->fp_seq = calloc((size_t)c->size, sizeof *c->fp_seq);
+  if (!c->peer_fp || !c->fp_seq) {
     snprintf(err, errlen, "out of memory");
     rc = TC_ERR_NOMEM;
     goto fail;

@@ -17,6 +17,7 @@
 #define CPU_BCAST_SEG (512u * 1024u)         /* pipelined chain broadcast */
 #define CPU_REDUCE_SEG (1024u * 1024u)       /* ring and tree reduction segments */
 #define CPU_DIRECT_GATHER_BYTES (64u * 1024u) /* all_gather: one round below */
+#define CPU_DIRECT_GATHER_RANKS 8 /* ... on at most this many ranks (else Bruck) */
 #define CPU_DIRECT_A2A_BYTES (1024u * 1024u)  /* all_to_all: one round below */
 #define CPU_SCRATCH_KEEP (64u * 1024u * 1024u) /* larger scratch is freed after the op */
 
@@ -146,6 +147,8 @@ typedef struct cpu_comm {
   int check_fp;
   uint64_t coll_seq;
   tc_opfp_t *peer_fp; /* [size] fingerprints received over TCP */
+  uint64_t *fp_seq;   /* [size]: the collective whose fingerprints were
+                       * exchanged with that peer last (TCP) */
   tc_xfer_t *fpx;     /* fingerprint transfers + the first exchange's */
   size_t fpx_cap;
 
@@ -165,7 +168,10 @@ typedef struct cpu_ctx {
   size_t es; /* element size of op->dtype */
   double deadline, timeout_s;
   tc_opfp_t fp; /* this rank's fingerprint of the op (collectives) */
-  int fp_todo;  /* 1 until the fingerprints were exchanged and compared */
+  int fp_todo;  /* 1: a collective checked over TCP (its fingerprints go
+                 * to each peer it exchanges with) or not yet checked
+                 * through the slots */
+  int fp_any;   /* some fingerprint was exchanged (TCP) */
   int fam;       /* a shared-memory operation: its family and bytes per rank */
   size_t fbytes; /* (cpu_fast_t's, copied here by tc__cpu_fast_run) */
   char msg[1024]; /* the error text when the op fails */
