@@ -582,3 +582,41 @@ TC_TEST(coll_hier_fake_hosts_interleaved) {
                                      "leader rank 0 (local group over shm"};
   hier_run(5, &hc);
 }
+
+/* A collective mismatched across fake hosts (ranks 0, 1 on one, 2, 3 on the
+ * other; the second host's ranks call all_reduce with another count) fails
+ * on every rank, quickly: the leaders see the mismatch, named with
+ * communicator ranks, and close the hierarchy's groups, so the other ranks
+ * fail at once instead of at their deadline (30 s). */
+static void hier_mismatch_rank(tc_ctx_t *ctx) {
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  o.timeout_s = 30;
+  tc_comm_t *c = tc_ctx_comm(ctx, "hmis", &o);
+  float v[64] = {0};
+  double t0 = tc__now();
+  int rc = tc_all_reduce(c, v, ctx->rank < 2 ? 64 : 32, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL);
+  double took = tc__now() - t0;
+  const char *msg = tc_last_error();
+  if (rc == TC_OK) tc_test_fail(__FILE__, __LINE__, "rank %d: a mismatched all_reduce "
+                                "succeeded", ctx->rank);
+  if (took > 10)
+    tc_test_fail(__FILE__, __LINE__, "rank %d failed only after %.1f s: %s", ctx->rank, took,
+                 msg);
+  if (ctx->rank == 0 || ctx->rank == 2) {
+    const char *want = "mismatched collectives: rank 0 calls all_reduce #1 of 64 float32 "
+                       "with SUM, rank 2 calls all_reduce #1 of 32 float32 with SUM";
+    if (!strstr(msg, want) || !strstr(msg, "hierarchical all_reduce, step 'all_reduce "
+                                          "between the hosts' leaders'"))
+      tc_test_fail(__FILE__, __LINE__, "rank %d: \"%s\" lacks \"%s\"", ctx->rank, msg, want);
+  }
+  if (!strstr(msg, "torchcomms: all_reduce on 'hmis' (rank "))
+    tc_test_fail(__FILE__, __LINE__, "rank %d: \"%s\": not the parent's format", ctx->rank,
+                 msg);
+  tc_comm_abort(c);
+  tc_comm_destroy(c);
+}
+
+TC_TEST(coll_hier_fake_hosts_mismatch) {
+  setenv("TORCHCOMMS_CPU_HIER_FAKE_HOSTS", "2", 1);
+  tc_spawn(4, hier_mismatch_rank, NULL, 60);
+}

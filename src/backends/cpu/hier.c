@@ -330,6 +330,8 @@ static int hier_step(cpu_ctx_t *pctx, int is_local, tc_backend_op_t *op, const c
   int rc;
   if (atomic_load(&pctx->c->aborted)) {
     rc = tc__cpu_fail(&ctx, TC_ERR_ABORTED, "communicator was aborted");
+  } else if (!g->tp) {
+    rc = tc__cpu_fail(&ctx, TC_ERR_INTERNAL, "the hierarchy's group is closed");
   } else {
     if (tc_backend_op_is_collective(op)) {
       tc__cpu_fingerprint(g, op, ++g->coll_seq, &ctx.fp);
@@ -347,6 +349,10 @@ static int hier_step(cpu_ctx_t *pctx, int is_local, tc_backend_op_t *op, const c
     g->scratch_cap = 0;
   }
   if (rc == TC_OK) return TC_OK;
+  /* the communicator is broken from here on: close the groups, so that
+   * their other ranks, waiting in a step of their own, fail at once (a
+   * closed peer) instead of at their deadline */
+  tc__cpu_hier_close(pctx->c, 0);
   if (rc == TC_ERR_ABORTED) return tc__cpu_fail(pctx, rc, "communicator was aborted");
   return hier_fail(pctx, &ctx, rc, is_local, step);
 }
