@@ -572,14 +572,14 @@ static void hier_run(int n, const hier_case_t *hc) {
 /* 5 ranks on 3 hosts: {0, 1} {2, 3} {4} (a host of one rank: no local group). */
 TC_TEST(coll_hier_fake_hosts_5_on_3) {
   static const hier_case_t hc = {3, "'hier' rank 0: hierarchical: 3 hosts, 2 local ranks, "
-                                    "leader rank 0 (local group over shm"};
+                                    "leader rank 0 (local group over "};
   hier_run(5, &hc);
 }
 
 /* 5 ranks on 2 hosts, interleaved: {0, 2, 4} {1, 3}. */
 TC_TEST(coll_hier_fake_hosts_interleaved) {
   static const hier_case_t hc = {-2, "'hier' rank 0: hierarchical: 2 hosts, 3 local ranks, "
-                                     "leader rank 0 (local group over shm"};
+                                     "leader rank 0 (local group over "};
   hier_run(5, &hc);
 }
 
