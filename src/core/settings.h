@@ -74,6 +74,10 @@
     "TCP busy-poll before sleeping, microseconds (default as TORCHCOMMS_CPU_SPIN_US)")   \
   X(CPU_YIELD_US, "TORCHCOMMS_CPU_YIELD_US", NUM, 200, 0, 1e9, NULL,                       \
     "oversubscribed: sched_yield polling before sleeping, microseconds")                 \
+  X(CPU_HIER, "TORCHCOMMS_CPU_HIER", CHOICE, 0, 0, 0, "auto|0|1",                          \
+    "cpu backend across hosts: shm per host + TCP between hosts' leaders (auto: when a host has 2+ ranks)") \
+  X(CPU_HIER_FAKE_HOSTS, "TORCHCOMMS_CPU_HIER_FAKE_HOSTS", INT, 0, -4096, 4096, NULL,      \
+    "tests only: K > 0 puts rank r on fake host r*K/size, K < 0 on host r mod -K")        \
   X(CPU_EAGER, "TORCHCOMMS_CPU_EAGER", BOOL, 0, 0, 0, NULL,                               \
     "connect every pair of ranks at creation (default: a pair when it first talks)")      \
   X(CPU_IFNAME, "TORCHCOMMS_CPU_IFNAME", TEXT, 0, 0, 0, NULL,                              \

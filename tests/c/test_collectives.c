@@ -9,6 +9,7 @@
  * complete cross product at every count. Every other case is asynchronous
  * (work object + wait), the rest synchronous. */
 #include "coll_util.h"
+#include <unistd.h>
 
 typedef void (*tc_case_fn)(tc_comm_t *c, int rank, int n, tc_dtype_t dt,
                            tc_redop_t op, size_t count, int async);
@@ -476,3 +477,146 @@ MATRIX_ALL(gather_single)
 MATRIX_ALL(send_recv)
 MATRIX_ALL(batch)
 MATRIX_ALL(barrier)
+
+/* ------------------------------------------------------------------------ */
+/* Hierarchical algorithms on one machine                                    */
+/* ------------------------------------------------------------------------ */
+
+/* TORCHCOMMS_CPU_HIER_FAKE_HOSTS (tests only) puts the ranks on fake hosts,
+ * so the cpu backend builds its hierarchy here: the communicator over TCP,
+ * each fake host's ranks over shared memory, the hosts' leaders over TCP.
+ * Every operation runs (the hierarchical ones and the flat ones beside
+ * them) with exact values, on uneven layouts, one of them with hosts that
+ * are not numbered host by host. */
+typedef struct {
+  int fake;       /* TORCHCOMMS_CPU_HIER_FAKE_HOSTS */
+  const char *want; /* the log line of rank 0 */
+} hier_case_t;
+
+static char hier_log[128];
+
+static void hier_rank(tc_ctx_t *ctx) {
+  const hier_case_t *hc = ctx->arg;
+  tc_comm_t *c = tc_ctx_comm(ctx, "hier", NULL);
+  if (ctx->rank == 0) { /* the hierarchy was chosen: its log line */
+    char path[160], text[1 << 16];
+    snprintf(path, sizeof path, "%s.0", hier_log);
+    FILE *f = fopen(path, "r");
+    TC_ASSERT(f != NULL);
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    if (!strstr(text, hc->want))
+      tc_test_fail(__FILE__, __LINE__, "the log %s lacks \"%s\"", path, hc->want);
+  }
+  static const tc_op_desc_t *const ops[] = {
+      &desc_all_reduce, &desc_reduce, &desc_broadcast, &desc_all_gather,
+      &desc_all_gather_single, &desc_reduce_scatter, &desc_reduce_scatter_single,
+      &desc_barrier, &desc_all_gather_v, &desc_all_to_all_single, &desc_send_recv};
+  const size_t counts[] = {0, 1, 7, 20001}; /* 20001 x 4 B > 64 KiB: ring, big halves */
+  int k = 0;
+  for (size_t oi = 0; oi < sizeof ops / sizeof ops[0]; oi++)
+    for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++)
+      for (int dt = 0; dt < TC_DTYPE_COUNT; dt++)
+        for (int op = 0; op < (ops[oi]->reducing ? TC_REDOP_COUNT : 1); op++) {
+          if (ops[oi]->reducing && !tc__redop_allowed((tc_dtype_t)dt, op)) continue;
+          if (counts[ci] > 7 && !big_allowed(ops[oi], (tc_dtype_t)dt, (tc_redop_type_t)op))
+            continue;
+          tc_redop_t rop = op == TC_PREMUL_SUM ? TC_OP_PREMUL_SUM(0.5)
+                                               : TC_OP((tc_redop_type_t)op);
+          int async = (k++ % 2) == 1;
+          snprintf(tc_case, sizeof tc_case, "hier %d: %s rank %d of %d dtype %s op %s count %zu %s",
+                   hc->fake, ops[oi]->name, ctx->rank, ctx->size,
+                   tc_dtype_name((tc_dtype_t)dt),
+                   ops[oi]->reducing ? tc_redop_name((tc_redop_type_t)op) : "-", counts[ci],
+                   async ? "async" : "sync");
+          ops[oi]->fn(c, ctx->rank, ctx->size, (tc_dtype_t)dt, rop, counts[ci], async);
+        }
+  /* every root of broadcast and reduce: on and off its host's leader */
+  for (int root = 0; root < ctx->size; root++) {
+    int32_t v[3] = {ctx->rank == root ? 7 : -1, 3, ctx->rank == root ? 9 : 5};
+    TC_ASSERT_OK(tc_broadcast(c, v, 3, TC_INT32, root, NULL, NULL));
+    TC_ASSERT_EQ(v[0], 7);
+    TC_ASSERT_EQ(v[2], 9);
+    int32_t s[2] = {ctx->rank + 1, 2};
+    TC_ASSERT_OK(tc_reduce(c, s, 2, TC_INT32, TC_OP(TC_SUM), root, NULL, NULL));
+    if (ctx->rank == root) {
+      TC_ASSERT_EQ(s[0], ctx->size * (ctx->size + 1) / 2);
+      TC_ASSERT_EQ(s[1], 2 * ctx->size);
+    } else {
+      TC_ASSERT_EQ(s[0], ctx->rank + 1); /* input only */
+    }
+  }
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+static void hier_run(int n, const hier_case_t *hc) {
+  char fake[16];
+  snprintf(fake, sizeof fake, "%d", hc->fake);
+  setenv("TORCHCOMMS_CPU_HIER_FAKE_HOSTS", fake, 1);
+  snprintf(hier_log, sizeof hier_log, "/tmp/tchier-%d.log", (int)getpid());
+  char logf[160];
+  snprintf(logf, sizeof logf, "%s.%%r", hier_log);
+  setenv("TORCHCOMMS_LOG", "debug", 1);
+  setenv("TORCHCOMMS_LOG_SUBSYS", "init", 1);
+  setenv("TORCHCOMMS_LOG_FILE", logf, 1);
+  tc_spawn(n, hier_rank, (void *)hc, 300);
+  for (int r = 0; r < n; r++) {
+    char path[160];
+    snprintf(path, sizeof path, "%s.%d", hier_log, r);
+    unlink(path);
+  }
+}
+
+/* 5 ranks on 3 hosts: {0, 1} {2, 3} {4} (a host of one rank: no local group). */
+TC_TEST(coll_hier_fake_hosts_5_on_3) {
+  static const hier_case_t hc = {3, "'hier' rank 0: hierarchical: 3 hosts, 2 local ranks, "
+                                    "leader rank 0 (local group over "};
+  hier_run(5, &hc);
+}
+
+/* 5 ranks on 2 hosts, interleaved: {0, 2, 4} {1, 3}. */
+TC_TEST(coll_hier_fake_hosts_interleaved) {
+  static const hier_case_t hc = {-2, "'hier' rank 0: hierarchical: 2 hosts, 3 local ranks, "
+                                     "leader rank 0 (local group over "};
+  hier_run(5, &hc);
+}
+
+/* A collective mismatched across fake hosts (ranks 0, 1 on one, 2, 3 on the
+ * other; the second host's ranks call all_reduce with another count) fails
+ * on every rank, quickly: the leaders see the mismatch, named with
+ * communicator ranks, and close the hierarchy's groups, so the other ranks
+ * fail at once instead of at their deadline (30 s). */
+static void hier_mismatch_rank(tc_ctx_t *ctx) {
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  o.timeout_s = 30;
+  tc_comm_t *c = tc_ctx_comm(ctx, "hmis", &o);
+  float v[64] = {0};
+  double t0 = tc__now();
+  int rc = tc_all_reduce(c, v, ctx->rank < 2 ? 64 : 32, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL);
+  double took = tc__now() - t0;
+  const char *msg = tc_last_error();
+  if (rc == TC_OK) tc_test_fail(__FILE__, __LINE__, "rank %d: a mismatched all_reduce "
+                                "succeeded", ctx->rank);
+  if (took > 10)
+    tc_test_fail(__FILE__, __LINE__, "rank %d failed only after %.1f s: %s", ctx->rank, took,
+                 msg);
+  if (ctx->rank == 0 || ctx->rank == 2) {
+    const char *want = "mismatched collectives: rank 0 calls all_reduce #1 of 64 float32 "
+                       "with SUM, rank 2 calls all_reduce #1 of 32 float32 with SUM";
+    if (!strstr(msg, want) || !strstr(msg, "hierarchical all_reduce, step 'all_reduce "
+                                          "between the hosts' leaders'"))
+      tc_test_fail(__FILE__, __LINE__, "rank %d: \"%s\" lacks \"%s\"", ctx->rank, msg, want);
+  }
+  if (!strstr(msg, "torchcomms: all_reduce on 'hmis' (rank "))
+    tc_test_fail(__FILE__, __LINE__, "rank %d: \"%s\": not the parent's format", ctx->rank,
+                 msg);
+  tc_comm_abort(c);
+  tc_comm_destroy(c);
+}
+
+TC_TEST(coll_hier_fake_hosts_mismatch) {
+  setenv("TORCHCOMMS_CPU_HIER_FAKE_HOSTS", "2", 1);
+  tc_spawn(4, hier_mismatch_rank, NULL, 60);
+}

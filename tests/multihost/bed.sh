@@ -25,7 +25,10 @@
 #   bed.sh exec [--id ID] I -- CMD [ARGS...]
 #                                 run CMD on host I of a bed that is up
 #   bed.sh down [--id ID]         take it down
-#   bed.sh test                   the multi-host tests (make test-multihost)
+#   bed.sh test                   the multi-host tests (make test-multihost):
+#                                 mh_check on 2,2 / 2,2,2,2 / 2,1,2 (the cpu
+#                                 backend hierarchical, its default), and on
+#                                 2,2 / 2,1,2 with TORCHCOMMS_CPU_HIER=0 (flat)
 #   bed.sh clean                  remove every namespace of this script whose
 #                                 run is gone (also done before each command)
 # OPTIONS:
@@ -292,10 +295,18 @@ left_behind() {
 
 # One multi-host job of the tests: mh_check (every operation, exact values)
 # on LAYOUT; prints the hosts' output only when it fails.
+# $2: TORCHCOMMS_CPU_HIER for the job (default: unset, i.e. auto).
 test_layout() {
-  local layout=$1 out st t0=$SECONDS
+  local layout=$1 hier=${2:-} out st t0=$SECONDS label
+  label="layout $layout${hier:+ TORCHCOMMS_CPU_HIER=$hier}"
   out=$(mktemp /tmp/tcmh-test.XXXXXX)
-  "$0" run --layout "$layout" --timeout 150 -- "$BUILD/multihost/mh_check" >"$out" 2>&1 &
+  if [ -n "$hier" ]; then
+    TORCHCOMMS_CPU_HIER=$hier "$0" run --layout "$layout" --timeout 150 -- \
+      "$BUILD/multihost/mh_check" >"$out" 2>&1 &
+  else
+    (unset TORCHCOMMS_CPU_HIER; exec "$0" run --layout "$layout" --timeout 150 -- \
+      "$BUILD/multihost/mh_check") >"$out" 2>&1 &
+  fi
   local run=$!
   wait $run
   st=$?
@@ -305,12 +316,12 @@ test_layout() {
   local want
   want=$(awk -F, '{s=0; for(i=1;i<=NF;i++) s+=$i; print s}' <<<"$layout")
   if [ $st -eq 0 ] && [ "$oks" = "$want" ]; then
-    echo "PASS multihost layout $layout ($want ranks on $(awk -F, '{print NF}' <<<"$layout") hosts): $(grep -m1 'link shaping' "$out" | sed 's/.*link shaping: //'); $((SECONDS - t0)) s"
+    echo "PASS multihost $label ($want ranks on $(awk -F, '{print NF}' <<<"$layout") hosts): $(grep -m1 'link shaping' "$out" | sed 's/.*link shaping: //'); $((SECONDS - t0)) s"
     grep "rank 0 of" "$out" | sed 's/^/  /'
     rm -f "$out"
     return 0
   fi
-  echo "FAIL multihost layout $layout: status $st, $oks of $want ranks OK; output:"
+  echo "FAIL multihost $label: status $st, $oks of $want ranks OK; output:"
   sed 's/^/  /' "$out"
   rm -f "$out"
   return 1
@@ -390,8 +401,12 @@ case $cmd in
     [ -z "$why" ] || skip "$why"
     [ -x "$BUILD/multihost/mh_check" ] || die "no $BUILD/multihost/mh_check: build first (make build)"
     fails=0
+    # hierarchical (the default) on every layout, flat on two of them
     for layout in 2,2 2,2,2,2 2,1,2; do
       test_layout $layout || fails=$((fails + 1))
+    done
+    for layout in 2,2 2,1,2; do
+      test_layout $layout 0 || fails=$((fails + 1))
     done
     test_python || fails=$((fails + 1))
     [ $fails -eq 0 ] || { echo "multihost: $fails failed"; exit 1; }

@@ -65,6 +65,25 @@ static void mh_check_local(const char *name, int rank, int local) {
   }
 }
 
+/* Fails unless the log says whether communicator `name`, rank `rank`,
+ * chose the hierarchy (want: "hierarchical: H hosts, L local ranks, leader
+ * rank X"), or, want NULL, that it did not. */
+static void mh_check_hier(const char *name, int rank, const char *want) {
+  static char text[1 << 20];
+  FILE *f = fopen(mh_log_path, "r");
+  if (!f) tc_test_fail(__FILE__, __LINE__, "cannot read the log %s", mh_log_path);
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = 0;
+  char prefix[200], line[400];
+  snprintf(prefix, sizeof prefix, "cpu backend '%s' rank %d: hierarchical: ", name, rank);
+  if (want) snprintf(line, sizeof line, "cpu backend '%s' rank %d: %s", name, rank, want);
+  if (want ? !strstr(text, line) : strstr(text, prefix) != NULL)
+    tc_test_fail(__FILE__, __LINE__, "hierarchy: communicator '%s' rank %d: the log should "
+                 "%s \"%s\" (log kept: %s)", name, rank, want ? "hold" : "not hold",
+                 want ? line : prefix, mh_log_path);
+}
+
 /* Runs the operations of `ops` on c at the given counts: counts up to 7
  * with every dtype and reduction, larger ones with the big-count subset. */
 static int mh_run_ops(tc_comm_t *c, const tc_op_desc_t *const *ops, size_t nops,
@@ -179,8 +198,19 @@ int main(void) {
   }
   for (int j = 0; j < nnodes; j++) TC_ASSERT(first[j] >= 0);
 
-  /* 2. topology detection */
+  /* 2. topology detection, and the hierarchy (TORCHCOMMS_CPU_HIER: auto
+   * chooses it when a host has 2 or more ranks; 0: flat) */
   mh_check_local("mh", rank, local);
+  const char *hier = getenv("TORCHCOMMS_CPU_HIER");
+  int hier_off = hier && !strcmp(hier, "0");
+  if (!hier_off && size > nnodes) {
+    char want[160];
+    snprintf(want, sizeof want, "hierarchical: %d hosts, %d local ranks, leader rank %d ",
+             nnodes, local, first[node]);
+    mh_check_hier("mh", rank, want);
+  } else if (hier_off) {
+    mh_check_hier("mh", rank, NULL);
+  }
 
   /* 3. every operation */
   const size_t counts[] = {0, 1, 7, MH_MID_COUNT};

@@ -167,8 +167,8 @@ static uint64_t cpu_hash_counts(const tc_block_t *b, int n) {
  * count when the call took one; a hash of every rank's block counts when
  * they are global knowledge; per peer, checked by the transport, for an
  * all-to-all with counts). */
-static void cpu_fingerprint(const cpu_comm_t *c, const tc_backend_op_t *op, uint64_t seq,
-                            tc_opfp_t *f) {
+void tc__cpu_fingerprint(const cpu_comm_t *c, const tc_backend_op_t *op, uint64_t seq,
+                         tc_opfp_t *f) {
   memset(f, 0, sizeof *f);
   f->seq = seq;
   f->op = (uint8_t)op->type;
@@ -215,6 +215,10 @@ static int cpu_run_algo(cpu_ctx_t *ctx) {
 }
 
 int tc__cpu_run(cpu_ctx_t *ctx) {
+  if (ctx->c->hier && tc__cpu_hier_takes(ctx->c, ctx->op)) {
+    ctx->fp_todo = 0; /* the groups' steps compare their own fingerprints */
+    return tc__cpu_hier_run(ctx);
+  }
   if (ctx->fp_todo && ctx->c->shm) { /* the fingerprints through the slots */
     TC_CHECK(tc__cpu_fast_fpsync(ctx));
     ctx->fp_todo = 0;
@@ -242,7 +246,7 @@ static int cpu_on_thread(const cpu_comm_t *c) {
 /* A context for c: everything but the 1 KiB message zeroed (zeroing the
  * whole context, as a designated initializer does, was a tenth of a small
  * operation). */
-static void cpu_ctx_init(cpu_ctx_t *ctx, cpu_comm_t *c, const char *opname) {
+void tc__cpu_ctx_init(cpu_ctx_t *ctx, cpu_comm_t *c, const char *opname) {
   memset(ctx, 0, offsetof(cpu_ctx_t, msg));
   ctx->msg[0] = 0;
   ctx->c = c;
@@ -257,14 +261,14 @@ static void cpu_ctx_init(cpu_ctx_t *ctx, cpu_comm_t *c, const char *opname) {
  * 1 once the work was reported. */
 static int cpu_exec(cpu_comm_t *c, cpu_qent_t *e, double inline_spin) {
   cpu_ctx_t ctx;
-  cpu_ctx_init(&ctx, c, tc__op_name(e->op->type));
+  tc__cpu_ctx_init(&ctx, c, tc__op_name(e->op->type));
   ctx.op = e->op;
   ctx.es = tc_dtype_size(e->op->dtype);
   int rc;
   if (e->deadline != 0) { /* begun inline: resume */
     ctx.timeout_s = e->timeout_s;
     ctx.deadline = e->deadline;
-    cpu_fingerprint(c, e->op, e->seq, &ctx.fp);
+    tc__cpu_fingerprint(c, e->op, e->seq, &ctx.fp);
     rc = tc__cpu_fast_run(&ctx, &e->fst, inline_spin);
   } else if (atomic_load(&c->aborted)) {
     rc = tc__cpu_fail(&ctx, TC_ERR_ABORTED, "communicator was aborted");
@@ -280,7 +284,7 @@ static int cpu_exec(cpu_comm_t *c, cpu_qent_t *e, double inline_spin) {
     ctx.deadline = e->deadline;
     if (tc_backend_op_is_collective(e->op)) {
       e->seq = ++c->coll_seq;
-      cpu_fingerprint(c, e->op, e->seq, &ctx.fp);
+      tc__cpu_fingerprint(c, e->op, e->seq, &ctx.fp);
       ctx.fp_todo = c->check_fp && c->size > 1;
     }
     rc = e->fst.kind ? tc__cpu_fast_run(&ctx, &e->fst, inline_spin) : tc__cpu_run(&ctx);
@@ -487,9 +491,11 @@ static void cpu_close_transport(cpu_comm_t *c) {
   c->shm = NULL;
   c->closed = 1;
   pthread_mutex_unlock(&c->tp_mu);
+  if (c->hier) tc__cpu_hier_close(c, c->leave_clean);
 }
 
-static void cpu_free(cpu_comm_t *c) {
+void tc__cpu_free(cpu_comm_t *c) {
+  if (c->hier) tc__cpu_hier_free(c);
   if (c->wake_fd >= 0) close(c->wake_fd);
   pthread_mutex_destroy(&c->mu);
   pthread_mutex_destroy(&c->life_mu);
@@ -508,7 +514,6 @@ static void cpu_free(cpu_comm_t *c) {
 static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
                     size_t errlen) {
   *out = NULL;
-  const char *cname = a->comm_name ? a->comm_name : "";
   static const tc_tp_choice_t choices[] = {TC_TP_AUTO, TC_TP_SHM, TC_TP_TCP}; /* the table's */
   tc_tp_choice_t choice = choices[tc__setting_choice(TC_SET_CPU_TRANSPORT)];
   if (tc__setting_malformed(TC_SET_CPU_TRANSPORT)) { /* a backend created without tc_comm_create */
@@ -530,6 +535,19 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
              "use device 'cpu', or backend 'nccl' for CUDA tensors)", shown);
     return TC_ERR_INVALID_ARGUMENT;
   }
+  /* a test layout of several hosts on this machine: the communicator is
+   * TCP between every pair, as across machines */
+  if (choice == TC_TP_AUTO && tc__cpu_hier_fake_hosts() != 0) choice = TC_TP_TCP;
+  cpu_comm_t *c = NULL;
+  int rc = tc__cpu_open(a, choice, 0, &c, err, errlen);
+  if (rc == TC_OK) *out = c;
+  return rc;
+}
+
+int tc__cpu_open(const tc_backend_init_args_t *a, tc_tp_choice_t choice, int child,
+                 cpu_comm_t **out, char *err, size_t errlen) {
+  *out = NULL;
+  const char *cname = a->comm_name ? a->comm_name : "";
   cpu_comm_t *c = calloc(1, sizeof *c);
   if (!c) {
     snprintf(err, errlen, "out of memory");
@@ -586,6 +604,14 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
     size_t cma_bytes = (size_t)tc__setting_double(TC_SET_CPU_CMA_BYTES);
     c->cma_min = c->shm && tc__shm_cma(c->shm) && cma_bytes > 0 ? cma_bytes : SIZE_MAX;
   }
+  if (!child && c->tp_ops) {
+    rc = tc__cpu_hier_setup(c, a, choice, err, errlen);
+    if (rc != TC_OK) goto fail;
+  }
+  if (child) { /* a group of a hierarchy: run by its parent's thread */
+    *out = c;
+    return TC_OK;
+  }
   /* the progress thread takes no asynchronous signals: they belong to the
    * application's threads */
   sigset_t all, old;
@@ -604,7 +630,8 @@ static int cpu_init(const tc_backend_init_args_t *a, void **out, char *err,
 fail:
   if (c->tp) c->tp_ops->close(c->tp);
   c->tp = NULL;
-  cpu_free(c);
+  if (c->hier) tc__cpu_hier_close(c, 0);
+  tc__cpu_free(c);
   return rc;
 }
 
@@ -634,12 +661,13 @@ static int cpu_finalize(void *bc, char *err, size_t errlen) {
   } else if (c->tp) {
     if (c->lazy_lo) { /* broadcasts it rooted, still to be checked */
       cpu_ctx_t ctx;
-      cpu_ctx_init(&ctx, c, "finalize");
+      tc__cpu_ctx_init(&ctx, c, "finalize");
       ctx.timeout_s = c->timeout_s;
       ctx.deadline = tc__now() + c->timeout_s;
       rc = tc__cpu_fast_settle(&ctx);
       if (rc != TC_OK) cpu_err(err, errlen, rc, "%s", ctx.msg);
     }
+    if (rc == TC_OK && c->hier) rc = tc__cpu_hier_finalize(c, err, errlen);
     tc_tp_op_t t = {.opname = "finalize", .deadline = tc__now() + c->timeout_s,
                     .timeout_s = c->timeout_s, .msg = err, .msglen = errlen};
     if (rc == TC_OK) rc = c->tp_ops->goodbye(c->tp, &t);
@@ -668,6 +696,7 @@ static int cpu_abort(void *bc) {
   pthread_mutex_lock(&c->tp_mu); /* wakes futex waits (shm) */
   if (c->tp && c->tp_ops->interrupt) c->tp_ops->interrupt(c->tp);
   pthread_mutex_unlock(&c->tp_mu);
+  if (c->hier) tc__cpu_hier_abort(c); /* wakes the groups' waits too */
   pthread_mutex_lock(&c->mu);
   c->accepting = 0;
   pthread_cond_broadcast(&c->cv);
@@ -691,7 +720,7 @@ static void cpu_destroy(void *bc) {
   cpu_join(c);
   cpu_close_transport(c);
   pthread_mutex_unlock(&c->life_mu);
-  cpu_free(c);
+  tc__cpu_free(c);
 }
 
 /* "16 KiB", "1 MiB", "100 B". */
@@ -729,6 +758,10 @@ static void cpu_describe(void *bc, char *buf, size_t len) {
     char d[512] = "";
     if (c->tp_ops->describe) c->tp_ops->describe(c->tp, d, sizeof d);
     if (d[0]) PUT("\n%s", d);
+    if (c->hier) {
+      tc__cpu_hier_describe(c, d, sizeof d);
+      PUT("\n%s", d);
+    }
   }
   char b1[32], b2[32], b3[32], b4[32], b5[32];
   PUT("\nthresholds: caller's thread when idle up to %s",

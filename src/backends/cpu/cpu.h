@@ -157,6 +157,9 @@ typedef struct cpu_comm {
   size_t scratch_cap;
   tc_xfer_t *xf;
   size_t xf_cap;
+
+  /* the hierarchy across hosts (hier.c), or NULL: flat */
+  struct cpu_hier *hier;
 } cpu_comm_t;
 
 /* The context of one running operation. */
@@ -266,6 +269,45 @@ TC_INTERNAL int tc__cpu_fast_fpsync(cpu_ctx_t *ctx);
  * never sleep; give up with CPU_PENDING at a wait that spun that long;
  * spin < 0: wait until done. */
 TC_INTERNAL int tc__cpu_fast_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin);
+
+/* backend.c: creates the state of a communicator (init's work): its
+ * transport (choice), and, for a top-level one (child 0), its hierarchy
+ * and progress thread; a child (a group of a hierarchy, hier.c) has
+ * neither: its parent's executing thread runs its operations. */
+TC_INTERNAL int tc__cpu_open(const tc_backend_init_args_t *a, tc_tp_choice_t choice,
+                             int child, cpu_comm_t **out, char *err, size_t errlen);
+/* Frees a communicator's state (its transport closed). */
+TC_INTERNAL void tc__cpu_free(cpu_comm_t *c);
+/* A context for c: everything zeroed but the message (cleared). */
+TC_INTERNAL void tc__cpu_ctx_init(cpu_ctx_t *ctx, cpu_comm_t *c, const char *opname);
+/* The fingerprint of collective number seq of c (transport.h). */
+TC_INTERNAL void tc__cpu_fingerprint(const cpu_comm_t *c, const tc_backend_op_t *op,
+                                     uint64_t seq, tc_opfp_t *f);
+
+/* hier.c: hierarchical algorithms when a communicator spans several hosts
+ * (TORCHCOMMS_CPU_HIER): a group of the ranks of each host (shared memory)
+ * and one of the hosts' leaders (TCP), each a child communicator. */
+/* TORCHCOMMS_CPU_HIER_FAKE_HOSTS (tests only) when the hierarchy is not
+ * turned off, else 0. */
+TC_INTERNAL int tc__cpu_hier_fake_hosts(void);
+/* Sets up c->hier when c's ranks are on several hosts and the setting
+ * allows (collective over c); TC_OK without one otherwise. */
+TC_INTERNAL int tc__cpu_hier_setup(cpu_comm_t *c, const tc_backend_init_args_t *a,
+                                   tc_tp_choice_t choice, char *err, size_t errlen);
+/* Does op run hierarchically on c? */
+TC_INTERNAL int tc__cpu_hier_takes(const cpu_comm_t *c, const tc_backend_op_t *op);
+/* Runs ctx->op hierarchically (on the executing thread). */
+TC_INTERNAL int tc__cpu_hier_run(cpu_ctx_t *ctx);
+/* Finalize: the groups' orderly goodbyes (before the parent's). */
+TC_INTERNAL int tc__cpu_hier_finalize(cpu_comm_t *c, char *err, size_t errlen);
+/* Abort: wakes the groups' waits. */
+TC_INTERNAL void tc__cpu_hier_abort(cpu_comm_t *c);
+/* Closes the groups' transports (leave: tell the peers first). */
+TC_INTERNAL void tc__cpu_hier_close(cpu_comm_t *c, int leave);
+/* Frees c->hier (transports closed). */
+TC_INTERNAL void tc__cpu_hier_free(cpu_comm_t *c);
+/* One line on the hierarchy for the init summary ("" when flat). */
+TC_INTERNAL void tc__cpu_hier_describe(const cpu_comm_t *c, char *buf, size_t len);
 
 /* algo_reduce.c: the reducing algorithms over the exchange */
 TC_INTERNAL int tc__cpu_all_reduce(cpu_ctx_t *ctx);
