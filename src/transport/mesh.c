@@ -87,7 +87,9 @@ int tc__mesh_all_gather(tc_mesh_t *t, const void *mine, size_t len, void *all, i
 }
 
 int tc__mesh_connect_all(tc_mesh_t *t, double deadline, char *err, size_t errlen) {
-  return tc__tcp_connect_all(t, deadline, err, errlen);
+  int rc = tc__tcp_connect_all(t, deadline, err, errlen);
+  if (rc == TC_OK) tc__tcp_cx_free(t); /* nobody connects to this rank any more */
+  return rc;
 }
 
 int tc__mesh_final_barrier(tc_mesh_t *t, double deadline, char *err, size_t errlen) {

@@ -675,10 +675,7 @@ int tc__tcp_connect_all(tcp_t *t, double deadline, char *err, size_t errlen) {
     int missing = -1;
     for (int p = 0; p < t->size && missing < 0; p++)
       if (p != t->rank && t->fd[p] < 0) missing = p;
-    if (missing < 0) {
-      tc__tcp_cx_free(t); /* nobody connects to this rank any more */
-      return TC_OK;
-    }
+    if (missing < 0) return TC_OK;
     if (atomic_load(t->aborted))
       return msg_fail(err, errlen, TC_ERR_ABORTED, "aborted while connecting to its peers");
     double left = deadline - tc__now();
@@ -898,6 +895,7 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
     goto out;
   }
   rc = setup(t, cx, a, tc__now() + cx->timeout_s, err, errlen);
+  if (rc == TC_OK && !cx->lazy) tc__tcp_cx_free(t); /* every peer is connected */
 out:
   if (rc != TC_OK) {
     tc__tcp_close(t);

@@ -67,8 +67,7 @@ TC_INTERNAL int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err,
                                size_t errlen);
 /* tcp_connect.c: connects every peer not yet connected (the shared-memory
  * transport's liveness channel needs them all; TORCHCOMMS_CPU_EAGER=1)
- * within the deadline: the higher rank of each pair connects. Then frees
- * the connector (no connection is made after it). */
+ * within the deadline: the higher rank of each pair connects. */
 TC_INTERNAL int tc__tcp_connect_all(tcp_t *t, double deadline, char *err, size_t errlen);
 /* tcp_connect.c: creation is complete: every rank published its address
  * (a missing one now means the peer left). */
