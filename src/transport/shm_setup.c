@@ -22,8 +22,9 @@
  * may close (tc_tp_op_t.hangup_ok), so a rank that drops the communicator
  * (or dies) right after its creation returned fails no other's.
  *
- * Ranks on several machines use TCP for every pair for now (a hierarchical
- * shm + TCP transport is future work). */
+ * A communicator on several machines uses the TCP transport; the cpu
+ * backend then builds its hierarchy on top (src/backends/cpu/hier.c: shared
+ * memory inside each machine, TCP between the machines' leaders). */
 #include "transport/shm_internal.h"
 #include "transport/tcp.h" /* tc__tcp_transport: the mesh as the transport */
 
@@ -247,7 +248,7 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
     if (choice == TC_TP_AUTO)
       TC_BACKEND_LOGS(a->host, TC_LOG_DEBUG, TC_LOG_TCP,
                       "cpu backend '%s' rank %d: %d of %d ranks on this machine: TCP "
-                      "between every pair (no hierarchical shm + TCP yet)",
+                      "between the machines (the backend's hierarchy uses shm inside each)",
                       a->comm_name, a->rank, tc__mesh_local(t), a->size);
     rc = tc__mesh_final_barrier(t, deadline, err, errlen);
     if (rc == TC_OK) *tp = t;

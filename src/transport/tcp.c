@@ -46,7 +46,8 @@ static int tcp_fail(tcp_t *t, const tc_tp_op_t *op, int rc, const char *fmt,
  * of the time from a kill to resumed training). */
 #define TCP_CASCADE_S 0.1
 static void tcp_also_gone(tcp_t *t, const tc_tp_op_t *op, int peer) {
-  unsigned char lost[1024] = {0}; /* size <= 1024 (checked at create) */
+  unsigned char *lost = t->quiet; /* per exchange, and this one is over */
+  memset(lost, 0, (size_t)t->size);
   int np = 0;
   for (int p = 0; p < t->size; p++) {
     if (p == peer || t->fd[p] < 0 || t->gone[p] || tc__tcp_left(t, p)) continue;

@@ -7,10 +7,11 @@
 
 /* ---- TCP ---- */
 
-/* Full mesh of TCP connections (built by tcp_connect.c), authenticated with
- * a random per-communicator token published in the store ("cpu/token";
- * addresses under "cpu/addr/<rank>"; "cpu/host/<host>/<boot id>" counts the
- * ranks per machine to decide on busy-polling, TORCHCOMMS_CPU_SPIN_US
+/* A mesh of TCP connections, each made when a pair first exchanges
+ * (tcp_connect.c; TORCHCOMMS_CPU_EAGER=1: every pair at creation),
+ * authenticated with a random per-communicator token published in the store
+ * ("cpu/token"; addresses under "cpu/addr/<rank>"; the ranks' hosts are
+ * all-gathered at creation and decide busy-polling, TORCHCOMMS_CPU_SPIN_US
  * overrides). Exchanges are in tcp.c. */
 TC_INTERNAL extern const tc_transport_ops_t tc__tcp_transport;
 

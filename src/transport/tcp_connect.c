@@ -664,6 +664,25 @@ int tc__tcp_connect_all(tcp_t *t, double deadline, char *err, size_t errlen) {
   tc_tp_op_t op = {.opname = "init (connections)", .deadline = deadline,
                    .timeout_s = cx->timeout_s, .msg = err, .msglen = errlen};
   cx->all = 1; /* every pair: the higher rank connects, as eager creation does */
+  if (cx->lazy) {
+    /* the addresses through the mesh (log2 n steps) rather than one store
+     * request per lower rank; one too long for a slot is read from the
+     * store */
+    enum { SLOT = 80 };
+    char mine[SLOT] = "", *all = malloc((size_t)t->size * SLOT);
+    if (!all) return msg_fail(err, errlen, TC_ERR_NOMEM, "out of memory");
+    if (strlen(cx->pub) < SLOT) snprintf(mine, sizeof mine, "%s", cx->pub);
+    int rc = tc__mesh_all_gather_as(t, "the exchange of addresses", mine, SLOT, all, 0,
+                                    deadline, err, errlen);
+    for (int p = 0; p < t->size && rc == TC_OK; p++) {
+      char *a = all + (size_t)p * SLOT;
+      a[SLOT - 1] = 0;
+      if (p == t->rank || cx->addrs[p] || !a[0]) continue;
+      if (!(cx->addrs[p] = strdup(a))) rc = msg_fail(err, errlen, TC_ERR_NOMEM, "out of memory");
+    }
+    free(all);
+    if (rc != TC_OK) return rc;
+  }
   for (int p = 0; p < t->size; p++) {
     if (p == t->rank || t->fd[p] >= 0) continue;
     if (cx->out[p].want && p > t->rank) continue; /* it connects to this rank */
@@ -848,7 +867,9 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
   t->local = -1;
   t->timeout_s = a->timeout_s > 0 ? a->timeout_s : TC_DEFAULT_TIMEOUT_S;
   size_t n = (size_t)a->size;
-  int maxpend = a->size - 1 + TC__TCP_PENDING_EXTRA;
+  /* unauthenticated connections waiting at once: every peer at most, and
+   * no more than 1024 peers (others wait in the backlog) */
+  int maxpend = (a->size - 1 < 1024 ? a->size - 1 : 1024) + TC__TCP_PENDING_EXTRA;
   t->npfd = 2 + 2 * a->size + maxpend;
   t->fd = malloc(n * sizeof *t->fd);
   t->gone = calloc(n, 1);
@@ -889,9 +910,9 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
     goto out;
   }
   for (size_t i = 0; i < n; i++) cx->out[i].fd = -1;
-  if (a->size > 1024) {
+  if (a->size > TC__TCP_MAX_RANKS) {
     rc = msg_fail(err, errlen, TC_ERR_NOT_SUPPORTED,
-                  "the TCP transport supports at most 1024 ranks");
+                  "the TCP transport supports at most %d ranks", TC__TCP_MAX_RANKS);
     goto out;
   }
   rc = setup(t, cx, a, tc__now() + cx->timeout_s, err, errlen);

@@ -14,6 +14,9 @@
 #define TCP_POLL_CAP_MS 100 /* abort flags are re-checked at least this often */
 #define TCP_MAX_IOV 16
 #define TCP_MAX_PENDING 64 /* unauthenticated incoming connections */
+/* Ranks of one communicator: a rank keeps a few hundred bytes per peer
+ * (socket, state, address once read), 65536 peers about 30 MB */
+#define TC__TCP_MAX_RANKS 65536
 
 /* tcp_t.hup: why a peer's hang-up did not fail the exchange that saw it */
 #define TCP_HUP_LEFT 1 /* its stream ends with a TC_XFER_LEFT notice */
