@@ -374,8 +374,8 @@ class Bench:
         g = {}
         for (run, layout, impl, coll, size), v in self.raw.items():
             g.setdefault((layout, impl, coll, size), []).append(v)
-        return {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v), len(v))
-                for k, v in g.items()}
+        return {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v), len(v),
+                    min(x[0] for x in v), max(x[0] for x in v)) for k, v in g.items()}
 
     def report(self):
         a = self.a
@@ -385,15 +385,16 @@ class Bench:
             w.writerow(["run", "layout", "hosts", "ranks", "impl", "collective", "size", "time_us", "busbw_GBps"])
             for (run, layout, impl, coll, size), (t, bw) in sorted(self.raw.items()):
                 n = [int(x) for x in layout.split(",")]
-                w.writerow([run, layout, len(n), sum(n), impl, coll, size, f"{t:.2f}", f"{bw:.4f}"])
+                w.writerow([run, layout, len(n), sum(n), impl, coll, size, f"{t:.2f}", f"{bw:.6g}"])
         med = self.medians()
         with open(os.path.join(a.out, "multihost.csv"), "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["layout", "hosts", "ranks", "impl", "collective", "size", "time_us_median",
-                        "busbw_GBps_median", "runs"])
-            for (layout, impl, coll, size), (t, bw, k) in sorted(med.items()):
+                        "busbw_GBps_median", "runs", "time_us_min", "time_us_max"])
+            for (layout, impl, coll, size), (t, bw, k, tmin, tmax) in sorted(med.items()):
                 n = [int(x) for x in layout.split(",")]
-                w.writerow([layout, len(n), sum(n), impl, coll, size, f"{t:.2f}", f"{bw:.4f}", k])
+                w.writerow([layout, len(n), sum(n), impl, coll, size, f"{t:.2f}", f"{bw:.6g}", k,
+                            f"{tmin:.2f}", f"{tmax:.2f}"])
 
         def t_of(layout, impl, coll, s):
             v = med.get((layout, impl, coll, s))
@@ -433,6 +434,13 @@ class Bench:
                      (f"; oversubscribed ({sum(n)} ranks on {cores} cores): ours with TORCHCOMMS_CPU_SPIN_US="
                       f"{os.environ.get('TORCHCOMMS_CPU_SPIN_US', '0')}, MPI with mpi_yield_when_idle 1"
                       if self.oversub.get(layout) else ""))
+        if self.a.runs > 1:  # how far the runs disagree: the noise floor of the ratios
+            spread = []
+            for i in self.impls:
+                r = [v[4] / v[3] for k, v in med.items() if k[1] == i and v[3] > 0 and v[2] > 1]
+                if r:
+                    spread.append(f"{i} {statistics.median(r):.2f} (worst {max(r):.2f})")
+            L.append("- run-to-run spread, max/min time over the runs, median over all points: " + ", ".join(spread))
         has = {i: i in self.impls for i in IMPLS}
         for layout in self.layouts:
             n = [int(x) for x in layout.split(",")]
