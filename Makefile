@@ -45,7 +45,8 @@
 #                    (2 x 2 and 4 x 2 ranks, tests/multihost/bed.sh): our
 #                    hierarchical and flat algorithms against Open MPI over
 #                    TCP (bench/multihost.py; MH_BENCH_RUNS, MH_BENCH_MAX,
-#                    MH_BENCH_LAYOUTS, MH_BENCH_COLLS, MH_BENCH_MPI; writes
+#                    MH_BENCH_LAYOUTS, MH_BENCH_COLLS, MH_BENCH_MPI,
+#                    MH_BENCH_IMPLS (+mpi-sm: Open MPI with shm); writes
 #                    bench/results/multihost{,_raw}.csv and multihost.md);
 #                    needs root (SKIP otherwise); not in make test
 #   make fuzz        the parsers that read the network (store protocol, TCP
@@ -212,10 +213,12 @@ MH_BENCH_MAX ?= 64M
 MH_BENCH_LAYOUTS ?= 2,2:2,2,2,2
 MH_BENCH_COLLS ?= all_reduce,all_gather
 MH_BENCH_MPI ?= auto
+MH_BENCH_IMPLS ?= hier,flat,mpi
 bench-multihost: build
 	$(PYTHON) bench/multihost.py --build $(abspath $(BUILD)) --out bench/results \
 	  --runs $(MH_BENCH_RUNS) --min $(MH_BENCH_MIN) --max $(MH_BENCH_MAX) \
-	  --layouts $(MH_BENCH_LAYOUTS) --colls $(MH_BENCH_COLLS) --mpi $(MH_BENCH_MPI)
+	  --layouts $(MH_BENCH_LAYOUTS) --colls $(MH_BENCH_COLLS) --mpi $(MH_BENCH_MPI) \
+	  --impls $(MH_BENCH_IMPLS)
 
 # The issue-16 targets from the CSVs of a finished run (BENCH_OUT: its folder).
 bench-targets:

@@ -3,7 +3,7 @@
 (issue 17, point 5), our cpu backend against Open MPI, side by side.
 
     python3 bench/multihost.py [--layouts 2,2:2,2,2,2] [--colls all_reduce,all_gather]
-                               [--min 8] [--max 64M] [--runs 3] [--impls hier,flat,mpi]
+                               [--min 8] [--max 64M] [--runs 3] [--impls hier,flat,mpi[,mpi-sm]]
                                [--mpi auto|debian|ompi5|none] [--rate 10gbit] [--out bench/results]
 
 For each layout (ranks per emulated host; default 2 hosts x 2 ranks, then
@@ -28,6 +28,9 @@ all alike):
         --mpi debian: Debian's Open MPI (mpirun, mpicc; the default when
         installed); ompi5: Open MPI 5.0.11 from the PyPI wheel, installed and
         built by ../shared/bench/anchors/run_anchor.sh into $ANCHOR_CACHE.
+  mpi-sm (only with --impls ...,mpi-sm) the same with btl self,vader,tcp (Open
+        MPI 5: self,sm,tcp): shared memory between the ranks of a host, the
+        MPI counterpart of hier
 
 Iterations follow the anchors' rule for all (1000 below 64 KiB, 100 below
 4 MiB, 10 from 4 MiB; 5 warm-ups; time = max over ranks). When a layout has
@@ -67,7 +70,8 @@ ANCHORS = os.path.normpath(os.environ.get("TC_BENCH_ANCHORS", os.path.join(ROOT,
 NET = "10.77.0"
 MPI_NAME = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reduce_scatter",
             "broadcast": "bcast", "all_to_all": "alltoall"}
-IMPLS = ["hier", "flat", "mpi"]
+IMPLS = ["hier", "flat", "mpi", "mpi-sm"]
+LABEL = {"hier": "hier", "flat": "flat", "mpi": "MPI", "mpi-sm": "MPI-sm"}
 CHILDREN = []  # Popen objects running now (each its own process group)
 
 
@@ -233,7 +237,7 @@ class Bench:
             raise RuntimeError(f"host {bad} exited {st[bad]}:\n" + texts[bad][-1500:])
         return texts[0]
 
-    def run_mpi(self, layout, coll, lo, hi):
+    def run_mpi(self, impl, layout, coll, lo, hi):
         n = [int(x) for x in layout.split(",")]
         hostfile = os.path.join(self.tmp, f"hosts_{layout.replace(',', '_')}")
         with open(hostfile, "w") as f:
@@ -241,7 +245,8 @@ class Bench:
                 f.write(f"{NET}.{i + 1} slots={r}\n")
         cmd = [BED, "exec", "--id", self.bed, "0", "--", self.mpirun, *self.mpi_extra,
                "--allow-run-as-root", "--hostfile", hostfile, "-np", str(sum(n)),
-               "--mca", "plm_rsh_agent", RSH, "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+               "--mca", "plm_rsh_agent", RSH, "--mca", "pml", "ob1",
+               "--mca", "btl", "tcp,self" if impl == "mpi" else f"self,{self.mpi_sm},tcp",
                "--mca", "btl_tcp_if_include", f"{NET}.0/24", "--mca", "oob_tcp_if_include", f"{NET}.0/24"]
         if self.oversub[layout]:
             cmd += ["--mca", "mpi_yield_when_idle", "1"]
@@ -259,7 +264,7 @@ class Bench:
             time.sleep(self.a.settle)  # the last job's processes may still be exiting
             t0 = time.monotonic()
             try:
-                out = self.run_mpi(layout, coll, lo, hi) if impl == "mpi" else \
+                out = self.run_mpi(impl, layout, coll, lo, hi) if impl.startswith("mpi") else \
                     self.run_ours(impl, layout, coll, lo, hi)
                 times = parse_times(out)
                 if len(times) != len(want):
@@ -293,6 +298,7 @@ class Bench:
             subprocess.run(["mpicc", "-O2", "-o", self.mpi_perf, src], check=True)
             ver = subprocess.run([self.mpirun, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
             self.mpi_label = f"{ver.replace('mpirun (Open MPI)', 'Open MPI').strip()} (Debian)"
+            self.mpi_sm = "vader"  # Open MPI 4's shared-memory BTL
         elif kind == "ompi5":
             script = os.path.join(ANCHORS, "anchors", "run_anchor.sh")
             cache = os.environ.get("ANCHOR_CACHE", "/tmp/anchor-cache")
@@ -305,12 +311,11 @@ class Bench:
             self.mpi_perf = os.path.join(cache, "bin", "mpi_perf_ompi")
             self.mpi_extra = ["--prefix", prefix]  # the daemons on the other hosts find prted there
             self.mpi_label = "Open MPI 5.0.11 (PyPI wheel)"
+            self.mpi_sm = "sm"
         elif kind == "none":
             self.mpi_label = None
         else:
             sys.exit(f"multihost: --mpi {kind}: want auto, debian, ompi5 or none")
-        if self.mpi_label:
-            self.mpi_label += ", pml ob1, btl tcp,self"
 
     def main(self):
         a = self.a
@@ -329,8 +334,8 @@ class Bench:
         for x in impls:
             if x not in IMPLS:
                 sys.exit(f"multihost: unknown implementation {x} (want {','.join(IMPLS)})")
-        if "mpi" in impls and not self.mpi_label:
-            impls.remove("mpi")
+        if not self.mpi_label:
+            impls = [x for x in impls if not x.startswith("mpi")]
         self.impls = impls
         env_help = subprocess.run([os.path.join(self.build, "tcrun"), "--help-env"], capture_output=True,
                                   text=True).stdout
@@ -423,10 +428,12 @@ class Bench:
         L.append("- hier: our cpu backend, `TORCHCOMMS_CPU_HIER=1`" +
                  ("" if self.hier_known else " -- **not a setting of this build: hier ran the flat algorithms**"))
         L.append("- flat: our cpu backend, `TORCHCOMMS_CPU_HIER=0` (TCP between every pair)")
-        if "mpi" in self.impls:
-            L.append(f"- MPI: {self.mpi_label}, `mpi_perf.c` under mpirun across the namespaces "
-                     f"(bench/mh_rsh.sh as plm_rsh_agent)")
-        else:
+        if "mpi" in self.impls or "mpi-sm" in self.impls:
+            L.append(f"- MPI: {self.mpi_label}, pml ob1, btl tcp,self (TCP between every pair), `mpi_perf.c` "
+                     f"under mpirun across the namespaces (bench/mh_rsh.sh as plm_rsh_agent)")
+        if "mpi-sm" in self.impls:
+            L.append(f"- MPI-sm: the same with btl self,{self.mpi_sm},tcp (shared memory inside a host)")
+        if "mpi" not in self.impls:
             L.append("- MPI: not measured (--mpi none or --impls without mpi)")
         for layout in self.layouts:
             n = [int(x) for x in layout.split(",")]
@@ -441,19 +448,23 @@ class Bench:
                 if r:
                     spread.append(f"{i} {statistics.median(r):.2f} (worst {max(r):.2f})")
             L.append("- run-to-run spread, max/min time over the runs, median over all points: " + ", ".join(spread))
-        has = {i: i in self.impls for i in IMPLS}
+        cols = [i for i in IMPLS if i in self.impls or i in ("hier", "flat", "mpi")]
+        pairs = [(x, y) for x, y in (("hier", "flat"), ("hier", "mpi"), ("flat", "mpi"), ("hier", "mpi-sm"))
+                 if x in cols and y in cols]
         for layout in self.layouts:
             n = [int(x) for x in layout.split(",")]
             for coll in self.colls:
                 L += ["", f"## {coll}, {len(n)} hosts x {layout.replace(',', '/')} ranks ({sum(n)} ranks)", ""]
-                L.append("| size | hier us | flat us | MPI us | hier/flat | hier/MPI | flat/MPI "
-                         "| hier busbw | flat busbw | MPI busbw |")
-                L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+                L.append("| size | " + " | ".join(f"{LABEL[c]} us" for c in cols) + " | " +
+                         " | ".join(f"{LABEL[x]}/{LABEL[y]}" for x, y in pairs) + " | " +
+                         " | ".join(f"{LABEL[c]} busbw" for c in cols) + " |")
+                L.append("|---:" * (1 + 2 * len(cols) + len(pairs)) + "|")
                 for s in self.sizes:
-                    th, tf, tm = (t_of(layout, i, coll, s) if has[i] else None for i in IMPLS)
-                    bh, bf, bm = (bw_of(layout, i, coll, s) if has[i] else None for i in IMPLS)
-                    L.append(f"| {fmt_size(s)} | {f_us(th)} | {f_us(tf)} | {f_us(tm)} | {f_r(th, tf)} | "
-                             f"{f_r(th, tm)} | {f_r(tf, tm)} | {f_bw(bh)} | {f_bw(bf)} | {f_bw(bm)} |")
+                    t = {c: t_of(layout, c, coll, s) for c in cols}
+                    bw = {c: bw_of(layout, c, coll, s) for c in cols}
+                    L.append(f"| {fmt_size(s)} | " + " | ".join(f_us(t[c]) for c in cols) + " | " +
+                             " | ".join(f_r(t[x], t[y]) for x, y in pairs) + " | " +
+                             " | ".join(f_bw(bw[c]) for c in cols) + " |")
         if self.failures:
             L += ["", "## Failures", ""]
             L += [f"- layout {lay}, run {r}, {i} {c}: {w}" for lay, r, i, c, w in self.failures]
@@ -471,7 +482,7 @@ def main():
     ap.add_argument("--min", default="8", help="smallest size (default 8)")
     ap.add_argument("--max", default="64M", help="largest size (default 64M)")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--impls", default="hier,flat,mpi")
+    ap.add_argument("--impls", default="hier,flat,mpi", help="of hier,flat,mpi,mpi-sm (default hier,flat,mpi)")
     ap.add_argument("--mpi", default="auto", help="auto (debian when installed, else ompi5), debian, ompi5, none")
     ap.add_argument("--rate", default="10gbit", help="bed.sh --rate of every link (0: unshaped)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per launch (default 600)")
