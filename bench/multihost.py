@@ -52,6 +52,7 @@ import csv
 import datetime
 import os
 import platform
+import re
 import shutil
 import signal
 import statistics
@@ -171,6 +172,7 @@ class Bench:
         self.failures = []  # (layout, run, impl, coll, what)
         self.shaping = {}  # layout -> bed.sh's shaping line
         self.oversub = {}  # layout -> bool
+        self.probe = {}  # (layout, impl) -> what rank 0 logged about the hierarchy
 
     # --- the bed -------------------------------------------------------
     def clean_stale_beds(self):
@@ -216,9 +218,10 @@ class Bench:
             self.port = 29701
         return self.port
 
-    def run_ours(self, impl, layout, coll, lo, hi):
+    def run_ours(self, impl, layout, coll, lo, hi, extra_env=None, iters="0", warmup="5"):
         n = [int(x) for x in layout.split(",")]
         env = dict(os.environ, TORCHCOMMS_CPU_HIER="1" if impl == "hier" else "0", OMP_NUM_THREADS="1")
+        env.update(extra_env or {})
         if self.oversub[layout]:
             env.setdefault("TORCHCOMMS_CPU_SPIN_US", "0")
         env.setdefault("TORCHCOMM_TIMEOUT_SECONDS", str(self.a.timeout))
@@ -230,7 +233,7 @@ class Bench:
                          "--master-addr", f"{NET}.1", "--port", str(port), "--join-timeout", "60",
                          "--timeout", str(self.a.timeout + 30), "-n", str(r), "--",
                          os.path.join(self.build, "tcperf"), "-c", coll, "-b", str(lo), "-e", str(hi),
-                         "-f", "4", "-n", "0", "-w", "5", "-t", str(self.a.timeout)])
+                         "-f", "4", "-n", iters, "-w", warmup, "-t", str(self.a.timeout)])
         st, texts = run_parallel(cmds, env, self.a.timeout + 60)
         if any(st):
             bad = next(i for i, s in enumerate(st) if s)
@@ -256,6 +259,26 @@ class Bench:
         if st[0]:
             raise RuntimeError(f"mpirun exited {st[0]}:\n" + texts[0][-1500:])
         return texts[0]
+
+    def probe_hier(self, layout):
+        """What hier and flat run on this bed: rank 0's init line
+        "hierarchical: H hosts, ..." (TORCHCOMMS_LOG=info), or its absence."""
+        for impl in ("hier", "flat"):
+            if impl not in self.impls:
+                continue
+            try:
+                out = self.run_ours(impl, layout, "all_reduce", 8, 8, iters="1", warmup="0",
+                                    extra_env={"TORCHCOMMS_LOG": "info", "TORCHCOMMS_LOG_SUBSYS": "init"})
+            except RuntimeError as e:
+                self.probe[(layout, impl)] = f"probe failed: {str(e).splitlines()[0]}"
+                continue
+            m = re.search(r"\[rank 0 [^]]*\] init: communicator [^:]*: (hierarchical: [^;]*)", out)
+            self.probe[(layout, impl)] = m.group(1) if m else "flat (no 'hierarchical:' line)"
+            want = impl == "hier"
+            if bool(m) != want:
+                self.failures.append((layout, 0, impl, "probe", f"TORCHCOMMS_CPU_HIER={int(want)} ran "
+                                      f"{'hierarchical' if m else 'flat'}: {self.probe[(layout, impl)]}"))
+            log(f"layout {layout}: {impl}: {self.probe[(layout, impl)]}")
 
     def measure(self, run, layout, impl, coll, sizes):
         n = sum(int(x) for x in layout.split(","))
@@ -361,6 +384,8 @@ class Bench:
                 self.oversub[layout] = sum(int(x) for x in layout.split(",")) > cores
                 self.bed_up(layout)
                 try:
+                    if self.hier_known:
+                        self.probe_hier(layout)
                     for run in range(1, a.runs + 1):
                         for coll in colls:
                             k = (run - 1) % len(impls)
@@ -441,6 +466,9 @@ class Bench:
                      (f"; oversubscribed ({sum(n)} ranks on {cores} cores): ours with TORCHCOMMS_CPU_SPIN_US="
                       f"{os.environ.get('TORCHCOMMS_CPU_SPIN_US', '0')}, MPI with mpi_yield_when_idle 1"
                       if self.oversub.get(layout) else ""))
+            for impl in ("hier", "flat"):
+                if (layout, impl) in self.probe:
+                    L.append(f"  - {impl} on {layout}: {self.probe[(layout, impl)]} (rank 0's init log)")
         if self.a.runs > 1:  # how far the runs disagree: the noise floor of the ratios
             spread = []
             for i in self.impls:
