@@ -41,6 +41,14 @@
 #                    at N = 2..256 ranks over TCP and shared memory
 #                    (bench/scaling.py, tools/tcscale.c; SCALING_SIZES=2,4,..;
 #                    writes bench/results/scaling.{csv,md}); not in make test
+#   make bench-multihost  all_reduce and all_gather across emulated hosts
+#                    (2 x 2 and 4 x 2 ranks, tests/multihost/bed.sh): our
+#                    hierarchical and flat algorithms against Open MPI over
+#                    TCP (bench/multihost.py; MH_BENCH_RUNS, MH_BENCH_MAX,
+#                    MH_BENCH_LAYOUTS, MH_BENCH_COLLS, MH_BENCH_MPI,
+#                    MH_BENCH_IMPLS (+mpi-sm: Open MPI with shm); writes
+#                    bench/results/multihost{,_raw}.csv and multihost.md);
+#                    needs root (SKIP otherwise); not in make test
 #   make fuzz        the parsers that read the network (store protocol, TCP
 #                    hello, message header) under ASan+UBSan with random and
 #                    mutated inputs, FUZZ_TIME seconds each (default 60) or
@@ -62,7 +70,7 @@ VPY        := $(VENV)/bin/python
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 TORCH_VERSION := 2.13.0
 
-.PHONY: scaling test-multihost check-layers soak chaos chaos-short chaos-ft all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan check-tsan venv deps clean install bench bench-load bench-targets bench-deps fuzz fuzz-short fuzz-build
+.PHONY: scaling bench-multihost test-multihost check-layers soak chaos chaos-short chaos-ft all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan check-tsan venv deps clean install bench bench-load bench-targets bench-deps fuzz fuzz-short fuzz-build
 
 all: build
 
@@ -196,6 +204,21 @@ SCALING_TRANSPORTS ?= tcp,shm
 scaling: build
 	$(PYTHON) bench/scaling.py --build $(BUILD) --out bench/results \
 	  --sizes $(SCALING_SIZES) --transports $(SCALING_TRANSPORTS)
+
+# Issue 17, point 5: collectives across emulated hosts (docs/scaling.md,
+# "Multi-host numbers"); needs root, prints SKIP with the reason otherwise.
+MH_BENCH_RUNS ?= 3
+MH_BENCH_MIN ?= 8
+MH_BENCH_MAX ?= 64M
+MH_BENCH_LAYOUTS ?= 2,2:2,2,2,2
+MH_BENCH_COLLS ?= all_reduce,all_gather
+MH_BENCH_MPI ?= auto
+MH_BENCH_IMPLS ?= hier,flat,mpi
+bench-multihost: build
+	$(PYTHON) bench/multihost.py --build $(abspath $(BUILD)) --out bench/results \
+	  --runs $(MH_BENCH_RUNS) --min $(MH_BENCH_MIN) --max $(MH_BENCH_MAX) \
+	  --layouts $(MH_BENCH_LAYOUTS) --colls $(MH_BENCH_COLLS) --mpi $(MH_BENCH_MPI) \
+	  --impls $(MH_BENCH_IMPLS)
 
 # The issue-16 targets from the CSVs of a finished run (BENCH_OUT: its folder).
 bench-targets:
