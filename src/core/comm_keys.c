@@ -34,41 +34,50 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The keys recorded during one creation (the caller's thread only). */
+/* The keys recorded during one creation (the caller's thread only): those
+ * set on the communicator's prefixed store and on any store the backend
+ * made from it for the same creation (the cpu backend's hierarchy prefixes
+ * it again for its groups); each with its store, retained. */
 typedef struct tc__keylog {
   tc_store_t *store; /* the communicator's prefixed store */
   char **keys;
+  tc_store_t **stores;
   size_t n, cap;
 } keylog_t;
 
 static _Thread_local keylog_t *key_recording;
 
-static void keylog_add(const char *key) {
+static void keylog_add(tc_store_t *s, const char *key) {
   keylog_t *l = key_recording;
   for (size_t i = 0; i < l->n; i++)
-    if (!strcmp(l->keys[i], key)) return;
+    if (l->stores[i] == s && !strcmp(l->keys[i], key)) return;
   if (l->n == l->cap) {
     size_t cap = l->cap ? 2 * l->cap : 16;
     char **k = realloc(l->keys, cap * sizeof *k);
-    if (!k) return; /* not deleted later: harmless, only untidy */
-    l->keys = k;
+    if (k) l->keys = k;
+    tc_store_t **st = k ? realloc(l->stores, cap * sizeof *st) : NULL;
+    if (st) l->stores = st;
+    if (!k || !st) return; /* not deleted later: harmless, only untidy */
     l->cap = cap;
   }
   char *copy = strdup(key);
-  if (copy) l->keys[l->n++] = copy;
+  if (!copy) return;
+  tc_store_retain(s);
+  l->stores[l->n] = s;
+  l->keys[l->n++] = copy;
 }
 
 /* The host's store functions (tc__host in work.c): the public ones, plus
  * recording of what a creation writes. */
 int tc__host_store_set(tc_store_t *s, const char *key, const void *v, size_t len) {
   int rc = tc_store_set(s, key, v, len);
-  if (rc == TC_OK && key_recording && s == key_recording->store) keylog_add(key);
+  if (rc == TC_OK && key_recording) keylog_add(s, key);
   return rc;
 }
 
 int tc__host_store_add(tc_store_t *s, const char *key, int64_t delta, int64_t *result) {
   int rc = tc_store_add(s, key, delta, result);
-  if (rc == TC_OK && key_recording && s == key_recording->store) keylog_add(key);
+  if (rc == TC_OK && key_recording) keylog_add(s, key);
   return rc;
 }
 
@@ -143,17 +152,19 @@ void tc__comm_record_end(tc_comm_t *c, void *token, int delete_keys) {
   for (size_t i = 0; i < l->n; i++) {
     if (delete_keys) {
       int deleted = 0;
-      if (tc_store_delete(c->store, l->keys[i], &deleted) != TC_OK)
+      if (tc_store_delete(l->stores[i], l->keys[i], &deleted) != TC_OK)
         tc__logs(TC_LOG_DEBUG, TC_LOG_STORE,
                  "communicator '%s': could not delete store key '%s/%s' (%s)", c->name,
                  c->prefix, l->keys[i], tc_last_error());
     }
     free(l->keys[i]);
+    tc_store_release(l->stores[i]);
   }
   if (delete_keys) {
     int deleted = 0;
     (void)tc_store_delete(c->store, "arrivals", &deleted);
   }
   free(l->keys);
+  free(l->stores);
   free(l);
 }
