@@ -491,10 +491,7 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
       if (re & POLLERR) dead_err = tc__tcp_sock_error(t->fd[p]);
     }
     if (dead >= 0 && remaining > 0) return tcp_dead_or_cause(t, x, op, dead, dead_err, &remaining);
-    int connected = 0;
-    if (t->cx && np > npeers &&
-        (rc = tc__tcp_cx_events(t, npeers, np, &connected, op)) != TC_OK)
-      return rc;
+    if (np > npeers) tc__tcp_cx_events(t, npeers, np);
   }
   return TC_OK;
 }

@@ -575,11 +575,9 @@ int tc__tcp_cx_fill(tcp_t *t, int *np, int *ms, const tc_tp_op_t *op) {
   return TC_OK;
 }
 
-int tc__tcp_cx_events(tcp_t *t, int from, int to, int *connected, const tc_tp_op_t *op) {
+void tc__tcp_cx_events(tcp_t *t, int from, int to) {
   tcp_cx_t *cx = t->cx;
-  if (!cx) return TC_OK;
-  int before = 0;
-  for (int p = 0; p < t->size; p++) before += t->fd[p] >= 0;
+  if (!cx) return;
   /* pending connections first, from the end, so drops keep indexes valid */
   for (int i = to - 1; i >= from; i--) {
     int code = TCP_PFD_CX - 1 - t->pfd_peer[i];
@@ -596,13 +594,6 @@ int tc__tcp_cx_events(tcp_t *t, int from, int to, int *connected, const tc_tp_op
     int code = TCP_PFD_CX - 1 - t->pfd_peer[i];
     if (code >= cx->base_out) cx_outgoing_io(cx, code - cx->base_out, t->pfd[i].revents);
   }
-  int after = 0;
-  for (int p = 0; p < t->size; p++) {
-    after += t->fd[p] >= 0;
-    if (cx_refused(cx, p)) return cx_refused_fail(cx, p, op->msg, op->msglen);
-  }
-  *connected = after > before;
-  return TC_OK;
 }
 
 void tc__tcp_cx_describe(const tcp_t *t, int p, char *buf, size_t len) {
@@ -717,9 +708,7 @@ int tc__tcp_connect_all(tcp_t *t, double deadline, char *err, size_t errlen) {
     if (r < 0 && errno != EINTR)
       return msg_fail(err, errlen, TC_ERR_SYSTEM, "poll failed: %s", strerror(errno));
     if (r <= 0) continue;
-    int connected = 0;
-    rc = tc__tcp_cx_events(t, 1, np, &connected, &op);
-    if (rc != TC_OK) return rc;
+    tc__tcp_cx_events(t, 1, np);
   }
 }
 

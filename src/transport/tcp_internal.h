@@ -85,11 +85,9 @@ TC_INTERNAL int tc__tcp_cx_want(tcp_t *t, int p, const tc_tp_op_t *op);
  * set when a wanted peer refused the connection (it is gone). */
 TC_INTERNAL int tc__tcp_cx_fill(tcp_t *t, int *np, int *ms, const tc_tp_op_t *op);
 /* tcp_connect.c: handles the events of t->pfd[from..to) that are the
- * connector's (accepts, hellos, connects, timers). Sets *connected when a
- * peer was connected. TC_OK, or TC_ERR_REMOTE with op->msg set when a
- * wanted peer cannot be reached (connection refused: it is gone). */
-TC_INTERNAL int tc__tcp_cx_events(tcp_t *t, int from, int to, int *connected,
-                                  const tc_tp_op_t *op);
+ * connector's (accepts, hellos, connects). A connect refused is reported
+ * by the next tc__tcp_cx_fill. */
+TC_INTERNAL void tc__tcp_cx_events(tcp_t *t, int from, int to);
 /* tcp_connect.c: " (not connected: ...)" for a timeout message. */
 TC_INTERNAL void tc__tcp_cx_describe(const tcp_t *t, int p, char *buf, size_t len);
 /* tcp_connect.c: frees the connector (closes its sockets). */
