@@ -1,9 +1,13 @@
 """Builds torchcomms._comms: the extension's own python/torchcomms/_comms*.c
-plus every library source under src/ (except src/backends/nccl/, a plugin),
+plus every library source under src/ (except the plugins src/backends/nccl/
+and src/backends/mpi/),
 compiled into the one module with hidden visibility; and the nccl backend
 (src/backends/nccl/) as torchcomms/libtorchcomms-nccl.so beside it, where the
 loader looks for backends ("beside libtorchcomms": here, beside the
-extension). Metadata: pyproject.toml.
+extension). The mpi backend goes there too when an MPI compiler wrapper is
+found (TORCHCOMMS_MPICC, else mpicc on PATH), built by
+tools/build_mpi_plugin.sh; without one it is skipped with a notice.
+Metadata: pyproject.toml.
 """
 import os
 import shutil
@@ -21,7 +25,8 @@ def rel(paths):
 
 
 lib_sources = [p for p in (ROOT / "src").rglob("*.c")
-               if "backends/nccl" not in p.relative_to(ROOT).as_posix()]
+               if "backends/nccl" not in p.relative_to(ROOT).as_posix()
+               and "backends/mpi" not in p.relative_to(ROOT).as_posix()]
 ext_sources = list((ROOT / "python" / "torchcomms").glob("_comms*.c"))
 nccl_sources = sorted((ROOT / "src" / "backends" / "nccl").glob("*.c"))
 CFLAGS = ["-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
@@ -41,6 +46,28 @@ class BuildExt(build_ext):
     def run(self):
         super().run()
         self.build_nccl_backend()
+        self.build_mpi_backend()
+
+    def build_mpi_backend(self):
+        """libtorchcomms-mpi.so beside the extension, linked against the MPI
+        of the wrapper found; skipped (with a notice) without one."""
+        script = ROOT / "tools" / "build_mpi_plugin.sh"
+        src = ROOT / "src" / "backends" / "mpi" / "mpi_backend.c"
+        if not src.exists():
+            return
+        mpicc = os.environ.get("TORCHCOMMS_MPICC") or shutil.which("mpicc")
+        if not mpicc:
+            print("torchcomms: mpi backend skipped: no MPI compiler wrapper "
+                  "(mpicc on PATH or TORCHCOMMS_MPICC)")
+            return
+        target = Path(self.get_ext_fullpath("torchcomms._comms")).parent / \
+            "libtorchcomms-mpi.so"
+        deps = [src, script, ROOT / "src" / "reduce" / "reduce.c"] + \
+            list((ROOT / "include").glob("*.h"))
+        if (not self.force and target.exists() and
+                all(p.stat().st_mtime <= target.stat().st_mtime for p in deps)):
+            return
+        self.spawn([str(script), mpicc, str(target)])
 
     def build_nccl_backend(self):
         """libtorchcomms-nccl.so beside the extension. It links neither the

@@ -378,6 +378,12 @@ typedef struct tc_backend_win_op {
  * (tc_comm_reconfigure); the backend keeps nothing per process that two
  * configurations of one communicator would share. */
 #define TC_BACKEND_CAP_RECONFIGURE 0x1u
+/* The backend finds its peers without the store (an MPI launched by
+ * mpirun): when the caller gives no store and MASTER_ADDR / MASTER_PORT
+ * are not set, the core gives init an in-process store (its keys reach
+ * no other rank) instead of failing for want of one, and leaves out what
+ * needs a shared store (the hang-report board). */
+#define TC_BACKEND_CAP_BOOTSTRAP 0x2u
 /* 1 when the table t has the capability bit cap. */
 #define TC_BACKEND_HAS_CAP(t, cap)                                            \
   ((t)->size >= offsetof(tc_backend_ops_t, caps) + sizeof((t)->caps) &&       \

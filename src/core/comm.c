@@ -482,6 +482,13 @@ int tc_comm_create(const char *backend, const char *device,
   if (o.store) {
     tc_store_retain(o.store);
     c->root_store = o.store;
+  } else if (!o.enable_reconfigure && TC_BACKEND_HAS_CAP(ops, TC_BACKEND_CAP_BOOTSTRAP) &&
+             (!tc__env_str("MASTER_ADDR") || !tc__env_str("MASTER_PORT"))) {
+    /* the backend finds its peers itself (mpirun): the core's bookkeeping
+     * gets an in-process store, and nothing that needs a shared one */
+    rc = tc_store_memory(&c->root_store);
+    if (rc != TC_OK) goto fail;
+    c->private_store = 1;
   } else if (!o.enable_reconfigure) {
     rc = tc__default_store(rank, size, c->timeout_s, &c->root_store);
     if (rc != TC_OK) goto fail;
@@ -928,6 +935,7 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
   }
   tc_store_retain(c->root_store);
   child->root_store = c->root_store;
+  child->private_store = c->private_store;
   /* Flat, bounded key prefix whatever the nesting depth of splits. */
   uint64_t ph = 1469598103934665603ull;
   for (const char *p = c->prefix; *p; p++) ph = (ph ^ (uint8_t)*p) * 1099511628211ull;

@@ -91,6 +91,7 @@ struct tc_comm {
   _Atomic int done_type;
   /* fault tolerance (reconfig.c) */
   int reconfigurable;           /* created with enable_reconfigure */
+  int private_store;            /* an in-process store: the backend bootstraps itself */
   struct tc_store_server *rc_server; /* the endpoint its init handle names */
   char init_handle[256];        /* TC_INIT_HANDLE_MAX */
   uint32_t epoch;               /* of the current configuration (0: none) */

@@ -52,7 +52,7 @@ _Static_assert(sizeof(board_slot_t) == 64, "one cache line per rank");
 void tc__board_setup(tc_comm_t *c) {
   c->board = NULL;
   c->board_name[0] = 0;
-  if (c->size < 2 || !tc__setting_bool(TC_SET_HANG_REPORT) ||
+  if (c->size < 2 || c->private_store || !tc__setting_bool(TC_SET_HANG_REPORT) ||
       !tc__setting_bool(TC_SET_HANG_REPORT_BOARD))
     return;
   size_t bytes = (size_t)c->size * sizeof(board_slot_t);
@@ -313,7 +313,7 @@ void tc__hang_report(tc_comm_t *c, const tc_work_t *w, char *buf, size_t len) {
                .completed_type = (tc_op_type_t)atomic_load(&c->done_type),
                .state = SLOT_FAILED};
   peers[c->rank] = me;
-  if (nunknown) {
+  if (nunknown && !c->private_store) { /* an in-process store reaches no peer */
     int expect = 0; /* the store is asked once per communicator */
     publish(c, &me);
     if (atomic_compare_exchange_strong(&c->hang_reported, &expect, 1))

@@ -1,0 +1,1055 @@
+/* mpi_backend.c -- the `mpi` backend: torchcomms over the MPI library a
+ * cluster already has (libtorchcomms-mpi.so, a plugin through
+ * include/torchcomms_backend.h; docs/backends.md section 9).
+ *
+ * Built with the MPI's compiler wrapper (mpicc, or TORCHCOMMS_MPICC), once
+ * per MPI: it links the MPI it was built with (docs/backends.md says why
+ * not a run-time loader). src/reduce/reduce.c is compiled into the plugin
+ * for the reductions MPI lacks; only tc_backend_table is exported.
+ *
+ * Every operation maps onto one non-blocking MPI call (MPI_Iallreduce,
+ * MPI_Ireduce, MPI_Ibcast, MPI_Iallgather(v), MPI_Ireduce_scatter(_block),
+ * MPI_Ialltoall(v), MPI_Iscatter(v), MPI_Igather(v), MPI_Ibarrier) or, for
+ * point-to-point and batches, MPI_Isend/MPI_Irecv. Per-rank blocks that do
+ * not lie back to back are staged through one contiguous buffer. float16,
+ * bfloat16, the float8 types and bool reduce through MPI_Op_create'd
+ * operations running the library's own kernels; AVG is a SUM divided
+ * afterwards, PREMUL_SUM multiplies the inputs first.
+ *
+ * Threads: MPI is initialised with MPI_THREAD_MULTIPLE. A synchronous
+ * operation posted on a communicator with nothing queued is started and
+ * polled (MPI_Test) on the caller's thread, inside the post, as the cpu
+ * backend does: two thread hand-offs cost more than a small operation.
+ * Everything else goes to one progress thread per process, which starts
+ * the operations in post order and polls them all with MPI_Testall. No
+ * thread ever blocks in MPI without a deadline during an operation: a
+ * deadline that passes fails the operation with TC_ERR_TIMEOUT. MPI cannot
+ * cancel a collective, so after such a timeout (or an abort with
+ * operations in flight) the communicator refuses further operations and
+ * its MPI requests and buffers are left to the process (never freed while
+ * MPI may still write them). A receive is cancelled (MPI_Cancel) instead.
+ *
+ * Launch: under mpirun/mpiexec, rank and size come from MPI's environment
+ * (the core reads OMPI_COMM_WORLD_RANK, PMI_RANK ...) and the backend
+ * needs no store (TC_BACKEND_CAP_BOOTSTRAP). Launched by torchrun or tcrun
+ * (every process an MPI singleton), the processes join through the store:
+ * rank 0 opens an MPI port, every other rank connects to it in turn, and
+ * the merged communicator is ordered by torchcomms rank (this needs an MPI
+ * with dynamic processes for singletons: MPICH does, Open MPI 5 needs a
+ * running prte DVM). MPI is finalised at process exit if the backend
+ * initialised it and nothing was left in flight. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <mpi.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <torchcomms_backend.h>
+
+#include "core/internal.h" /* tc__reduce, tc__scale, tc__divide (reduce.c) */
+
+#define MP_VERSION "0.1.0"
+#define MP_TAG 0x7c0 /* point-to-point tag: one per communicator (MPI context) */
+
+/* ------------------------------------------------------------------------ */
+/* Small things                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* reduce.c's tc__reduce asks the core for element sizes: compiled into the
+ * plugin with -Dtc_dtype_size=tc_mpi_dtype_size, this is it. */
+size_t tc_mpi_dtype_size(tc_dtype_t dt) {
+  switch (dt) {
+#define MP_DTYPE_SIZE(name, val, ctype, size, isf)                            \
+  case TC_##name:                                                             \
+    return size;
+    TC_DTYPE_MAP(MP_DTYPE_SIZE)
+#undef MP_DTYPE_SIZE
+  default:
+    return 0;
+  }
+}
+#define ES(dt) tc_mpi_dtype_size(dt)
+
+static double mp_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Writes "mpi: <what>" into msg; returns rc. */
+static int mp_err(char *msg, size_t len, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int mp_err(char *msg, size_t len, int rc, const char *fmt, ...) {
+  if (!msg || !len) return rc;
+  int n = snprintf(msg, len, "mpi: ");
+  if (n >= 0 && (size_t)n < len) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg + n, len - (size_t)n, fmt, ap);
+    va_end(ap);
+  }
+  return rc;
+}
+
+/* An MPI error code as text. */
+static void mp_mpi_text(int code, char *buf, size_t len) {
+  char s[MPI_MAX_ERROR_STRING];
+  int n = 0;
+  if (MPI_Error_string(code, s, &n) != MPI_SUCCESS) n = 0;
+  s[n < MPI_MAX_ERROR_STRING ? n : MPI_MAX_ERROR_STRING - 1] = 0;
+  snprintf(buf, len, "%s", n ? s : "unknown MPI error");
+}
+
+static int mp_mpi_fail(char *msg, size_t len, const char *call, int code) {
+  char t[MPI_MAX_ERROR_STRING + 1];
+  mp_mpi_text(code, t, sizeof t);
+  return mp_err(msg, len, TC_ERR_BACKEND, "%s failed: %s", call, t);
+}
+
+/* Back-off of a polling loop: spin, then yield (more ranks than cores),
+ * then sleep 20 us (an idle wait must not take a core). */
+static void mp_pause(unsigned *spins) {
+  unsigned s = ++*spins;
+  if (s < 128) return;
+  if (s < 4096) {
+    sched_yield();
+    return;
+  }
+  struct timespec ts = {0, 20000};
+  nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------------------------------ */
+/* MPI, once per process                                                     */
+/* ------------------------------------------------------------------------ */
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;      /* the engine's wake */
+static pthread_cond_t g_done_cv = PTHREAD_COND_INITIALIZER; /* a completion */
+static int g_up;       /* MPI usable: 1 */
+static int g_ours;     /* we called MPI_Init_thread (we finalise) */
+static int g_leaks;    /* requests left in flight: no MPI_Finalize */
+static char g_lib[160];
+static MPI_Datatype g_red_type[TC_DTYPE_COUNT]; /* derived types of user-op reductions */
+static MPI_Op g_user_op[TC_REDOP_COUNT];
+
+/* The reduction kernels MPI lacks, as MPI user functions: the datatype says
+ * which dtype (one derived type per dtype), the function which reduction. */
+static tc_dtype_t mp_red_dtype(MPI_Datatype t) {
+  for (int d = 0; d < TC_DTYPE_COUNT; d++)
+    if (g_red_type[d] != MPI_DATATYPE_NULL && g_red_type[d] == t) return (tc_dtype_t)d;
+  return TC_DTYPE_COUNT;
+}
+#define MP_USER_FN(OP)                                                         \
+  static void mp_user_##OP(void *in, void *inout, int *len, MPI_Datatype *t) { \
+    tc_dtype_t d = mp_red_dtype(*t);                                           \
+    if (d != TC_DTYPE_COUNT && *len > 0) tc__reduce(inout, in, (size_t)*len, d, TC_##OP); \
+  }
+MP_USER_FN(SUM)
+MP_USER_FN(PRODUCT)
+MP_USER_FN(MIN)
+MP_USER_FN(MAX)
+MP_USER_FN(BAND)
+MP_USER_FN(BOR)
+MP_USER_FN(BXOR)
+
+static void mp_atexit(void) {
+  pthread_mutex_lock(&g_mu);
+  int fin = g_up && g_ours && !g_leaks;
+  g_up = 0;
+  pthread_mutex_unlock(&g_mu);
+  int done = 0;
+  if (fin && MPI_Finalized(&done) == MPI_SUCCESS && !done) MPI_Finalize();
+}
+
+/* Initialises MPI (thread level MULTIPLE) and the user reductions, once. */
+static int mp_mpi_up(char *err, size_t errlen) {
+  pthread_mutex_lock(&g_mu);
+  int rc = TC_OK;
+  if (g_up) goto out;
+  int inited = 0, finalized = 0, prov = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) {
+    rc = mp_err(err, errlen, TC_ERR_INVALID_USAGE,
+                "MPI has already been finalised in this process (MPI_Finalize was "
+                "called); create every mpi communicator before that");
+    goto out;
+  }
+  MPI_Initialized(&inited);
+  if (!inited) {
+    int code = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &prov);
+    if (code != MPI_SUCCESS) {
+      rc = mp_mpi_fail(err, errlen, "MPI_Init_thread", code);
+      goto out;
+    }
+    g_ours = 1;
+    atexit(mp_atexit);
+  } else {
+    MPI_Query_thread(&prov);
+  }
+  if (prov < MPI_THREAD_MULTIPLE) {
+    rc = mp_err(err, errlen, TC_ERR_NOT_SUPPORTED,
+                "MPI provides thread level %d, below MPI_THREAD_MULTIPLE (%d): the "
+                "backend calls MPI from its progress thread. %s", prov,
+                MPI_THREAD_MULTIPLE,
+                g_ours ? "Use an MPI built with thread support (Open MPI, MPICH "
+                         "and Intel MPI are by default)"
+                       : "Initialise MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE) "
+                         "(mpi4py does by default), or let torchcomms initialise it");
+    goto out;
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  for (int d = 0; d < TC_DTYPE_COUNT; d++) g_red_type[d] = MPI_DATATYPE_NULL;
+  static const tc_dtype_t own[] = {TC_FLOAT16, TC_BFLOAT16, TC_BOOL, TC_FLOAT8_E4M3FN,
+                                   TC_FLOAT8_E5M2};
+  for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
+    MPI_Datatype t;
+    MPI_Type_contiguous((int)ES(own[i]), MPI_BYTE, &t);
+    MPI_Type_commit(&t);
+    g_red_type[own[i]] = t;
+  }
+  for (int o = 0; o < TC_REDOP_COUNT; o++) g_user_op[o] = MPI_OP_NULL;
+  MPI_Op_create(mp_user_SUM, 1, &g_user_op[TC_SUM]);
+  MPI_Op_create(mp_user_PRODUCT, 1, &g_user_op[TC_PRODUCT]);
+  MPI_Op_create(mp_user_MIN, 1, &g_user_op[TC_MIN]);
+  MPI_Op_create(mp_user_MAX, 1, &g_user_op[TC_MAX]);
+  MPI_Op_create(mp_user_BAND, 1, &g_user_op[TC_BAND]);
+  MPI_Op_create(mp_user_BOR, 1, &g_user_op[TC_BOR]);
+  MPI_Op_create(mp_user_BXOR, 1, &g_user_op[TC_BXOR]);
+  g_user_op[TC_AVG] = g_user_op[TC_PREMUL_SUM] = g_user_op[TC_SUM];
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+  int n = 0;
+  if (MPI_Get_library_version(lib, &n) != MPI_SUCCESS) n = 0;
+  lib[n < MPI_MAX_LIBRARY_VERSION_STRING ? n : MPI_MAX_LIBRARY_VERSION_STRING - 1] = 0;
+  char *nl = strpbrk(lib, "\n,");
+  if (nl) *nl = 0;
+  snprintf(g_lib, sizeof g_lib, "%s", n ? lib : "unknown MPI");
+  g_up = 1;
+out:
+  pthread_mutex_unlock(&g_mu);
+  return rc;
+}
+
+/* The MPI type that moves a dtype (the bits; reductions pick their own). */
+static MPI_Datatype mp_move_type(tc_dtype_t dt) {
+  switch (ES(dt)) {
+  case 1: return MPI_UINT8_T;
+  case 2: return MPI_UINT16_T;
+  case 4: return dt == TC_FLOAT32 ? MPI_FLOAT : MPI_UINT32_T;
+  default: return dt == TC_FLOAT64 ? MPI_DOUBLE : MPI_UINT64_T;
+  }
+}
+
+/* The MPI type and operation of a reduction. */
+static void mp_red(tc_dtype_t dt, tc_redop_type_t op, MPI_Datatype *t, MPI_Op *o) {
+  MPI_Datatype native = MPI_DATATYPE_NULL;
+  switch (dt) {
+  case TC_FLOAT32: native = MPI_FLOAT; break;
+  case TC_FLOAT64: native = MPI_DOUBLE; break;
+  case TC_INT8: native = MPI_INT8_T; break;
+  case TC_UINT8: native = MPI_UINT8_T; break;
+  case TC_INT16: native = MPI_INT16_T; break;
+  case TC_INT32: native = MPI_INT32_T; break;
+  case TC_INT64: native = MPI_INT64_T; break;
+  default: break;
+  }
+  if (native == MPI_DATATYPE_NULL) {
+    *t = g_red_type[dt];
+    *o = g_user_op[op];
+    return;
+  }
+  *t = native;
+  switch (op) {
+  case TC_PRODUCT: *o = MPI_PROD; break;
+  case TC_MIN: *o = MPI_MIN; break;
+  case TC_MAX: *o = MPI_MAX; break;
+  case TC_BAND: *o = MPI_BAND; break;
+  case TC_BOR: *o = MPI_BOR; break;
+  case TC_BXOR: *o = MPI_BXOR; break;
+  default: *o = MPI_SUM; break; /* SUM, AVG (then divided), PREMUL_SUM (scaled first) */
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Communicators and queued operations                                       */
+/* ------------------------------------------------------------------------ */
+
+typedef struct mp_comm {
+  const tc_backend_host_t *host;
+  MPI_Comm comm;
+  int rank, size;
+  double timeout_s;
+  char name[128];
+  atomic_int aborted;
+  /* under g_mu: */
+  int queued;   /* posted to the engine, not started */
+  int inflight; /* posted, not completed */
+  int poisoned; /* an operation MPI cannot cancel was given up */
+  char poison[256];
+} mp_comm_t;
+
+#define MP_SMALL_REQ 4
+typedef struct mp_ent {
+  struct mp_ent *next;
+  mp_comm_t *c;
+  tc_backend_op_t op; /* the core's descriptor: its pointers stay valid until completion */
+  tc_work_t *work;
+  MPI_Request small[MP_SMALL_REQ];
+  MPI_Request *req;
+  int nreq;
+  const char *call; /* the MPI call, for messages */
+  void *stage;      /* contiguous receive staging, copied out at the end */
+  void *tmp;        /* send staging / scaled inputs */
+  int *iv;          /* counts and displacements */
+  double deadline;
+  int cancel_ok;    /* receives only: MPI_Cancel when given up */
+  int frc;          /* the engine could not start it: the status and why */
+  char *fmsg;
+} mp_ent_t;
+
+static void mp_ent_free(mp_ent_t *e) {
+  if (e->req != e->small) free(e->req);
+  free(e->stage);
+  free(e->tmp);
+  free(e->iv);
+  free(e);
+}
+
+/* malloc that never returns NULL for 0 bytes. */
+static void *mp_alloc(size_t bytes) { return malloc(bytes ? bytes : 1); }
+
+/* Fits a count into MPI's int. */
+static int mp_int(size_t v, int *out) {
+  if (v > (size_t)INT_MAX) return -1;
+  *out = (int)v;
+  return 0;
+}
+
+/* Per-rank blocks as MPI counts and displacements (elements) in one
+ * contiguous buffer: iv[0..n) counts, iv[n..2n) displacements; *total. */
+static int mp_layout(const tc_block_t *b, int n, int *iv, size_t *total) {
+  size_t off = 0;
+  for (int i = 0; i < n; i++) {
+    if (mp_int(b[i].count, &iv[i]) || mp_int(off, &iv[n + i])) return -1;
+    off += b[i].count;
+  }
+  if (off > (size_t)INT_MAX) return -1;
+  *total = off;
+  return 0;
+}
+
+static void mp_pack(void *dst, const tc_block_t *b, int n, size_t es) {
+  char *p = dst;
+  for (int i = 0; i < n; i++) {
+    if (b[i].count) memcpy(p, b[i].buf, b[i].count * es);
+    p += b[i].count * es;
+  }
+}
+static void mp_unpack(const tc_block_t *b, int n, const void *src, size_t es) {
+  const char *p = src;
+  for (int i = 0; i < n; i++) {
+    if (b[i].count && b[i].buf != p) memmove(b[i].buf, p, b[i].count * es);
+    p += b[i].count * es;
+  }
+}
+
+/* 1 when [a, a+al) and [b, b+bl) overlap. */
+static int mp_overlap(const void *a, size_t al, const void *b, size_t bl) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return al && bl && x < y + bl && y < x + al;
+}
+
+/* The inputs of a rank as one contiguous (possibly scaled) buffer: the
+ * user's when contiguous and not scaled and not overlapping `avoid`, else a
+ * copy in e->tmp. */
+static const void *mp_send_side(mp_ent_t *e, const tc_block_t *blocks, int n, size_t total,
+                                const void *avoid, size_t avoid_bytes) {
+  const tc_backend_op_t *op = &e->op;
+  size_t es = ES(op->dtype);
+  int scale = op->redop.type == TC_PREMUL_SUM && tc_backend_op_reduces(op);
+  if ((op->flags & TC_OPF_SEND_CONTIG) && op->sendbuf && !scale &&
+      !mp_overlap(op->sendbuf, total * es, avoid, avoid_bytes))
+    return op->sendbuf;
+  e->tmp = mp_alloc(total * es);
+  if (!e->tmp) return NULL;
+  mp_pack(e->tmp, blocks, n, es);
+  if (scale) tc__scale(e->tmp, e->tmp, total, op->dtype, op->redop.factor);
+  return e->tmp;
+}
+
+static int mp_reqs(mp_ent_t *e, int n) {
+  e->req = n <= MP_SMALL_REQ ? e->small : malloc((size_t)n * sizeof(MPI_Request));
+  if (!e->req) return -1;
+  for (int i = 0; i < n; i++) e->req[i] = MPI_REQUEST_NULL;
+  e->nreq = n;
+  return 0;
+}
+
+#define MP_TOO_BIG(what)                                                       \
+  mp_err(msg, len, TC_ERR_NOT_SUPPORTED,                                       \
+         "%s exceeds MPI's int count (%d elements); split the tensor", what, INT_MAX)
+#define MP_NOMEM() mp_err(msg, len, TC_ERR_NOMEM, "out of memory staging the operation")
+#define MP_CALL(name, ...)                                                     \
+  do {                                                                         \
+    e->call = name;                                                            \
+    int code_ = __VA_ARGS__;                                                   \
+    if (code_ != MPI_SUCCESS) return mp_mpi_fail(msg, len, name, code_);       \
+  } while (0)
+
+/* Starts the MPI call(s) of one operation (non-blocking). */
+static int mp_start(mp_ent_t *e, char *msg, size_t len) {
+  mp_comm_t *c = e->c;
+  tc_backend_op_t *op = &e->op;
+  MPI_Comm comm = c->comm;
+  int n = c->size, cnt = 0;
+  size_t es = ES(op->dtype);
+  MPI_Datatype mt = mp_move_type(op->dtype), rt;
+  MPI_Op mo;
+  mp_red(op->dtype, op->redop.type, &rt, &mo);
+  int scale = op->redop.type == TC_PREMUL_SUM;
+  if (op->kind != TC_KIND_BATCH && op->kind != TC_KIND_BARRIER && mp_int(op->count, &cnt))
+    return MP_TOO_BIG("the count");
+  if (op->kind == TC_KIND_BATCH) {
+    if (mp_reqs(e, op->num_p2p ? (int)op->num_p2p : 1)) return MP_NOMEM();
+  } else if (mp_reqs(e, 1)) {
+    return MP_NOMEM();
+  }
+  MPI_Request *r = e->req;
+  switch (op->kind) {
+  case TC_KIND_SEND:
+    MP_CALL("MPI_Isend", MPI_Isend(op->sendbuf, cnt, mt, op->root, MP_TAG, comm, r));
+    return TC_OK;
+  case TC_KIND_RECV:
+    e->cancel_ok = 1;
+    MP_CALL("MPI_Irecv", MPI_Irecv(op->recvbuf, cnt, mt, op->root, MP_TAG, comm, r));
+    return TC_OK;
+  case TC_KIND_BATCH:
+    for (size_t i = 0; i < op->num_p2p; i++) {
+      const tc_p2p_t *p = &op->p2p[i];
+      int pc;
+      if (mp_int(p->count, &pc)) return MP_TOO_BIG("a send or receive of the batch");
+      MPI_Datatype pt = mp_move_type(p->dtype);
+      if (p->is_send)
+        MP_CALL("MPI_Isend", MPI_Isend(p->buf, pc, pt, p->peer, MP_TAG, comm, &r[i]));
+      else
+        MP_CALL("MPI_Irecv", MPI_Irecv(p->buf, pc, pt, p->peer, MP_TAG, comm, &r[i]));
+    }
+    e->call = "MPI_Isend/MPI_Irecv";
+    if (!op->num_p2p) e->nreq = 0;
+    return TC_OK;
+  case TC_KIND_BARRIER:
+    MP_CALL("MPI_Ibarrier", MPI_Ibarrier(comm, r));
+    return TC_OK;
+  case TC_KIND_BROADCAST:
+    MP_CALL("MPI_Ibcast", MPI_Ibcast(op->recvbuf, cnt, mt, op->root, comm, r));
+    return TC_OK;
+  case TC_KIND_ALL_REDUCE:
+    if (scale) tc__scale(op->recvbuf, op->recvbuf, op->count, op->dtype, op->redop.factor);
+    MP_CALL("MPI_Iallreduce",
+            MPI_Iallreduce(MPI_IN_PLACE, op->recvbuf, cnt, rt, mo, comm, r));
+    return TC_OK;
+  case TC_KIND_REDUCE: {
+    if (scale) {
+      if (c->rank == op->root) {
+        tc__scale(op->recvbuf, op->recvbuf, op->count, op->dtype, op->redop.factor);
+      } else {
+        if (!(e->tmp = mp_alloc(op->count * es))) return MP_NOMEM();
+        tc__scale(e->tmp, op->recvbuf, op->count, op->dtype, op->redop.factor);
+      }
+    }
+    if (c->rank == op->root)
+      MP_CALL("MPI_Ireduce", MPI_Ireduce(MPI_IN_PLACE, op->recvbuf, cnt, rt, mo, op->root,
+                                         comm, r));
+    else
+      MP_CALL("MPI_Ireduce", MPI_Ireduce(e->tmp ? e->tmp : op->recvbuf, NULL, cnt, rt, mo,
+                                         op->root, comm, r));
+    return TC_OK;
+  }
+  case TC_KIND_ALL_GATHER: {
+    if (!(e->iv = malloc(2 * (size_t)n * sizeof(int)))) return MP_NOMEM();
+    size_t total;
+    if (mp_layout(op->recv, n, e->iv, &total)) return MP_TOO_BIG("the gathered result");
+    char *base = op->recvbuf;
+    if (!(op->flags & TC_OPF_RECV_CONTIG) || !base) {
+      if (!(e->stage = mp_alloc(total * es))) return MP_NOMEM();
+      base = e->stage;
+    }
+    const void *src = op->sendbuf;
+    if (base == (char *)op->recvbuf && src == base + (size_t)e->iv[n + c->rank] * es)
+      src = MPI_IN_PLACE;
+    else if (mp_overlap(src, op->count * es, base, total * es))
+      return mp_err(msg, len, TC_ERR_INVALID_ARGUMENT,
+                    "the input overlaps the output other than as this rank's block");
+    if (op->flags & TC_OPF_UNIFORM)
+      MP_CALL("MPI_Iallgather", MPI_Iallgather(src, cnt, mt, base, cnt, mt, comm, r));
+    else
+      MP_CALL("MPI_Iallgatherv", MPI_Iallgatherv(src, cnt, mt, base, e->iv, e->iv + n, mt,
+                                                 comm, r));
+    return TC_OK;
+  }
+  case TC_KIND_REDUCE_SCATTER: {
+    if (!(e->iv = malloc(2 * (size_t)n * sizeof(int)))) return MP_NOMEM();
+    size_t total;
+    if (mp_layout(op->send, n, e->iv, &total)) return MP_TOO_BIG("the input");
+    const void *src = mp_send_side(e, op->send, n, total, op->recvbuf, op->count * es);
+    if (!src) return MP_NOMEM();
+    if (op->flags & TC_OPF_UNIFORM)
+      MP_CALL("MPI_Ireduce_scatter_block",
+              MPI_Ireduce_scatter_block(src, op->recvbuf, cnt, rt, mo, comm, r));
+    else
+      MP_CALL("MPI_Ireduce_scatter",
+              MPI_Ireduce_scatter(src, op->recvbuf, e->iv, rt, mo, comm, r));
+    return TC_OK;
+  }
+  case TC_KIND_ALL_TO_ALL: {
+    if (!(e->iv = malloc(4 * (size_t)n * sizeof(int)))) return MP_NOMEM();
+    size_t stot, rtot;
+    if (mp_layout(op->send, n, e->iv, &stot) || mp_layout(op->recv, n, e->iv + 2 * n, &rtot))
+      return MP_TOO_BIG("the input or output");
+    char *base = op->recvbuf;
+    if (!(op->flags & TC_OPF_RECV_CONTIG) || !base) {
+      if (!(e->stage = mp_alloc(rtot * es))) return MP_NOMEM();
+      base = e->stage;
+    }
+    const void *src = mp_send_side(e, op->send, n, stot, base, rtot * es);
+    if (!src) return MP_NOMEM();
+    if ((op->flags & TC_OPF_UNIFORM) && n > 0)
+      MP_CALL("MPI_Ialltoall", MPI_Ialltoall(src, cnt, mt, base, cnt, mt, comm, r));
+    else
+      MP_CALL("MPI_Ialltoallv", MPI_Ialltoallv(src, e->iv, e->iv + n, mt, base, e->iv + 2 * n,
+                                               e->iv + 3 * n, mt, comm, r));
+    return TC_OK;
+  }
+  case TC_KIND_SCATTER: {
+    int root = op->root, me = c->rank == root;
+    const void *src = NULL;
+    void *dst = op->recvbuf;
+    if (!(e->iv = malloc(2 * (size_t)n * sizeof(int)))) return MP_NOMEM();
+    if (me) {
+      size_t total;
+      if (mp_layout(op->send, n, e->iv, &total)) return MP_TOO_BIG("the input");
+      src = (op->flags & TC_OPF_SEND_CONTIG) && op->sendbuf ? op->sendbuf : NULL;
+      if (src && dst == (const char *)src + (size_t)e->iv[n + root] * es)
+        dst = MPI_IN_PLACE;
+      else if (!src || mp_overlap(src, total * es, dst, op->count * es))
+        src = mp_send_side(e, op->send, n, total, dst, op->count * es);
+      if (!src) return MP_NOMEM();
+    }
+    if (op->flags & TC_OPF_UNIFORM)
+      MP_CALL("MPI_Iscatter", MPI_Iscatter(src, cnt, mt, dst, cnt, mt, root, comm, r));
+    else
+      MP_CALL("MPI_Iscatterv", MPI_Iscatterv(src, e->iv, e->iv + n, mt, dst, cnt, mt, root,
+                                             comm, r));
+    return TC_OK;
+  }
+  case TC_KIND_GATHER: {
+    int root = op->root, me = c->rank == root;
+    const void *src = op->sendbuf;
+    char *base = NULL;
+    if (!(e->iv = malloc(2 * (size_t)n * sizeof(int)))) return MP_NOMEM();
+    if (me) {
+      size_t total;
+      if (mp_layout(op->recv, n, e->iv, &total)) return MP_TOO_BIG("the gathered result");
+      base = op->recvbuf;
+      if (!(op->flags & TC_OPF_RECV_CONTIG) || !base) {
+        if (!(e->stage = mp_alloc(total * es))) return MP_NOMEM();
+        base = e->stage;
+      }
+      if (base == (char *)op->recvbuf && src == base + (size_t)e->iv[n + root] * es)
+        src = MPI_IN_PLACE;
+      else if (mp_overlap(src, op->count * es, base, total * es))
+        return mp_err(msg, len, TC_ERR_INVALID_ARGUMENT,
+                      "the input overlaps the output other than as the root's block");
+    }
+    if (op->flags & TC_OPF_UNIFORM)
+      MP_CALL("MPI_Igather", MPI_Igather(src, cnt, mt, base, cnt, mt, root, comm, r));
+    else
+      MP_CALL("MPI_Igatherv", MPI_Igatherv(src, cnt, mt, base, e->iv, e->iv + n, mt, root,
+                                           comm, r));
+    return TC_OK;
+  }
+  default:
+    return mp_err(msg, len, TC_ERR_NOT_SUPPORTED, "operation kind %d is not supported",
+                  (int)op->kind);
+  }
+}
+
+/* After the MPI call(s) completed: copies out of staging, AVG's division. */
+static void mp_finish(mp_ent_t *e) {
+  tc_backend_op_t *op = &e->op;
+  mp_comm_t *c = e->c;
+  size_t es = ES(op->dtype);
+  switch (op->kind) {
+  case TC_KIND_ALL_GATHER:
+  case TC_KIND_ALL_TO_ALL:
+    if (e->stage) mp_unpack(op->recv, c->size, e->stage, es);
+    break;
+  case TC_KIND_GATHER:
+    if (e->stage && c->rank == op->root) mp_unpack(op->recv, c->size, e->stage, es);
+    break;
+  default:
+    break;
+  }
+  if (op->redop.type == TC_AVG && tc_backend_op_reduces(op) &&
+      (op->kind != TC_KIND_REDUCE || c->rank == op->root))
+    tc__divide(op->recvbuf, op->count, op->dtype, (uint64_t)c->size);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Completion, deadlines, abort                                              */
+/* ------------------------------------------------------------------------ */
+
+/* Completes e (no lock held) and frees it, or leaves its memory to MPI
+ * (given up while MPI may still write it). */
+static void mp_complete(mp_ent_t *e, int rc, const char *msg, int given_up) {
+  mp_comm_t *c = e->c;
+  tc_work_t *w = e->work;
+  const tc_backend_host_t *host = c->host;
+  if (given_up) {
+    int leak = 0;
+    for (int i = 0; i < e->nreq; i++) {
+      if (e->req[i] == MPI_REQUEST_NULL) continue;
+      if (e->cancel_ok || (e->op.kind == TC_KIND_BATCH && !e->op.p2p[i].is_send)) {
+        MPI_Cancel(&e->req[i]);
+        MPI_Status st;
+        int done = 0;
+        MPI_Test(&e->req[i], &done, &st); /* a cancelled receive completes at once */
+        if (!done) leak = 1;
+      } else {
+        leak = 1;
+      }
+    }
+    pthread_mutex_lock(&g_mu);
+    if (leak) {
+      g_leaks = 1;
+      if (!c->poisoned) {
+        c->poisoned = 1;
+        snprintf(c->poison, sizeof c->poison,
+                 "an earlier %s on this communicator was given up while MPI still "
+                 "ran it (MPI cannot cancel it); abort this communicator and "
+                 "create a new one", tc_backend_op_name(e->op.type));
+      }
+    }
+    c->inflight--;
+    pthread_cond_broadcast(&g_done_cv);
+    pthread_mutex_unlock(&g_mu);
+    if (!leak) mp_ent_free(e); /* else: MPI may still write its buffers */
+  } else {
+    pthread_mutex_lock(&g_mu);
+    c->inflight--;
+    pthread_cond_broadcast(&g_done_cv);
+    pthread_mutex_unlock(&g_mu);
+    mp_ent_free(e);
+  }
+  host->work_complete(w, rc, rc == TC_OK ? NULL : msg);
+}
+
+/* Polls e once: 1 when it ended (and was completed), 0 otherwise. */
+static int mp_poll(mp_ent_t *e, double now) {
+  char msg[512];
+  if (atomic_load(&e->c->aborted)) {
+    mp_err(msg, sizeof msg, TC_ERR_ABORTED, "communicator was aborted");
+    mp_complete(e, TC_ERR_ABORTED, msg, 1);
+    return 1;
+  }
+  int done = 1;
+  if (e->nreq) {
+    int code = e->nreq == 1 ? MPI_Test(e->req, &done, MPI_STATUS_IGNORE)
+                            : MPI_Testall(e->nreq, e->req, &done, MPI_STATUSES_IGNORE);
+    if (code != MPI_SUCCESS) {
+      int rc = mp_mpi_fail(msg, sizeof msg, e->call, code);
+      mp_complete(e, rc, msg, 1);
+      return 1;
+    }
+  }
+  if (done) {
+    mp_finish(e);
+    mp_complete(e, TC_OK, NULL, 0);
+    return 1;
+  }
+  if (now >= e->deadline) {
+    mp_err(msg, sizeof msg, TC_ERR_TIMEOUT,
+           "timed out after %.3f s waiting for %s (a peer has not called the matching "
+           "operation, or is stuck or gone)", e->op.timeout_s, e->call);
+    mp_complete(e, TC_ERR_TIMEOUT, msg, 1);
+    return 1;
+  }
+  return 0;
+}
+
+/* Starts e (g_mu held): TC_OK, or the error with msg (e not started). */
+static int mp_start_locked(mp_ent_t *e, char *msg, size_t len) {
+  mp_comm_t *c = e->c;
+  if (atomic_load(&c->aborted))
+    return mp_err(msg, len, TC_ERR_ABORTED, "communicator was aborted");
+  if (c->poisoned) return mp_err(msg, len, TC_ERR_INVALID_USAGE, "%s", c->poison);
+  int rc = mp_start(e, msg, len);
+  if (rc == TC_OK) e->deadline = mp_now() + e->op.timeout_s;
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The progress thread (one per process)                                     */
+/* ------------------------------------------------------------------------ */
+
+static mp_ent_t *g_qhead, *g_qtail; /* to start, in post order (g_mu) */
+static int g_thread_up;
+
+static void *mp_engine(void *arg) {
+  (void)arg;
+  mp_ent_t *active = NULL, **atail = &active;
+  unsigned spins = 0;
+  for (;;) {
+    pthread_mutex_lock(&g_mu);
+    while (!g_qhead && !active) {
+      spins = 0;
+      pthread_cond_wait(&g_cv, &g_mu);
+    }
+    mp_ent_t *q = g_qhead, *failed = NULL;
+    g_qhead = g_qtail = NULL;
+    while (q) {
+      mp_ent_t *e = q;
+      q = q->next;
+      e->next = NULL;
+      e->c->queued--;
+      char msg[512];
+      int rc = mp_start_locked(e, msg, sizeof msg);
+      if (rc != TC_OK) { /* completed below, without the lock */
+        e->frc = rc;
+        e->fmsg = strdup(msg);
+        e->next = failed;
+        failed = e;
+        continue;
+      }
+      e->c->host->work_started(e->work);
+      *atail = e;
+      atail = &e->next;
+    }
+    pthread_mutex_unlock(&g_mu);
+    while (failed) {
+      mp_ent_t *e = failed;
+      failed = e->next;
+      char *m = e->fmsg;
+      e->nreq = 0;
+      mp_complete(e, e->frc, m ? m : "mpi: out of memory", 0);
+      free(m);
+    }
+    int progressed = 0;
+    double now = mp_now();
+    for (mp_ent_t **pp = &active; *pp;) {
+      mp_ent_t *e = *pp;
+      mp_ent_t *next = e->next;
+      if (mp_poll(e, now)) {
+        *pp = next;
+        progressed = 1;
+      } else {
+        pp = &e->next;
+      }
+    }
+    atail = &active;
+    while (*atail) atail = &(*atail)->next;
+    if (progressed) spins = 0;
+    else if (active) mp_pause(&spins);
+  }
+  return NULL;
+}
+
+static int mp_engine_up(char *err, size_t errlen) {
+  /* g_mu held */
+  if (g_thread_up) return TC_OK;
+  pthread_t t;
+  pthread_attr_t a;
+  pthread_attr_init(&a);
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  int e = pthread_create(&t, &a, mp_engine, NULL);
+  pthread_attr_destroy(&a);
+  if (e)
+    return mp_err(err, errlen, TC_ERR_SYSTEM, "could not start the progress thread: %s",
+                  strerror(e));
+  g_thread_up = 1;
+  return TC_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The backend table                                                         */
+/* ------------------------------------------------------------------------ */
+
+static int mp_post(void *bc, const tc_backend_op_t *op, tc_work_t *work, char *err,
+                   size_t errlen) {
+  mp_comm_t *c = bc;
+  mp_ent_t *e = calloc(1, sizeof *e);
+  if (!e) return mp_err(err, errlen, TC_ERR_NOMEM, "out of memory queueing the operation");
+  memcpy(&e->op, op, op->size < sizeof e->op ? op->size : sizeof e->op);
+  e->op.hints = NULL;
+  e->op.num_hints = 0;
+  e->c = c;
+  e->work = work;
+  pthread_mutex_lock(&g_mu);
+  if (atomic_load(&c->aborted)) {
+    pthread_mutex_unlock(&g_mu);
+    free(e);
+    return mp_err(err, errlen, TC_ERR_ABORTED, "communicator was aborted");
+  }
+  c->inflight++;
+  if (!(op->flags & TC_BACKEND_OP_ASYNC) && c->queued == 0) {
+    /* synchronous on an idle queue: start and poll it here */
+    char msg[512];
+    int rc = mp_start_locked(e, msg, sizeof msg);
+    pthread_mutex_unlock(&g_mu);
+    if (rc != TC_OK) {
+      e->nreq = 0;
+      mp_complete(e, rc, msg, 0);
+      return TC_OK;
+    }
+    c->host->work_started(work);
+    unsigned spins = 0;
+    while (!mp_poll(e, mp_now())) mp_pause(&spins);
+    return TC_OK;
+  }
+  int rc = mp_engine_up(err, errlen);
+  if (rc != TC_OK) {
+    c->inflight--;
+    pthread_mutex_unlock(&g_mu);
+    free(e);
+    return rc;
+  }
+  c->queued++;
+  if (g_qtail) g_qtail->next = e;
+  else g_qhead = e;
+  g_qtail = e;
+  pthread_cond_signal(&g_cv);
+  pthread_mutex_unlock(&g_mu);
+  return TC_OK;
+}
+
+static mp_comm_t *mp_comm_new(const tc_backend_init_args_t *a, MPI_Comm comm) {
+  mp_comm_t *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->host = a->host;
+  c->comm = comm;
+  c->rank = a->rank;
+  c->size = a->world_size;
+  c->timeout_s = a->timeout_s > 0 ? a->timeout_s : 600;
+  snprintf(c->name, sizeof c->name, "%s", a->comm_name ? a->comm_name : "");
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  return c;
+}
+
+/* Joins MPI singletons (processes launched without mpirun) into one
+ * communicator through the store: rank 0 opens a port; the group built so
+ * far accepts the next rank, which connects, and the two merge; at the end
+ * the communicator is ordered by torchcomms rank. */
+static int mp_join(const tc_backend_init_args_t *a, MPI_Comm *out, char *err, size_t errlen) {
+  const tc_backend_host_t *h = a->host;
+  char port[MPI_MAX_PORT_NAME + 1];
+  int code;
+  if (a->rank == 0) {
+    if ((code = MPI_Open_port(MPI_INFO_NULL, port)) != MPI_SUCCESS)
+      return mp_mpi_fail(err, errlen, "MPI_Open_port (joining processes not launched "
+                                      "by mpirun)", code);
+    if (h->store_set(a->store, "mpi/port", port, strlen(port)) != TC_OK) {
+      MPI_Close_port(port);
+      return mp_err(err, errlen, TC_ERR_BACKEND, "could not publish the MPI port in the store");
+    }
+  } else {
+    void *v = NULL;
+    size_t len = 0;
+    if (h->store_get(a->store, "mpi/port", &v, &len, a->timeout_s) != TC_OK)
+      return mp_err(err, errlen, TC_ERR_TIMEOUT,
+                    "rank 0 did not publish its MPI port within %.1f s", a->timeout_s);
+    snprintf(port, sizeof port, "%.*s", (int)(len < MPI_MAX_PORT_NAME ? len : MPI_MAX_PORT_NAME),
+             (const char *)v);
+    h->free(v);
+  }
+  MPI_Comm group = MPI_COMM_NULL;
+  int gsize = 1;
+  if (a->rank == 0) {
+    MPI_Comm_dup(MPI_COMM_SELF, &group);
+  } else {
+    MPI_Comm inter;
+    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    if ((code = MPI_Comm_connect(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter)) != MPI_SUCCESS)
+      return mp_mpi_fail(err, errlen, "MPI_Comm_connect (joining processes not launched by "
+                                      "mpirun; launch with mpirun instead)", code);
+    MPI_Intercomm_merge(inter, 1, &group);
+    MPI_Comm_free(&inter);
+    MPI_Comm_size(group, &gsize);
+  }
+  MPI_Comm_set_errhandler(group, MPI_ERRORS_RETURN);
+  while (gsize < a->world_size) {
+    MPI_Comm inter, merged;
+    if ((code = MPI_Comm_accept(port, MPI_INFO_NULL, 0, group, &inter)) != MPI_SUCCESS) {
+      MPI_Comm_free(&group);
+      return mp_mpi_fail(err, errlen, "MPI_Comm_accept", code);
+    }
+    MPI_Intercomm_merge(inter, 0, &merged);
+    MPI_Comm_free(&inter);
+    MPI_Comm_free(&group);
+    group = merged;
+    MPI_Comm_size(group, &gsize);
+  }
+  if (a->rank == 0) MPI_Close_port(port);
+  MPI_Comm ordered;
+  code = MPI_Comm_split(group, 0, a->rank, &ordered);
+  MPI_Comm_free(&group);
+  if (code != MPI_SUCCESS) return mp_mpi_fail(err, errlen, "MPI_Comm_split", code);
+  *out = ordered;
+  return TC_OK;
+}
+
+static int mp_init(const tc_backend_init_args_t *a, void **out, char *err, size_t errlen) {
+  if (a->device && strcmp(a->device, "cpu") != 0)
+    return mp_err(err, errlen, TC_ERR_NOT_SUPPORTED,
+                  "device '%s': the mpi backend moves host memory only; use device "
+                  "'cpu' (or backend 'nccl' for CUDA tensors)", a->device);
+  int rc = mp_mpi_up(err, errlen);
+  if (rc != TC_OK) return rc;
+  int wr = 0, ws = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+  MPI_Comm_size(MPI_COMM_WORLD, &ws);
+  MPI_Comm comm = MPI_COMM_NULL;
+  int code;
+  if (ws == a->world_size && wr == a->rank) {
+    if ((code = MPI_Comm_dup(MPI_COMM_WORLD, &comm)) != MPI_SUCCESS)
+      return mp_mpi_fail(err, errlen, "MPI_Comm_dup", code);
+  } else if (ws == 1 && a->world_size > 1) {
+    rc = mp_join(a, &comm, err, errlen);
+    if (rc != TC_OK) return rc;
+  } else {
+    return mp_err(err, errlen, TC_ERR_INVALID_ARGUMENT,
+                  "MPI says this process is rank %d of %d, but torchcomms was given rank "
+                  "%d of %d (from the options or RANK/WORLD_SIZE): under mpirun leave rank "
+                  "and world size to MPI", wr, ws, a->rank, a->world_size);
+  }
+  mp_comm_t *c = mp_comm_new(a, comm);
+  if (!c) {
+    MPI_Comm_free(&comm);
+    return mp_err(err, errlen, TC_ERR_NOMEM, "out of memory");
+  }
+  *out = c;
+  return TC_OK;
+}
+
+static int mp_split(void *parent, const int *ranks, size_t nranks,
+                    const tc_backend_init_args_t *child_args, void **child, char *err,
+                    size_t errlen) {
+  mp_comm_t *p = parent;
+  *child = NULL;
+  int color = MPI_UNDEFINED, key = 0;
+  if (nranks) {
+    color = ranks[0];
+    for (size_t i = 0; i < nranks; i++)
+      if (ranks[i] == p->rank) key = (int)i;
+  }
+  MPI_Comm nc = MPI_COMM_NULL;
+  int code = MPI_Comm_split(p->comm, color, key, &nc);
+  if (code != MPI_SUCCESS) return mp_mpi_fail(err, errlen, "MPI_Comm_split", code);
+  if (!nranks) {
+    if (nc != MPI_COMM_NULL) MPI_Comm_free(&nc);
+    return TC_OK;
+  }
+  int r = -1, s = 0;
+  MPI_Comm_rank(nc, &r);
+  MPI_Comm_size(nc, &s);
+  if (r != child_args->rank || s != child_args->world_size) {
+    MPI_Comm_free(&nc);
+    return mp_err(err, errlen, TC_ERR_INTERNAL,
+                  "MPI_Comm_split made rank %d of %d where rank %d of %d was expected", r, s,
+                  child_args->rank, child_args->world_size);
+  }
+  mp_comm_t *c = mp_comm_new(child_args, nc);
+  if (!c) {
+    MPI_Comm_free(&nc);
+    return mp_err(err, errlen, TC_ERR_NOMEM, "out of memory");
+  }
+  *child = c;
+  return TC_OK;
+}
+
+/* Waits until c has nothing in flight, at most until `until`: 0, or -1. */
+static int mp_drain(mp_comm_t *c, double until) {
+  pthread_mutex_lock(&g_mu);
+  while (c->inflight > 0) {
+    double now = mp_now();
+    if (now >= until) break;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + (until - now < 0.05 ? until - now : 0.05);
+    ts.tv_sec = (time_t)t;
+    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    pthread_cond_timedwait(&g_done_cv, &g_mu, &ts);
+  }
+  int left = c->inflight;
+  pthread_mutex_unlock(&g_mu);
+  return left ? -1 : 0;
+}
+
+static int mp_finalize(void *bc, char *err, size_t errlen) {
+  mp_comm_t *c = bc;
+  if (mp_drain(c, mp_now() + c->timeout_s))
+    return mp_err(err, errlen, TC_ERR_TIMEOUT,
+                  "operations were still running %.1f s into finalize", c->timeout_s);
+  pthread_mutex_lock(&g_mu);
+  int free_it = !c->poisoned && c->comm != MPI_COMM_NULL;
+  pthread_mutex_unlock(&g_mu);
+  if (free_it) MPI_Comm_free(&c->comm);
+  c->comm = MPI_COMM_NULL;
+  return TC_OK;
+}
+
+static int mp_abort(void *bc) {
+  mp_comm_t *c = bc;
+  atomic_store(&c->aborted, 1);
+  pthread_mutex_lock(&g_mu);
+  pthread_cond_broadcast(&g_cv);
+  pthread_mutex_unlock(&g_mu);
+  return TC_OK;
+}
+
+static void mp_destroy(void *bc) {
+  mp_comm_t *c = bc;
+  if (!c) return;
+  if (mp_drain(c, mp_now() + 30) == 0) {
+    pthread_mutex_lock(&g_mu);
+    int free_it = !c->poisoned && c->comm != MPI_COMM_NULL && g_up;
+    pthread_mutex_unlock(&g_mu);
+    if (free_it) MPI_Comm_free(&c->comm);
+    free(c);
+  } /* else: the engine still holds operations of c; leave it */
+}
+
+static void mp_describe(void *bc, char *buf, size_t len) {
+  mp_comm_t *c = bc;
+  snprintf(buf, len,
+           "library: %s\n"
+           "thread level: MPI_THREAD_MULTIPLE\n"
+           "communicator: rank %d of %d\n"
+           "synchronous operations on an idle communicator: polled on the caller's thread",
+           g_lib, c->rank, c->size);
+}
+
+TC_API const tc_backend_ops_t tc_backend_table = {
+    .abi_version = TC_BACKEND_ABI_VERSION,
+    .size = sizeof(tc_backend_ops_t),
+    .name = "mpi",
+    .version = MP_VERSION,
+    .init = mp_init,
+    .finalize = mp_finalize,
+    .abort = mp_abort,
+    .destroy = mp_destroy,
+    .post = mp_post,
+    .supports = NULL,
+    .split = mp_split,
+    .describe = mp_describe,
+    .caps = TC_BACKEND_CAP_BOOTSTRAP,
+};
