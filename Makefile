@@ -221,6 +221,7 @@ mpi-plugins: build mpi-deps
 # Linked with the static library because it reuses the test helpers
 # (tests/c/runner.c, coll_util.c), which reach the core's internals.
 MPI_OPS_SRCS := tests/mpi/mpi_ops.c tests/c/coll_util.c tests/c/coll_util.h \
+  tests/c/test_collectives.c \
   tests/c/runner.c tests/c/runner.h
 $(BUILD)/tc_mpi_ops: $(MPI_OPS_SRCS) $(BUILD)/libtorchcomms_static.a
 	cc -std=gnu11 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE \
