@@ -173,8 +173,6 @@ MPICH_PREFIX   := $(MPI_DEPS)/mpich-$(MPICH_VER)
 MPI_WHEELS     ?= $(MPI_DEPS)/wheels
 MPI_FIND_LINKS ?=
 MPI_PLUGIN_SRC ?= src/backends/mpi/mpi_backend.c
-MPI_PLUGIN_FLAGS := -std=c11 -O2 -g -fPIC -shared -fvisibility=hidden \
-  -Wall -Wextra -Werror -Iinclude
 MPI_TEST_TIMEOUT ?= 300
 
 # $(1): prefix, $(2): pip requirement. The wheel is taken from $(MPI_WHEELS)
@@ -213,11 +211,11 @@ mpi-plugins: build mpi-deps
 	[ -x $$m/bin/mpicc_abi ] && set -- "$$@" mpich-abi $$m/bin/mpicc_abi $$m; \
 	while [ $$# -ge 3 ]; do \
 	  f=$$1 cc=$$2 p=$$3; shift 3; out=$(BUILD)/mpi/$$f/libtorchcomms-mpi.so; \
-	  if [ -f $$out ] && [ ! "$(MPI_PLUGIN_SRC)" -nt $$out ] && \
+	  if [ -f $$out ] && [ ! "$(MPI_PLUGIN_SRC)" -nt $$out ] && [ ! src/reduce/reduce.c -nt $$out ] && \
+	     [ ! tools/build_mpi_plugin.sh -nt $$out ] && \
 	     [ ! include/torchcomms_backend.h -nt $$out ] && [ ! $$p/.stamp -nt $$out ]; then continue; fi; \
-	  mkdir -p $(BUILD)/mpi/$$f; echo "mpi-plugins: $$out ($$(basename $$cc))"; \
-	  $$cc $(MPI_PLUGIN_FLAGS) $(MPI_PLUGIN_SRC) -o $$out -lpthread \
-	    -Wl,-rpath,$$p/lib -Wl,-z,defs || exit 1; \
+	  echo "mpi-plugins: $$out ($$(basename $$cc))"; \
+	  tools/build_mpi_plugin.sh $$cc $$out || exit 1; \
 	done
 
 # The C operation matrix: a standalone program started as N processes by
