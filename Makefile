@@ -140,7 +140,7 @@ test-c-tcp: build
 test-py-tcp: build venv pyinstall
 	TORCHCOMMS_CPU_TRANSPORT=tcp TC_BUILD_DIR=$(abspath $(BUILD)) $(VPY) -m pytest -q tests/py
 
-test: check-layers test-c test-py test-c-tcp test-py-tcp chaos-short fuzz-short test-multihost
+test: check-layers test-c test-py test-c-tcp test-py-tcp chaos-short fuzz-short test-multihost test-mpi
 
 # The multi-host test bed (tests/multihost/bed.sh, docs/scaling.md): status
 # 77 means it cannot run here (not root, no network namespaces, veth, bridge

@@ -4,7 +4,10 @@
 # (tests/mpi/test_mpi_collectives.py) under each MPI's own launcher, for
 # every plugin flavour built (BUILD_DIR/mpi/<flavour>/libtorchcomms-mpi.so:
 # openmpi -> Open MPI's mpirun; mpich, mpich-abi -> MPICH's mpiexec) and
-# every rank count. Prints PASS / FAIL per (flavour, N, C|py), keeps every
+# every rank count, plus examples/python/AllReduceSync.py (TEST_BACKEND)
+# under the launcher and, once per flavour, a launch by tcrun (singletons:
+# must be refused at once, with what to do). Prints PASS / FAIL per
+# (flavour, N, C|py|example|tcrun), keeps every
 # run's output in BUILD_DIR/mpi/logs/ (a failure's tail is printed), and
 # exits 1 if any run failed; "SKIP: ..." and 0 when no plugin was built.
 #
@@ -61,13 +64,14 @@ launch() {
     # environment every rank gets.
     L=("$O/bin/mpirun" --allow-run-as-root --oversubscribe -np "$n"
        --mca pml ob1 --mca btl self,sm,tcp
-       -x TORCHCOMMS_BACKEND_LIB_PATH_MPI="$lib" -x OMP_NUM_THREADS=1)
+       -x TORCHCOMMS_BACKEND_LIB_PATH_MPI="$lib" -x OMP_NUM_THREADS=1 -x TEST_BACKEND="$BACKEND")
     [ -n "${LD_LIBRARY_PATH:-}" ] && L+=(-x LD_LIBRARY_PATH)
     [ "$STORE" = 1 ] && L+=(-x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port)
     ;;
   mpich | mpich-abi)
     L=("$M/bin/mpiexec" -launcher fork -n "$n"
-       -genv TORCHCOMMS_BACKEND_LIB_PATH_MPI "$lib" -genv OMP_NUM_THREADS 1)
+       -genv TORCHCOMMS_BACKEND_LIB_PATH_MPI "$lib" -genv OMP_NUM_THREADS 1
+       -genv TEST_BACKEND "$BACKEND")
     # MPICH busy-polls: with more ranks than cores, back off when idle
     [ "$n" -gt "$NCPU" ] && L+=(-genv MPIR_CVAR_CH4_PROGRESS_THROTTLE 1
                                 -genv MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT 64)
@@ -82,16 +86,47 @@ launch() {
 one() {
   local f=$1 n=$2 kind=$3 log=$LOGS/$1-n$2-$3.log prog rc t0 dt
   if ! launch "$f" "$n"; then fail=$((fail + 1)); failed+=("$f N=$n $kind (no launcher)"); return; fi
-  if [ "$kind" = C ]; then prog=("$BUILD/tc_mpi_ops" "$BACKEND")
-  else prog=("$VPY" "$ROOT/tests/mpi/test_mpi_collectives.py" "$BACKEND"); fi
+  local expect_ok=1 check=""
+  case $kind in
+  C) prog=("$BUILD/tc_mpi_ops" "$BACKEND") ;;
+  py) prog=("$VPY" "$ROOT/tests/mpi/test_mpi_collectives.py" "$BACKEND") ;;
+  example) # the quick start, with TEST_BACKEND (the README's command)
+    prog=("$VPY" "$ROOT/examples/python/AllReduceSync.py") ;;
+  tcrun) # not started by mpirun: every rank is an MPI singleton; the
+    # wheels' MPIs cannot join singletons, so creation must fail at once
+    # with the reason and what to do (never hang)
+    L=(env TORCHCOMMS_BACKEND_LIB_PATH_MPI="$BUILD/mpi/$f" "$BUILD/tcrun" -n "$n")
+    prog=("$VPY" -c "import torch, torchcomms; torchcomms.new_comm('mpi', torch.device('cpu'))")
+    expect_ok=0 ;;
+  esac
   t0=$(date +%s.%N)
   { echo "# ${L[*]} ${prog[*]}"; timeout -k 10 "$T" "${L[@]}" "${prog[@]}"; } >"$log" 2>&1
   rc=$?
   dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   local what="$f N=$n $kind (backend $BACKEND)"
+  if [ $kind = example ] && [ $rc -eq 0 ]; then
+    local want got
+    want=$(awk -v n="$n" 'BEGIN { printf "%.1f", n * (n + 1) / 2 }')
+    # MPICH's mpiexec may join two ranks' lines: count occurrences
+    got=$(grep -oE "After AllReduce: ${want//./\\.}([^0-9]|\$)" "$log" | wc -l)
+    [ "$got" -eq "$n" ] || { rc=1; echo "# expected $n lines 'After AllReduce: $want', got $got" >>"$log"; }
+    check="$got ranks printed 'After AllReduce: $want'"
+  fi
+  if [ $kind = tcrun ]; then
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ] &&
+       grep -q "backend 'mpi' failed to start: mpi: the processes were not started by mpirun" "$log" &&
+       grep -q "Launch with \`mpirun -np $n" "$log"; then
+      rc=0; check="refused at once with the reason and 'Launch with mpirun -np $n'"
+    elif [ $rc -eq 0 ]; then
+      check="this MPI joined singletons"  # an MPI that can: fine too
+    else
+      rc=1
+    fi
+  fi
   if [ $rc -eq 0 ]; then
     pass=$((pass + 1))
-    echo "PASS $what ${dt} s: $(grep -E '(mpi_ops|test_mpi_collectives): [0-9]+ (cases|checks) passed' "$log" | tail -1)"
+    [ -z "$check" ] && check=$(grep -E '(mpi_ops|test_mpi_collectives): [0-9]+ (cases|checks) passed' "$log" | tail -1)
+    echo "PASS $what ${dt} s: $check"
   else
     fail=$((fail + 1)); failed+=("$what")
     local why="exit $rc"; [ $rc -eq 124 ] || [ $rc -eq 137 ] && why="timed out after $T s"
@@ -104,7 +139,9 @@ for f in "${flavours[@]}"; do
   for n in $NRANKS; do
     one "$f" "$n" C
     one "$f" "$n" py
+    one "$f" "$n" example
   done
+  [ "$BACKEND" = mpi ] && one "$f" 2 tcrun
 done
 echo "test-mpi: $pass passed, $fail failed (flavours: ${flavours[*]}; ranks: $NRANKS; logs in $LOGS)"
 [ $fail -eq 0 ] || { printf '  failed: %s\n' "${failed[@]}"; exit 1; }

@@ -845,6 +845,20 @@ static mp_comm_t *mp_comm_new(const tc_backend_init_args_t *a, MPI_Comm comm) {
   return c;
 }
 
+/* Why the join of singletons failed, and what to do. */
+static int mp_join_fail(const tc_backend_init_args_t *a, char *err, size_t errlen,
+                        const char *call, int code) {
+  char t[MPI_MAX_ERROR_STRING + 1];
+  mp_mpi_text(code, t, sizeof t);
+  char *nl = strchr(t, '\n');
+  if (nl) *nl = 0;
+  return mp_err(err, errlen, TC_ERR_NOT_SUPPORTED,
+                "the processes were not started by mpirun (MPI sees a world of 1; torchcomms "
+                "was given rank %d of %d by the launcher) and this MPI cannot join them "
+                "(%s failed: %s). Launch with `mpirun -np %d ...` (or mpiexec/srun), which "
+                "gives MPI its ranks", a->rank, a->world_size, call, t, a->world_size);
+}
+
 /* Joins MPI singletons (processes launched without mpirun) into one
  * communicator through the store: rank 0 opens a port; the group built so
  * far accepts the next rank, which connects, and the two merge; at the end
@@ -855,8 +869,7 @@ static int mp_join(const tc_backend_init_args_t *a, MPI_Comm *out, char *err, si
   int code;
   if (a->rank == 0) {
     if ((code = MPI_Open_port(MPI_INFO_NULL, port)) != MPI_SUCCESS)
-      return mp_mpi_fail(err, errlen, "MPI_Open_port (joining processes not launched "
-                                      "by mpirun)", code);
+      return mp_join_fail(a, err, errlen, "MPI_Open_port", code);
     if (h->store_set(a->store, "mpi/port", port, strlen(port)) != TC_OK) {
       MPI_Close_port(port);
       return mp_err(err, errlen, TC_ERR_BACKEND, "could not publish the MPI port in the store");
@@ -879,8 +892,7 @@ static int mp_join(const tc_backend_init_args_t *a, MPI_Comm *out, char *err, si
     MPI_Comm inter;
     MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
     if ((code = MPI_Comm_connect(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter)) != MPI_SUCCESS)
-      return mp_mpi_fail(err, errlen, "MPI_Comm_connect (joining processes not launched by "
-                                      "mpirun; launch with mpirun instead)", code);
+      return mp_join_fail(a, err, errlen, "MPI_Comm_connect", code);
     MPI_Intercomm_merge(inter, 1, &group);
     MPI_Comm_free(&inter);
     MPI_Comm_size(group, &gsize);
@@ -890,7 +902,7 @@ static int mp_join(const tc_backend_init_args_t *a, MPI_Comm *out, char *err, si
     MPI_Comm inter, merged;
     if ((code = MPI_Comm_accept(port, MPI_INFO_NULL, 0, group, &inter)) != MPI_SUCCESS) {
       MPI_Comm_free(&group);
-      return mp_mpi_fail(err, errlen, "MPI_Comm_accept", code);
+      return mp_join_fail(a, err, errlen, "MPI_Comm_accept", code);
     }
     MPI_Intercomm_merge(inter, 0, &merged);
     MPI_Comm_free(&inter);
