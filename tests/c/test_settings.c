@@ -264,14 +264,14 @@ TC_TEST(settings_defaults_are_valid) {
 }
 
 /* Nothing in the library reads a setting of ours around the table: no
- * getenv outside settings.c (the nccl plugin, which cannot link the core,
- * excepted) and no raw read of a TORCHCOMM(S)_ name. */
+ * getenv outside settings.c (the nccl and mpi plugins, which cannot link
+ * the core, excepted) and no raw read of a TORCHCOMM(S)_ name. */
 TC_TEST(settings_read_only_through_the_table) {
   char cmd[1024];
   snprintf(cmd, sizeof cmd,
            "cd %s && grep -rnE 'getenv\\(|tc__env_str\\(\"TORCHCOMM' src tools "
            "python/torchcomms/*.c | grep -v '^src/core/settings.c:' "
-           "| grep -v '^src/backends/nccl/' | grep -v '^tools/tcrun.c:.*OMP_NUM_THREADS' "
+           "| grep -v '^src/backends/nccl/' | grep -v '^src/backends/mpi/' | grep -v '^tools/tcrun.c:.*OMP_NUM_THREADS' "
            "| grep -vE '^tools/tcscale.c:.*getenv\\(\"(MASTER_|RANK|WORLD_SIZE|TCSCALE_)' "
            "| grep -v 'TORCHCOMMS_BACKEND_LIB_PATH_GLOO'",
            TC_SOURCE_DIR);
