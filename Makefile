@@ -283,6 +283,12 @@ ANCHOR_CACHE ?= /tmp/anchor-cache
 bench: build pyinstall bench-deps
 	TC_BUILD_DIR=$(abspath $(BUILD)) ANCHOR_CACHE=$(ANCHOR_CACHE) \
 	  $(VPY) bench/run_bench.py --anchors "$(BENCH_ANCHORS)"
+	$(MAKE) --no-print-directory bench-mpi
+
+# Issue 18: the mpi backend vs raw MPI (mpi_perf.c) vs the cpu backend, per
+# MPI (bench/mpi_bench.py; bench/results/mpi.csv).
+bench-mpi: build mpi-plugins
+	$(VPY) bench/mpi_bench.py $(abspath $(BUILD))
 
 # Issue 16, point 3: quiet vs a CPU hog on every core, and the idle cost of a
 # wait (docs/benchmarks.md); its CSVs go beside make bench's, whose are kept.

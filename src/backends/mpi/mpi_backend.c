@@ -321,6 +321,8 @@ typedef struct mp_comm {
   int queued;   /* posted to the engine, not started */
   int inflight; /* posted, not completed */
   int poisoned; /* an operation MPI cannot cancel was given up */
+  void *scratch;         /* the small all_reduce's receive buffer (g_small_bytes), */
+  atomic_int scratch_busy; /* lent to one operation at a time */
   char poison[256];
 } mp_comm_t;
 
@@ -340,6 +342,7 @@ typedef struct mp_ent {
   double deadline;
   int cancel_ok;    /* receives only: MPI_Cancel when given up */
   int on_stack;     /* the caller's (a synchronous operation run in the post) */
+  int scratch;      /* tmp is the communicator's scratch */
   int rd, rd_step;  /* a small all_reduce by recursive doubling: its next step */
   int rd_reduce;    /* the step running receives into tmp, to reduce */
   int frc;          /* the engine could not start it: the status and why */
@@ -349,7 +352,8 @@ typedef struct mp_ent {
 static void mp_ent_free(mp_ent_t *e) {
   if (e->req != e->small) free(e->req);
   free(e->stage);
-  free(e->tmp);
+  if (e->scratch) atomic_store(&e->c->scratch_busy, 0);
+  else free(e->tmp);
   free(e->iv);
   if (!e->on_stack) free(e);
 }
@@ -558,8 +562,13 @@ static int mp_start(mp_ent_t *e, char *msg, size_t len) {
   case TC_KIND_ALL_REDUCE:
     if (scale) tc__scale(op->recvbuf, op->recvbuf, op->count, op->dtype, op->redop.factor);
     if (op->count * es <= g_small_bytes && n > 1) {
-      int more;
-      if (!(e->tmp = mp_alloc(op->count * es))) return MP_NOMEM();
+      int more, idle = 0;
+      if (c->scratch && atomic_compare_exchange_strong(&c->scratch_busy, &idle, 1)) {
+        e->tmp = c->scratch; /* returned by mp_ent_free */
+        e->scratch = 1;
+      } else if (!(e->tmp = mp_alloc(op->count * es))) {
+        return MP_NOMEM();
+      }
       e->rd = 1;
       return mp_rd_post(e, msg, len, &more);
     }
@@ -821,6 +830,10 @@ static int mp_poll(mp_ent_t *e, double now) {
     mp_complete(e, TC_OK, NULL, 0);
     return 1;
   }
+  if (e->deadline == 0) { /* on the caller's thread: the first look at the clock */
+    if (now == 0) return 0;
+    e->deadline = now + e->op.timeout_s;
+  }
   if (now >= e->deadline) {
     mp_err(msg, sizeof msg, TC_ERR_TIMEOUT,
            "timed out after %.3f s waiting for %s (a peer has not called the matching "
@@ -840,7 +853,9 @@ static int mp_start_locked(mp_ent_t *e, char *msg, size_t len) {
   MPI_LOCK();
   int rc = mp_start(e, msg, len);
   MPI_UNLOCK();
-  if (rc == TC_OK) e->deadline = mp_now() + e->op.timeout_s;
+  /* the engine's deadline starts now; the caller's on its first clock
+   * read (mp_post), so that an operation done in a few polls reads none */
+  if (rc == TC_OK) e->deadline = e->on_stack ? 0 : mp_now() + e->op.timeout_s;
   return rc;
 }
 
@@ -963,8 +978,9 @@ static int mp_post(void *bc, const tc_backend_op_t *op, tc_work_t *work, char *e
     }
     c->host->work_started(work);
     unsigned spins = 0;
-    double now = 0; /* the clock is read every 64 turns: the deadline is coarse by ~5 us */
-    while (!mp_poll(&e, (spins & 63) ? now : (now = mp_now()))) mp_pause(&spins);
+    double now = 0; /* the clock is read every 64 turns from the 64th: the
+                     * deadline is late by a few microseconds at most */
+    while (!mp_poll(&e, (spins & 63) || !spins ? now : (now = mp_now()))) mp_pause(&spins);
     return TC_OK;
   }
   mp_ent_t *e = calloc(1, sizeof *e);
@@ -995,6 +1011,7 @@ static mp_comm_t *mp_comm_new(const tc_backend_init_args_t *a, MPI_Comm comm) {
   c->size = a->world_size;
   c->timeout_s = a->timeout_s > 0 ? a->timeout_s : 600;
   snprintf(c->name, sizeof c->name, "%s", a->comm_name ? a->comm_name : "");
+  c->scratch = g_small_bytes ? malloc(g_small_bytes) : NULL; /* none: malloc per op */
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   return c;
 }
@@ -1208,11 +1225,13 @@ static void mp_destroy(void *bc) {
   if (!c) return;
   if (mp_drain(c, mp_now() + 30) == 0) {
     pthread_mutex_lock(&g_mu);
-    int free_it = !c->poisoned && c->comm != MPI_COMM_NULL && g_up;
+    int poisoned = c->poisoned;
+    int free_it = !poisoned && c->comm != MPI_COMM_NULL && g_up;
     pthread_mutex_unlock(&g_mu);
     MPI_LOCK();
     if (free_it) MPI_Comm_free(&c->comm);
     MPI_UNLOCK();
+    if (!poisoned) free(c->scratch); /* else a given-up operation may still own it */
     free(c);
   } /* else: the engine still holds operations of c; leave it */
 }
