@@ -6,14 +6,15 @@ For each MPI the plugin was built with (build/mpi/<flavour>/, make
 mpi-plugins) and each collective and size, three programs run under the
 same launcher and rank count, interleaved, REPS times each:
 
-  raw   ../shared/bench/mpi_perf.c (the anchors' benchmark: blocking
-        MPI_Allreduce / MPI_Bcast / MPI_Allgather, MPI_Init), built with
-        that MPI's mpicc
+  raw   bench/mpi_raw.c: blocking MPI_Allreduce / MPI_Bcast /
+        MPI_Allgather after MPI_Init, as a plain MPI program calls them,
+        built with that MPI's mpicc
   mpi   tools/tcperf -B mpi: torchcomms' API over the mpi backend
   cpu   tools/tcperf over our cpu backend (shared memory), launched by tcrun
 
-All time = average per iteration over 1000 (below 64 KiB) / 100 iterations,
-the maximum over ranks; the table gives the median of the REPS runs. The
+All time = average per iteration (after a barrier, back to back: 20000
+iterations at 8 B, 1000 at 32 KiB, 100 at 512 KiB), the maximum over ranks;
+the table gives the median of the REPS runs. The
 target is the layer's overhead, mpi - raw, at most 1 us at 8 bytes
 (all_reduce). Rows go to bench/results/mpi.csv.
 
@@ -29,11 +30,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared" / "bench" / "mpi_perf.c"
-LOCAL = ROOT / "bench" / "anchors" / "mpi_perf.c"
+RAW_SRC = ROOT / "bench" / "mpi_raw.c"
 PREFIX = {"openmpi": ROOT / ".deps" / "openmpi-5.0.11", "mpich": ROOT / ".deps" / "mpich-5.0.2"}
 COLLS = [("all_reduce", "allreduce"), ("broadcast", "bcast"), ("all_gather", "allgather")]
-SIZES = [8, 32768, 524288]  # on the x4 ladder from 8 B (both programs)
+SIZES = {8: 20000, 32768: 1000, 524288: 100}  # bytes: iterations
 TARGET_US = 1.0
 
 
@@ -47,23 +47,23 @@ def launcher(flavour, n, plugin_dir):
             "-genv", "TORCHCOMMS_BACKEND_LIB_PATH_MPI", str(plugin_dir)]
 
 
-def times(out):
-    """size -> time_us of the rows of nccl-tests style output."""
-    res = {}
+def time_us(out):
+    """time_us of the one row: mpi_raw prints "bytes time_us", tcperf its
+    nccl-tests columns (time_us the sixth)."""
     for line in out.splitlines():
         f = line.split()
         if not f or line.lstrip().startswith("#") or not re.match(r"^\d+$", f[0]):
             continue
-        t = float(f[2]) if len(f) == 5 else float(f[5])  # mpi_perf: 5 columns; tcperf: more
-        res[int(f[0])] = t
-    return res
+        return float(f[1]) if len(f) == 2 else float(f[5])
+    return None
 
 
 def run(cmd, timeout=300):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0:
+    t = time_us(r.stdout) if r.returncode == 0 else None
+    if t is None:
         sys.exit(f"bench-mpi: failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-    return times(r.stdout)
+    return t
 
 
 def main():
@@ -74,9 +74,7 @@ def main():
     ap.add_argument("--flavours", default="openmpi,mpich")
     a = ap.parse_args()
     build = Path(a.build).resolve()
-    src = SHARED if SHARED.exists() else LOCAL
-    if not src.exists():
-        sys.exit(f"bench-mpi: no mpi_perf.c at {SHARED} or {LOCAL}")
+    src = RAW_SRC
     tcperf = build / "tcperf"
     rows = []
     for fl in a.flavours.split(","):
@@ -84,23 +82,20 @@ def main():
         if not (plugin / "libtorchcomms-mpi.so").exists():
             print(f"# {fl}: no plugin in {plugin} (make mpi-plugins): skipped")
             continue
-        raw = plugin / "mpi_perf"
+        raw = plugin / "mpi_raw"
         if not raw.exists() or raw.stat().st_mtime < src.stat().st_mtime:
             subprocess.run([str(PREFIX[fl] / "bin" / "mpicc"), "-O2", "-o", str(raw), str(src)], check=True)
         L = launcher(fl, a.ranks, plugin)
         for coll, mcoll in COLLS:
-            lo, hi = str(SIZES[0]), str(SIZES[-1])
-            res = {"raw": [], "mpi": [], "cpu": []}
-            for _ in range(a.reps):
-                res["raw"].append(run(L + [str(raw), mcoll, lo, hi]))
-                perf = [str(tcperf), "-c", coll, "-b", lo, "-e", hi, "-f", "4", "-m", "avg"]
-                res["mpi"].append(run(L + perf + ["-B", "mpi"]))
-                res["cpu"].append(run([str(build / "tcrun"), "-n", str(a.ranks)] + perf))
-            for size in SIZES:
-                med = {k: statistics.median(r[size] for r in v if size in r) for k, v in res.items()
-                       if all(size in r for r in v)}
-                if len(med) < 3:
-                    continue
+            for size, iters in SIZES.items():
+                res = {"raw": [], "mpi": [], "cpu": []}
+                perf = [str(tcperf), "-c", coll, "-b", str(size), "-e", str(size), "-n", str(iters),
+                        "-m", "avg"]
+                for _ in range(a.reps):
+                    res["raw"].append(run(L + [str(raw), mcoll, str(size), str(iters)]))
+                    res["mpi"].append(run(L + perf + ["-B", "mpi"]))
+                    res["cpu"].append(run([str(build / "tcrun"), "-n", str(a.ranks)] + perf))
+                med = {k: statistics.median(v) for k, v in res.items()}
                 rows.append({"mpi": fl, "coll": coll, "bytes": size, "ranks": a.ranks,
                              "raw_us": med["raw"], "mpi_us": med["mpi"], "cpu_us": med["cpu"],
                              "overhead_us": med["mpi"] - med["raw"], "mpi_over_raw": med["mpi"] / med["raw"],
@@ -108,7 +103,7 @@ def main():
     if not rows:
         print("bench-mpi: nothing measured")
         return 0
-    print(f"# mpi backend vs raw MPI (mpi_perf.c, blocking calls) vs our cpu backend; {a.ranks} ranks, "
+    print(f"# mpi backend vs raw MPI (mpi_raw.c, blocking calls) vs our cpu backend; {a.ranks} ranks, "
           f"median of {a.reps} interleaved runs, us per operation (max over ranks)")
     print(f"{'mpi':8} {'coll':11} {'bytes':>8} {'raw':>9} {'ours/mpi':>9} {'ours/cpu':>9} "
           f"{'overhead':>9} {'mpi/raw':>8} {'cpu/raw':>8}")

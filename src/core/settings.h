@@ -98,9 +98,12 @@
     "the NCCL library the nccl backend loads (default libnccl.so.2, libnccl.so)")        \
   X(CUDART_LIB, "TORCHCOMMS_CUDART_LIB", TEXT, 0, 0, 0, NULL,                              \
     "the CUDA runtime the nccl backend loads (default libcudart.so.12, ...)")            \
-  X(MPI_SMALL_BYTES, "TORCHCOMMS_MPI_SMALL_BYTES", NUM, 4096, 0, TC__BIG, NULL,           \
+  X(MPI_SMALL_BYTES, "TORCHCOMMS_MPI_SMALL_BYTES", NUM, 32768, 0, TC__BIG, NULL,           \
     "mpi backend: all_reduce up to this many bytes by recursive doubling over "           \
     "MPI_Isend/Irecv, above it MPI_Iallreduce (0: always MPI_Iallreduce)")               \
+  X(MPI_RING_BYTES, "TORCHCOMMS_MPI_RING_BYTES", NUM, 32768, 0, TC__BIG, NULL,           \
+    "mpi backend: all_reduce from this many bytes by a ring of MPI_Isend/Irecv, "         \
+    "below it MPI_Iallreduce (0: never the ring)")                                        \
   X(NCCL_FAKE_HOST, "TORCHCOMMS_NCCL_FAKE_HOST", CHOICE, 0, 0, 0, "0|1",                   \
     "tests only: 1 lets the nccl backend run on device cpu")                             \
   X(SERIALIZATION, "TORCHCOMMS_SERIALIZATION", TEXT, 0, 0, 0, NULL,                        \

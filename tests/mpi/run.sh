@@ -52,6 +52,7 @@ mkdir -p "$LOGS"
 
 port=$((29600 + $$ % 300))
 pass=0 fail=0 failed=()
+XENV=() # KEY=VALUE settings the launcher passes to every rank
 
 # launch FLAVOUR N: the launcher's command line (without the program) in L[]
 launch() {
@@ -67,6 +68,7 @@ launch() {
        -x TORCHCOMMS_BACKEND_LIB_PATH_MPI="$lib" -x OMP_NUM_THREADS=1 -x TEST_BACKEND="$BACKEND")
     [ -n "${LD_LIBRARY_PATH:-}" ] && L+=(-x LD_LIBRARY_PATH)
     [ "$STORE" = 1 ] && L+=(-x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port)
+    for kv in "${XENV[@]}"; do L+=(-x "$kv"); done
     ;;
   mpich | mpich-abi)
     L=("$M/bin/mpiexec" -launcher fork -n "$n"
@@ -76,19 +78,24 @@ launch() {
     [ "$n" -gt "$NCPU" ] && L+=(-genv MPIR_CVAR_CH4_PROGRESS_THROTTLE 1
                                 -genv MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT 64)
     [ "$STORE" = 1 ] && L+=(-genv MASTER_ADDR 127.0.0.1 -genv MASTER_PORT $port)
+    for kv in "${XENV[@]}"; do L+=(-genv "${kv%%=*}" "${kv#*=}"); done
     ;;
   *) echo "test-mpi: unknown flavour $f" >&2; return 1 ;;
   esac
   return 0
 }
 
-# one FLAVOUR N KIND(C|py)
+# one FLAVOUR N KIND(C|Cnb|py|example|tcrun)
 one() {
   local f=$1 n=$2 kind=$3 log=$LOGS/$1-n$2-$3.log prog rc t0 dt
+  XENV=()
+  # Cnb: the matrix with MPI's own MPI_Iallreduce for every all_reduce size
+  # (the recursive doubling and ring over MPI_Isend/Irecv turned off)
+  [ "$kind" = Cnb ] && XENV=(TORCHCOMMS_MPI_SMALL_BYTES=0 TORCHCOMMS_MPI_RING_BYTES=0)
   if ! launch "$f" "$n"; then fail=$((fail + 1)); failed+=("$f N=$n $kind (no launcher)"); return; fi
   local expect_ok=1 check=""
   case $kind in
-  C) prog=("$BUILD/tc_mpi_ops" "$BACKEND") ;;
+  C | Cnb) prog=("$BUILD/tc_mpi_ops" "$BACKEND") ;;
   py) prog=("$VPY" "$ROOT/tests/mpi/test_mpi_collectives.py" "$BACKEND") ;;
   example) # the quick start, with TEST_BACKEND (the README's command)
     prog=("$VPY" "$ROOT/examples/python/AllReduceSync.py") ;;
@@ -143,6 +150,7 @@ for f in "${flavours[@]}"; do
   done
   # a rank count that is not a power of two (the small all_reduce's fold)
   one "$f" 3 C
+  [ "$BACKEND" = mpi ] && one "$f" 2 Cnb
   [ "$BACKEND" = mpi ] && one "$f" 2 tcrun
 done
 echo "test-mpi: $pass passed, $fail failed (flavours: ${flavours[*]}; ranks: $NRANKS; logs in $LOGS)"

@@ -153,7 +153,8 @@ static int g_ours;     /* we called MPI_Init_thread (we finalise) */
 static int g_leaks;    /* requests left in flight: no MPI_Finalize */
 static char g_lib[160];
 static int g_level; /* the thread level MPI provides */
-static size_t g_small_bytes = 4096; /* TORCHCOMMS_MPI_SMALL_BYTES */
+static size_t g_small_bytes = 32768; /* TORCHCOMMS_MPI_SMALL_BYTES */
+static size_t g_ring_bytes = 32768;  /* TORCHCOMMS_MPI_RING_BYTES */
 static MPI_Datatype g_red_type[TC_DTYPE_COUNT]; /* derived types of user-op reductions */
 static MPI_Op g_user_op[TC_REDOP_COUNT];
 
@@ -234,6 +235,8 @@ static int mp_mpi_up(char *err, size_t errlen) {
    * value (a whole number) when the communicator was created */
   const char *sb = getenv("TORCHCOMMS_MPI_SMALL_BYTES");
   if (sb && *sb) g_small_bytes = (size_t)strtoull(sb, NULL, 10);
+  const char *rb = getenv("TORCHCOMMS_MPI_RING_BYTES");
+  if (rb && *rb) g_ring_bytes = (size_t)strtoull(rb, NULL, 10);
   for (int d = 0; d < TC_DTYPE_COUNT; d++) g_red_type[d] = MPI_DATATYPE_NULL;
   static const tc_dtype_t own[] = {TC_FLOAT16, TC_BFLOAT16, TC_BOOL, TC_FLOAT8_E4M3FN,
                                    TC_FLOAT8_E5M2};
@@ -326,6 +329,18 @@ typedef struct mp_comm {
   char poison[256];
 } mp_comm_t;
 
+/* One step: send sbuf (scount elements) to `to`, receive rcount into rbuf
+ * from `from` (-1: none), then reduce rbuf into red (NULL: received in
+ * place). */
+typedef struct mp_step {
+  int to, from;
+  const void *sbuf;
+  size_t scount;
+  void *rbuf;
+  size_t rcount;
+  void *red;
+} mp_step_t;
+
 #define MP_SMALL_REQ 4
 typedef struct mp_ent {
   struct mp_ent *next;
@@ -343,8 +358,8 @@ typedef struct mp_ent {
   int cancel_ok;    /* receives only: MPI_Cancel when given up */
   int on_stack;     /* the caller's (a synchronous operation run in the post) */
   int scratch;      /* tmp is the communicator's scratch */
-  int rd, rd_step;  /* a small all_reduce by recursive doubling: its next step */
-  int rd_reduce;    /* the step running receives into tmp, to reduce */
+  int rd, rd_step;  /* an all_reduce by steps (1 recursive doubling, 2 ring): the step */
+  mp_step_t st;     /* the step running */
   int frc;          /* the engine could not start it: the status and why */
   char *fmsg;
 } mp_ent_t;
@@ -439,76 +454,123 @@ static int mp_reqs(mp_ent_t *e, int n) {
     if (code_ != MPI_SUCCESS) return mp_mpi_fail(msg, len, name, code_);       \
   } while (0)
 
-/* The small all_reduce (TORCHCOMMS_MPI_SMALL_BYTES): recursive doubling
- * over MPI_Isend/MPI_Irecv, since MPI's non-blocking MPI_Iallreduce costs
- * about 1 us more than its blocking MPI_Allreduce at 8 bytes (the schedule
- * machinery; Open MPI 5 and MPICH 5 alike). With p the largest power of two
- * <= n and x = n - p: rank r >= p sends its data to r - p and receives the
- * result from it; r < x first receives and reduces the data of r + p, then
- * takes part in the log2(p) exchanges, then sends the result to r + p.
- * Every exchange is a+b on one side and b+a on the other, so every rank
- * ends with the same bits. The choice depends on the kind and size only,
- * never on the rank or on sync/async, so every rank makes the same one. */
+/* all_reduce over MPI_Isend/MPI_Irecv, as a schedule of steps (e->rd: 1
+ * recursive doubling, 2 ring), because MPI's non-blocking MPI_Iallreduce
+ * is much slower than its blocking MPI_Allreduce: about 1 us more at 8
+ * bytes (the schedule machinery), and up to 4x at 512 KiB (Open MPI 5's
+ * libnbc), on this machine (docs/backends.md, section 9).
+ *
+ * Recursive doubling (at most TORCHCOMMS_MPI_SMALL_BYTES): with p the
+ * largest power of two <= n and x = n - p, rank r >= p sends its data to
+ * r - p and receives the result from it; r < x first receives and reduces
+ * the data of r + p, then takes part in the log2(p) exchanges, then sends
+ * the result to r + p. Every exchange is a+b on one side and b+a on the
+ * other, so every rank ends with the same bits.
+ *
+ * Ring (at least TORCHCOMMS_MPI_RING_BYTES, above the former): the buffer in n chunks; n - 1
+ * steps of reduce-scatter (send chunk r-k to r+1, receive chunk r-k-1 from
+ * r-1 and reduce it), after which rank r holds the result of chunk r+1,
+ * then n - 1 steps of all-gather (send chunk r+1-k, receive chunk r-k in
+ * place). Each chunk is reduced on one rank only: the same bits everywhere.
+ *
+ * Both settings at 0 give MPI_Iallreduce for every size (an MPI whose
+ * collectives are offloaded to the network may do better). The choice
+ * depends on the kind, size and settings only (the same on every rank),
+ * never on the rank or on sync/async. */
 
-/* Step `step` of rank r of n: the peer to send the buffer to and to receive
- * from (-1: none) and whether the receipt is reduced into the buffer (else
- * it overwrites it). 0 when there is no such step. */
-static int mp_rd_step(int r, int n, int step, int *to, int *from, int *reduce) {
-  int p = 1, lg = 0;
+
+/* Chunk i of the ring: its offset and length in elements. */
+static void mp_chunk(size_t count, int n, int i, size_t *off, size_t *len) {
+  size_t base = count / (size_t)n, rem = count % (size_t)n, ui = (size_t)i;
+  *off = ui * base + (ui < rem ? ui : rem);
+  *len = base + (ui < rem);
+}
+
+/* Step `step` of e's schedule into *st; 0 when there is none left. */
+static int mp_sched_step(const mp_ent_t *e, int step, mp_step_t *st) {
+  const tc_backend_op_t *op = &e->op;
+  int r = e->c->rank, n = e->c->size;
+  char *buf = op->recvbuf;
+  size_t es = ES(op->dtype);
+  memset(st, 0, sizeof *st);
+  st->to = st->from = -1;
+  if (e->rd == 2) { /* ring */
+    int prev = (r - 1 + n) % n, next = (r + 1) % n;
+    size_t so, sl, ro, rl;
+    if (step >= 2 * (n - 1)) return 0;
+    if (step < n - 1) {
+      mp_chunk(op->count, n, ((r - step) % n + n) % n, &so, &sl);
+      mp_chunk(op->count, n, ((r - step - 1) % n + n) % n, &ro, &rl);
+      st->rbuf = e->tmp;
+      st->red = buf + ro * es;
+    } else {
+      int k = step - (n - 1);
+      mp_chunk(op->count, n, ((r + 1 - k) % n + n) % n, &so, &sl);
+      mp_chunk(op->count, n, ((r - k) % n + n) % n, &ro, &rl);
+      st->rbuf = buf + ro * es;
+    }
+    st->to = next;
+    st->sbuf = buf + so * es;
+    st->scount = sl;
+    st->from = prev;
+    st->rcount = rl;
+    return 1;
+  }
+  int p = 1, lg = 0; /* recursive doubling */
   while (p * 2 <= n) {
     p *= 2;
     lg++;
   }
-  int x = n - p;
-  *to = *from = -1;
-  *reduce = 0;
+  int x = n - p, peer_to = -1, peer_from = -1, reduce = 0;
   if (r >= p) { /* folded in: send, then get the result */
-    if (step == 0) *to = r - p;
-    else if (step == 1) *from = r - p;
+    if (step == 0) peer_to = r - p;
+    else if (step == 1) peer_from = r - p;
     else return 0;
-    return 1;
-  }
-  if (r < x) {
-    if (step == 0) {
-      *from = r + p;
-      *reduce = 1;
-      return 1;
+  } else if (r < x && step == 0) {
+    peer_from = r + p;
+    reduce = 1;
+  } else {
+    int k = r < x ? step - 1 : step;
+    if (r < x && k == lg) peer_to = r + p;
+    else if (k >= lg) return 0;
+    else {
+      peer_to = peer_from = r ^ (1 << k);
+      reduce = 1;
     }
-    step--;
-    if (step == lg) {
-      *to = r + p;
-      return 1;
-    }
-    if (step > lg) return 0;
   }
-  if (step >= lg) return 0;
-  *to = *from = r ^ (1 << step);
-  *reduce = 1;
+  st->to = peer_to;
+  st->from = peer_from;
+  st->sbuf = buf;
+  st->scount = st->rcount = op->count;
+  st->rbuf = reduce ? e->tmp : buf;
+  st->red = reduce ? buf : NULL;
   return 1;
 }
 
-/* Posts the requests of e's current step (g_mpi held); 0 when none is left. */
+/* Posts the requests of e's current step (g_mpi held); *more = 0 when the
+ * schedule is over. */
 static int mp_rd_post(mp_ent_t *e, char *msg, size_t len, int *more) {
   const tc_backend_op_t *op = &e->op;
-  int to, from, reduce, cnt = (int)op->count;
   MPI_Datatype mt = mp_move_type(op->dtype);
-  *more = mp_rd_step(e->c->rank, e->c->size, e->rd_step, &to, &from, &reduce);
+  *more = mp_sched_step(e, e->rd_step, &e->st);
   if (!*more) return TC_OK;
-  e->rd_reduce = reduce;
   e->nreq = 0;
   e->req = e->small;
-  if (from >= 0) {
+  const mp_step_t *st = &e->st;
+  if (st->from >= 0) {
     e->call = "MPI_Irecv";
-    int code = MPI_Irecv(reduce ? e->tmp : op->recvbuf, cnt, mt, from, MP_TAG_RD, e->c->comm,
+    int code = MPI_Irecv(st->rbuf, (int)st->rcount, mt, st->from, MP_TAG_RD, e->c->comm,
                          &e->req[e->nreq++]);
     if (code != MPI_SUCCESS) return mp_mpi_fail(msg, len, "MPI_Irecv", code);
   }
-  if (to >= 0) {
+  if (st->to >= 0) {
     e->call = "MPI_Isend";
-    int code = MPI_Isend(op->recvbuf, cnt, mt, to, MP_TAG_RD, e->c->comm, &e->req[e->nreq++]);
+    int code = MPI_Isend(st->sbuf, (int)st->scount, mt, st->to, MP_TAG_RD, e->c->comm,
+                         &e->req[e->nreq++]);
     if (code != MPI_SUCCESS) return mp_mpi_fail(msg, len, "MPI_Isend", code);
   }
-  e->call = "the small all_reduce's MPI_Isend/MPI_Irecv";
+  e->call = e->rd == 2 ? "the ring all_reduce's MPI_Isend/MPI_Irecv"
+                       : "the small all_reduce's MPI_Isend/MPI_Irecv";
   return TC_OK;
 }
 
@@ -561,15 +623,18 @@ static int mp_start(mp_ent_t *e, char *msg, size_t len) {
     return TC_OK;
   case TC_KIND_ALL_REDUCE:
     if (scale) tc__scale(op->recvbuf, op->recvbuf, op->count, op->dtype, op->redop.factor);
-    if (op->count * es <= g_small_bytes && n > 1) {
+    if (n > 1 && (op->count * es <= g_small_bytes ||
+                  (g_ring_bytes && op->count * es >= g_ring_bytes))) {
       int more, idle = 0;
-      if (c->scratch && atomic_compare_exchange_strong(&c->scratch_busy, &idle, 1)) {
+      e->rd = op->count * es <= g_small_bytes ? 1 : 2;
+      size_t tmp_bytes = e->rd == 1 ? op->count * es : (op->count / (size_t)n + 1) * es;
+      if (tmp_bytes <= g_small_bytes && c->scratch &&
+          atomic_compare_exchange_strong(&c->scratch_busy, &idle, 1)) {
         e->tmp = c->scratch; /* returned by mp_ent_free */
         e->scratch = 1;
-      } else if (!(e->tmp = mp_alloc(op->count * es))) {
+      } else if (!(e->tmp = mp_alloc(tmp_bytes))) {
         return MP_NOMEM();
       }
-      e->rd = 1;
       return mp_rd_post(e, msg, len, &more);
     }
     MP_CALL("MPI_Iallreduce",
@@ -804,7 +869,7 @@ static int mp_poll(mp_ent_t *e, double now) {
   }
   while (done && e->rd) { /* the small all_reduce: on to its next step */
     const tc_backend_op_t *op = &e->op;
-    if (e->rd_reduce) tc__reduce(op->recvbuf, e->tmp, op->count, op->dtype, op->redop.type);
+    if (e->st.red) tc__reduce(e->st.red, e->st.rbuf, e->st.rcount, op->dtype, op->redop.type);
     e->rd_step++;
     int more = 0;
     MPI_LOCK();
