@@ -337,6 +337,15 @@ typedef struct tc_backend_ops {
                    size_t errlen);
   void *(*window_map)(void *bwin, int peer);
   void (*window_free)(void *bwin);
+  /* Appended, optional (NULL, or past the table's `size`: none). The core
+   * is about to end the process because an operation failed and the
+   * communicator has abort_process_on_timeout_or_error: the flight
+   * recorder is dumped and the failure (`reason`, in the library's one
+   * format) printed. A backend whose launcher must hear of it ends the
+   * process its own way here (the mpi backend: MPI_Abort, so that mpirun
+   * ends every rank of the job); if it returns, the core calls abort().
+   * Called from whichever thread saw the failure. */
+  void (*abort_process)(void *bcomm, int status, const char *reason);
 } tc_backend_ops_t;
 
 #define TC_BACKEND_WIN_INFO_MAX 512u

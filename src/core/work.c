@@ -207,6 +207,11 @@ static int work_finish(tc_work_t *w, int rc, const char *msg) {
       fprintf(stderr, "%s\ntorchcomms: aborting the process "
                       "(abort_process_on_timeout_or_error is set)\n", w->msg);
       fflush(stderr);
+      const tc_backend_ops_t *ops = c->ops;
+      if (ops && ops->size >= offsetof(tc_backend_ops_t, abort_process) +
+                                 sizeof ops->abort_process &&
+          ops->abort_process && c->bcomm)
+        ops->abort_process(c->bcomm, rc, w->msg); /* MPI_Abort: the launcher ends the job */
       abort();
     }
     if (rc != TC_OK && explainable(rc))

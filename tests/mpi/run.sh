@@ -7,7 +7,7 @@
 # every rank count, plus examples/python/AllReduceSync.py (TEST_BACKEND)
 # under the launcher and, once per flavour, a launch by tcrun (singletons:
 # must be refused at once, with what to do). Prints PASS / FAIL per
-# (flavour, N, C|py|example|tcrun), keeps every
+# (flavour, N, C|Cnb|py|example|abort|tcrun), keeps every
 # run's output in BUILD_DIR/mpi/logs/ (a failure's tail is printed), and
 # exits 1 if any run failed; "SKIP: ..." and 0 when no plugin was built.
 #
@@ -99,6 +99,10 @@ one() {
   py) prog=("$VPY" "$ROOT/tests/mpi/test_mpi_collectives.py" "$BACKEND") ;;
   example) # the quick start, with TEST_BACKEND (the README's command)
     prog=("$VPY" "$ROOT/examples/python/AllReduceSync.py") ;;
+  abort) # abort_process_on_timeout_or_error: the timeout ends the whole job
+    # through MPI_Abort (tests/mpi/abort_job.py)
+    prog=("$VPY" "$ROOT/tests/mpi/abort_job.py" "$BACKEND")
+    expect_ok=0 ;;
   tcrun) # not started by mpirun: every rank is an MPI singleton; the
     # wheels' MPIs cannot join singletons, so creation must fail at once
     # with the reason and what to do (never hang)
@@ -118,6 +122,18 @@ one() {
     got=$(grep -oE "After AllReduce: ${want//./\\.}([^0-9]|\$)" "$log" | wc -l)
     [ "$got" -eq "$n" ] || { rc=1; echo "# expected $n lines 'After AllReduce: $want', got $got" >>"$log"; }
     check="$got ranks printed 'After AllReduce: $want'"
+  fi
+  if [ $kind = abort ]; then
+    # rank 1 waits 60 s for a message that never comes: only MPI_Abort
+    # ends it sooner
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ] &&
+       awk -v d="$dt" 'BEGIN { exit !(d < 30) }' &&
+       grep -q "recv on 'abortjob' (rank 0 of $n): mpi: timed out after 1.000 s" "$log" &&
+       grep -q "ends the MPI job with MPI_Abort" "$log" && ! grep -q "abort_job: FAIL" "$log"; then
+      rc=0; check="rank 0's timeout printed, the job ended by MPI_Abort in ${dt} s (rank 1 would wait 60 s)"
+    else
+      rc=1
+    fi
   fi
   if [ $kind = tcrun ]; then
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ] &&
@@ -151,6 +167,7 @@ for f in "${flavours[@]}"; do
   # a rank count that is not a power of two (the small all_reduce's fold)
   one "$f" 3 C
   [ "$BACKEND" = mpi ] && one "$f" 2 Cnb
+  [ "$BACKEND" = mpi ] && one "$f" 2 abort
   [ "$BACKEND" = mpi ] && one "$f" 2 tcrun
 done
 echo "test-mpi: $pass passed, $fail failed (flavours: ${flavours[*]}; ranks: $NRANKS; logs in $LOGS)"

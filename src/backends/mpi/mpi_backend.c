@@ -1312,6 +1312,20 @@ static void mp_describe(void *bc, char *buf, size_t len) {
            c->rank, c->size);
 }
 
+/* The core ends the process (abort_process_on_timeout_or_error): end the
+ * job through MPI, so that mpirun stops every rank at once and says why;
+ * the only MPI_Abort of the backend. */
+static void mp_abort_process(void *bc, int status, const char *reason) {
+  (void)status;
+  (void)reason; /* printed by the core */
+  mp_comm_t *c = bc;
+  fprintf(stderr, "torchcomms: mpi: rank %d of '%s' ends the MPI job with MPI_Abort\n", c->rank,
+          c->name);
+  fflush(stderr);
+  /* no lock: another thread of the backend may be inside MPI, stuck */
+  MPI_Abort(MPI_COMM_WORLD, 134); /* the job: a sub-communicator may end only its ranks */
+}
+
 TC_API const tc_backend_ops_t tc_backend_table = {
     .abi_version = TC_BACKEND_ABI_VERSION,
     .size = sizeof(tc_backend_ops_t),
@@ -1326,4 +1340,5 @@ TC_API const tc_backend_ops_t tc_backend_table = {
     .split = mp_split,
     .describe = mp_describe,
     .caps = TC_BACKEND_CAP_BOOTSTRAP,
+    .abort_process = mp_abort_process,
 };
