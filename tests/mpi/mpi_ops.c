@@ -39,6 +39,9 @@
  *     communicator (a later operation fails with TC_ERR_ABORTED), while the
  *     other ranks wait on a barrier of a second communicator, so that no
  *     rank leaves before the timeout happened.
+ *  4. a collective timeout (2 or more ranks): rank 0 alone calls an
+ *     all_reduce with a 1 s timeout: TC_ERR_TIMEOUT, then the next operation
+ *     on that communicator is refused at once ("out of step").
  *
  * Rank 0 prints one line per group of cases and "mpi_ops: N cases passed"
  * at the end (after every rank agreed on its count). The first failure
@@ -166,6 +169,43 @@ static void mpi_timeout(tc_comm_t *c, tc_comm_t *sync, int rank, int n) {
   if (rank != 0) TC_ASSERT_OK(tc_comm_abort(c));
 }
 
+/* A collective given up (section 4 of the header): rank 0 calls an
+ * all_reduce that no other rank calls, with a 1 s timeout; it must fail with
+ * TC_ERR_TIMEOUT, and the next operation on that communicator must be
+ * refused at once (the ranks are out of step: MPI cannot cancel a
+ * collective), never run against a stale message. */
+static void mpi_coll_timeout(tc_comm_t *c, tc_comm_t *sync, int rank, int n) {
+  snprintf(tc_case, sizeof tc_case, "collective timeout: rank %d of %d", rank, n);
+  if (rank == 0) {
+    float x = 1;
+    tc_op_options_t o = TC_OP_OPTIONS_INIT;
+    o.timeout_s = 1.0;
+    double t0 = tc__now();
+    int rc = tc_all_reduce(c, &x, 1, TC_FLOAT32, TC_OP(TC_SUM), &o, NULL);
+    double dt = tc__now() - t0;
+    if (rc != TC_ERR_TIMEOUT)
+      tc_test_fail(__FILE__, __LINE__, "%s: all_reduce returned %s, expected TC_ERR_TIMEOUT (%s)",
+                   tc_case, tc_status_name(rc), tc_last_error());
+    char want[128];
+    snprintf(want, sizeof want, "all_reduce on 'mpi_ops_coll' (rank 0 of %d)", n);
+    TC_ASSERT_CONTAINS(tc_last_error(), want);
+    TC_ASSERT_CONTAINS(tc_last_error(), "timed out");
+    if (!(dt >= 0.9 && dt < 10.0))
+      tc_test_fail(__FILE__, __LINE__, "%s: the 1 s timeout took %.2f s", tc_case, dt);
+    t0 = tc__now();
+    rc = tc_barrier(c, NULL, NULL);
+    if (rc == TC_OK)
+      tc_test_fail(__FILE__, __LINE__, "%s: a barrier after the given-up all_reduce ran", tc_case);
+    TC_ASSERT_CONTAINS(tc_last_error(), "out of step");
+    TC_ASSERT_CONTAINS(tc_last_error(), "barrier on 'mpi_ops_coll'");
+    if (tc__now() - t0 > 0.5)
+      tc_test_fail(__FILE__, __LINE__, "%s: the refusal took %.2f s", tc_case, tc__now() - t0);
+  }
+  TC_ASSERT_OK(tc_barrier(sync, NULL, NULL));
+  TC_ASSERT_OK(tc_comm_abort(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
 int main(int argc, char **argv) {
   const char *backend = argc > 1 ? argv[1] : "mpi";
   if (argc > 2 || (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))) {
@@ -193,6 +233,9 @@ int main(int argc, char **argv) {
   TC_ASSERT_STR_EQ(tc_comm_backend(c), backend);
   o.name = "mpi_ops_sync";
   TC_ASSERT_OK(tc_comm_create(backend, "cpu", &o, &sync));
+  tc_comm_t *coll = NULL;
+  o.name = "mpi_ops_coll";
+  TC_ASSERT_OK(tc_comm_create(backend, "cpu", &o, &coll));
   if (rank == 0) {
     printf("mpi_ops: backend %s (%s), %d ranks (rank and size from %s)\n", backend,
            tc_comm_backend_version(c) ? tc_comm_backend_version(c) : "?", size, source);
@@ -266,9 +309,19 @@ int main(int argc, char **argv) {
       fflush(stdout);
     }
     TC_ASSERT_OK(tc_comm_destroy(c));
+    t1 = tc__now();
+    mpi_coll_timeout(coll, sync, rank, size);
+    total++;
+    if (rank == 0) {
+      printf("mpi_ops: collective timeout        1 case passed (all_reduce, 1 s: "
+             "TC_ERR_TIMEOUT, the next operation refused) in %.1f s\n", tc__now() - t1);
+      fflush(stdout);
+    }
   } else {
     TC_ASSERT_OK(tc_comm_finalize(c));
     TC_ASSERT_OK(tc_comm_destroy(c));
+    TC_ASSERT_OK(tc_comm_finalize(coll));
+    TC_ASSERT_OK(tc_comm_destroy(coll));
   }
   TC_ASSERT_OK(tc_barrier(sync, NULL, NULL));
   TC_ASSERT_OK(tc_comm_finalize(sync));
