@@ -5,15 +5,11 @@ Every rank fills a tensor with rank + 1 and sums it across all ranks; the
 call blocks until the result is in place.
 
     torchrun --nproc_per_node=4 examples/python/AllReduceSync.py
-    TEST_BACKEND=mpi mpirun -np 4 python examples/python/AllReduceSync.py
-
-TEST_BACKEND names the backend (default "cpu"), as in torchcomms' own tests.
 
 prints, for 4 ranks, "Rank r: Before AllReduce: r+1" and
 "Rank r: After AllReduce: 10.0" on every rank.
 """
 
-import os
 import sys
 
 import torch
@@ -22,7 +18,7 @@ from torchcomms import new_comm, ReduceOp
 
 def main() -> int:
     device = torch.device("cpu")
-    torchcomm = new_comm(os.environ.get("TEST_BACKEND", "cpu"), device, name="main_comm")
+    torchcomm = new_comm("cpu", device, name="main_comm")
 
     rank = torchcomm.get_rank()
     world_size = torchcomm.get_size()

@@ -4,8 +4,8 @@
 # (tests/mpi/test_mpi_collectives.py) under each MPI's own launcher, for
 # every plugin flavour built (BUILD_DIR/mpi/<flavour>/libtorchcomms-mpi.so:
 # openmpi -> Open MPI's mpirun; mpich, mpich-abi -> MPICH's mpiexec) and
-# every rank count, plus examples/python/AllReduceSync.py (TEST_BACKEND)
-# under the launcher and, once per flavour, a launch by tcrun (singletons:
+# every rank count, plus examples/python/AllReduceSync.py (a copy with the
+# backend set) under the launcher and, once per flavour, a launch by tcrun (singletons:
 # must be refused at once, with what to do). Prints PASS / FAIL per
 # (flavour, N, C|Cnb|py|example|abort|tcrun), keeps every
 # run's output in BUILD_DIR/mpi/logs/ (a failure's tail is printed), and
@@ -65,15 +65,14 @@ launch() {
     # environment every rank gets.
     L=("$O/bin/mpirun" --allow-run-as-root --oversubscribe -np "$n"
        --mca pml ob1 --mca btl self,sm,tcp
-       -x TORCHCOMMS_BACKEND_LIB_PATH_MPI="$lib" -x OMP_NUM_THREADS=1 -x TEST_BACKEND="$BACKEND")
+       -x TORCHCOMMS_BACKEND_LIB_PATH_MPI="$lib" -x OMP_NUM_THREADS=1)
     [ -n "${LD_LIBRARY_PATH:-}" ] && L+=(-x LD_LIBRARY_PATH)
     [ "$STORE" = 1 ] && L+=(-x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port)
     for kv in "${XENV[@]}"; do L+=(-x "$kv"); done
     ;;
   mpich | mpich-abi)
     L=("$M/bin/mpiexec" -launcher fork -n "$n"
-       -genv TORCHCOMMS_BACKEND_LIB_PATH_MPI "$lib" -genv OMP_NUM_THREADS 1
-       -genv TEST_BACKEND "$BACKEND")
+       -genv TORCHCOMMS_BACKEND_LIB_PATH_MPI "$lib" -genv OMP_NUM_THREADS 1)
     # MPICH busy-polls: with more ranks than cores, back off when idle
     [ "$n" -gt "$NCPU" ] && L+=(-genv MPIR_CVAR_CH4_PROGRESS_THROTTLE 1
                                 -genv MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT 64)
@@ -97,8 +96,12 @@ one() {
   case $kind in
   C | Cnb) prog=("$BUILD/tc_mpi_ops" "$BACKEND") ;;
   py) prog=("$VPY" "$ROOT/tests/mpi/test_mpi_collectives.py" "$BACKEND") ;;
-  example) # the quick start, with TEST_BACKEND (the README's command)
-    prog=("$VPY" "$ROOT/examples/python/AllReduceSync.py") ;;
+  example) # the quick start with its backend set to mpi (the examples are
+    # upstream's with only the backend and device changed: a copy)
+    sed 's/new_comm("cpu", device/new_comm("'"$BACKEND"'", device/' \
+      "$ROOT/examples/python/AllReduceSync.py" >"$LOGS/AllReduceSync_$BACKEND.py"
+    grep -q "new_comm(\"$BACKEND\", device" "$LOGS/AllReduceSync_$BACKEND.py" || return 1
+    prog=("$VPY" "$LOGS/AllReduceSync_$BACKEND.py") ;;
   abort) # abort_process_on_timeout_or_error: the timeout ends the whole job
     # through MPI_Abort (tests/mpi/abort_job.py)
     prog=("$VPY" "$ROOT/tests/mpi/abort_job.py" "$BACKEND")

@@ -1,17 +1,19 @@
 /* mpi_backend.c -- the `mpi` backend: torchcomms over the MPI library a
  * cluster already has (libtorchcomms-mpi.so, a plugin through
- * include/torchcomms_backend.h; docs/backends.md section 9).
+ * include/torchcomms_backend.h; docs/backends.md, "The mpi backend").
  *
  * Built with the MPI's compiler wrapper (mpicc, or TORCHCOMMS_MPICC), once
  * per MPI: it links the MPI it was built with (docs/backends.md says why
  * not a run-time loader). src/reduce/reduce.c is compiled into the plugin
  * for the reductions MPI lacks; only tc_backend_table is exported.
  *
- * Every operation maps onto one non-blocking MPI call (MPI_Iallreduce,
- * MPI_Ireduce, MPI_Ibcast, MPI_Iallgather(v), MPI_Ireduce_scatter(_block),
+ * Every operation maps onto one non-blocking MPI call (MPI_Ireduce,
+ * MPI_Ibcast, MPI_Iallgather(v), MPI_Ireduce_scatter(_block),
  * MPI_Ialltoall(v), MPI_Iscatter(v), MPI_Igather(v), MPI_Ibarrier) or, for
- * point-to-point and batches, MPI_Isend/MPI_Irecv. Per-rank blocks that do
- * not lie back to back are staged through one contiguous buffer. float16,
+ * point-to-point and batches, MPI_Isend/MPI_Irecv; all_reduce runs
+ * recursive doubling or a ring over MPI_Isend/MPI_Irecv, else
+ * MPI_Iallreduce (mp_sched_step says why). Per-rank blocks that do not lie
+ * back to back are staged through one contiguous buffer. float16,
  * bfloat16, the float8 types and bool reduce through MPI_Op_create'd
  * operations running the library's own kernels; AVG is a SUM divided
  * afterwards, PREMUL_SUM multiplies the inputs first.
@@ -26,19 +28,20 @@
  * the operations in post order and polls them all with MPI_Testall. No
  * thread ever blocks in MPI without a deadline during an operation: a
  * deadline that passes fails the operation with TC_ERR_TIMEOUT. MPI cannot
- * cancel a collective, so after such a timeout (or an abort with
- * operations in flight) the communicator refuses further operations and
- * its MPI requests and buffers are left to the process (never freed while
- * MPI may still write them). A receive is cancelled (MPI_Cancel) instead.
+ * cancel a collective, so after one is given up (timeout, abort) the
+ * ranks are out of step: the communicator refuses further operations, and
+ * buffers MPI may still use are never freed. A receive is cancelled
+ * (MPI_Cancel).
  *
  * Launch: under mpirun/mpiexec, rank and size come from MPI's environment
  * (the core reads OMPI_COMM_WORLD_RANK, PMI_RANK ...) and the backend
  * needs no store (TC_BACKEND_CAP_BOOTSTRAP). Launched by torchrun or tcrun
  * (every process an MPI singleton), the processes join through the store:
  * rank 0 opens an MPI port, every other rank connects to it in turn, and
- * the merged communicator is ordered by torchcomms rank (this needs an MPI
- * with dynamic processes for singletons: MPICH does, Open MPI 5 needs a
- * running prte DVM). MPI is finalised at process exit if the backend
+ * the merged communicator is ordered by torchcomms rank. This needs an MPI
+ * that can join singletons: neither wheel's can (Open MPI 5 wants a running
+ * prte DVM, MPICH 5's singletons have no port name), and creation then
+ * fails at once saying to launch with mpirun. MPI is finalised at process exit if the backend
  * initialised it (also with a given-up collective still pending: Open MPI
  * 5 and MPICH 5 both finalise then, test-mpi's Cnb run shows it). */
 #ifndef _GNU_SOURCE
@@ -1315,6 +1318,11 @@ static void mp_abort_process(void *bc, int status, const char *reason) {
   fprintf(stderr, "torchcomms: mpi: rank %d of '%s' ends the MPI job with MPI_Abort\n", c->rank,
           c->name);
   fflush(stderr);
+  /* the launcher forwards this process's output through a pipe and stops
+   * reading when the job is aborted: give it a moment to pass on the
+   * failure's lines (MPICH's hydra lost them otherwise, 1 run in ~10) */
+  struct timespec pause = {0, 300 * 1000 * 1000};
+  nanosleep(&pause, NULL);
   /* no lock: another thread of the backend may be inside MPI, stuck */
   MPI_Abort(MPI_COMM_WORLD, 134); /* the job: a sub-communicator may end only its ranks */
 }
