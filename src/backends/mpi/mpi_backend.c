@@ -358,7 +358,6 @@ typedef struct mp_ent {
   void *tmp;        /* send staging / scaled inputs */
   int *iv;          /* counts and displacements */
   double deadline;
-  int cancel_ok;    /* receives only: MPI_Cancel when given up */
   int on_stack;     /* the caller's (a synchronous operation run in the post) */
   int scratch;      /* tmp is the communicator's scratch */
   int rd, rd_step;  /* an all_reduce by steps (1 recursive doubling, 2 ring): the step */
@@ -601,7 +600,6 @@ static int mp_start(mp_ent_t *e, char *msg, size_t len) {
     MP_CALL("MPI_Isend", MPI_Isend(op->sendbuf, cnt, mt, op->root, MP_TAG, comm, r));
     return TC_OK;
   case TC_KIND_RECV:
-    e->cancel_ok = 1;
     MP_CALL("MPI_Irecv", MPI_Irecv(op->recvbuf, cnt, mt, op->root, MP_TAG, comm, r));
     return TC_OK;
   case TC_KIND_BATCH:
