@@ -157,9 +157,14 @@ test-multihost: build
 #                     -> $(MPICH_PREFIX) (pip download --no-deps, then
 #                     pip install --no-deps --no-index --prefix); once (stamps).
 #                     MPI_FIND_LINKS=dir: look for the wheels there first.
+#                     Also MPICH $(MPICH4_VER) -> $(MPICH4_PREFIX): the
+#                     launch by torchrun/tcrun (MPI singletons joined with
+#                     MPI_Comm_connect/accept), which MPICH 5.0 breaks
+#                     (pmodels/mpich#7805) and Open MPI 5 cannot do without a
+#                     PMIx server.
 #   make mpi-plugins  $(BUILD)/mpi/<flavour>/libtorchcomms-mpi.so for flavour
-#                     openmpi, mpich and, when MPICH ships mpicc_abi, mpich-abi
-#                     (the MPI-5 standard ABI, libmpi_abi.so); from
+#                     openmpi, mpich, mpich4 and, when MPICH ships mpicc_abi,
+#                     mpich-abi (the MPI-5 standard ABI, libmpi_abi.so); from
 #                     MPI_PLUGIN_SRC (skipped, with one line, when missing)
 #   make test-mpi     the C matrix ($(BUILD)/tc_mpi_ops) and the Python script
 #                     (tests/mpi/test_mpi_collectives.py) on backend mpi, 2 and
@@ -170,6 +175,8 @@ OMPI_VER       := 5.0.11
 MPICH_VER      := 5.0.2
 OMPI_PREFIX    := $(MPI_DEPS)/openmpi-$(OMPI_VER)
 MPICH_PREFIX   := $(MPI_DEPS)/mpich-$(MPICH_VER)
+MPICH4_VER     := 4.3.2
+MPICH4_PREFIX  := $(MPI_DEPS)/mpich-$(MPICH4_VER)
 MPI_WHEELS     ?= $(MPI_DEPS)/wheels
 MPI_FIND_LINKS ?=
 MPI_PLUGIN_SRC ?= src/backends/mpi/mpi_backend.c
@@ -200,14 +207,17 @@ $(OMPI_PREFIX)/.stamp: | $(VENV)/.stamp
 $(MPICH_PREFIX)/.stamp: | $(VENV)/.stamp
 	$(call mpi_wheel_install,$(MPICH_PREFIX),mpich==$(MPICH_VER))
 
-mpi-deps: $(OMPI_PREFIX)/.stamp $(MPICH_PREFIX)/.stamp
+$(MPICH4_PREFIX)/.stamp: | $(VENV)/.stamp
+	$(call mpi_wheel_install,$(MPICH4_PREFIX),mpich==$(MPICH4_VER))
+
+mpi-deps: $(OMPI_PREFIX)/.stamp $(MPICH_PREFIX)/.stamp $(MPICH4_PREFIX)/.stamp
 
 # One compile per flavour: "flavour wrapper prefix"; rebuilt when the
 # source, the backend header or the MPI install is newer than the plugin.
 mpi-plugins: build mpi-deps
 	@if [ ! -f "$(MPI_PLUGIN_SRC)" ]; then echo "mpi backend source not found: skipped"; exit 0; fi; \
-	o=$(abspath $(OMPI_PREFIX)); m=$(abspath $(MPICH_PREFIX)); \
-	set -- openmpi $$o/bin/mpicc $$o  mpich $$m/bin/mpicc $$m; \
+	o=$(abspath $(OMPI_PREFIX)); m=$(abspath $(MPICH_PREFIX)); m4=$(abspath $(MPICH4_PREFIX)); \
+	set -- openmpi $$o/bin/mpicc $$o  mpich $$m/bin/mpicc $$m  mpich4 $$m4/bin/mpicc $$m4; \
 	[ -x $$m/bin/mpicc_abi ] && set -- "$$@" mpich-abi $$m/bin/mpicc_abi $$m; \
 	while [ $$# -ge 3 ]; do \
 	  f=$$1 cc=$$2 p=$$3; shift 3; out=$(BUILD)/mpi/$$f/libtorchcomms-mpi.so; \
@@ -235,7 +245,7 @@ mpi-ops: build
 
 test-mpi: mpi-plugins mpi-ops pyinstall
 	MPI_TEST_TIMEOUT=$(MPI_TEST_TIMEOUT) OMPI_PREFIX=$(abspath $(OMPI_PREFIX)) \
-	  MPICH_PREFIX=$(abspath $(MPICH_PREFIX)) \
+	  MPICH_PREFIX=$(abspath $(MPICH_PREFIX)) MPICH4_PREFIX=$(abspath $(MPICH4_PREFIX)) \
 	  tests/mpi/run.sh $(abspath $(BUILD)) $(abspath $(VPY))
 
 # Every #include "..." against the layer order (docs/architecture.md; the

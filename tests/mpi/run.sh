@@ -5,18 +5,26 @@
 # every plugin flavour built (BUILD_DIR/mpi/<flavour>/libtorchcomms-mpi.so:
 # openmpi -> Open MPI's mpirun; mpich, mpich-abi -> MPICH's mpiexec) and
 # every rank count, plus examples/python/AllReduceSync.py (a copy with the
-# backend set) under the launcher and, once per flavour, a launch by tcrun (singletons:
-# must be refused at once, with what to do). Prints PASS / FAIL per
-# (flavour, N, C|Cnb|py|example|abort|tcrun), keeps every
+# backend set) under the launcher and, once per flavour, a launch by tcrun (singletons
+# this MPI cannot join: must be refused at once, with what to do). With
+# mpich4 (MPICH 4.3, whose singletons can connect), the launch by tcrun and
+# torchrun: the C matrix under tcrun (2, 3 ranks) and the Python script
+# under torchrun (2 ranks), every rank an MPI singleton joined through the
+# store. Prints PASS / FAIL per
+# (flavour, N, C|Cnb|py|example|abort|tcrun|tcrunC|torchrun), keeps every
 # run's output in BUILD_DIR/mpi/logs/ (a failure's tail is printed), and
 # exits 1 if any run failed; "SKIP: ..." and 0 when no plugin was built.
 #
 # Environment:
-#   OMPI_PREFIX, MPICH_PREFIX  the MPI installs (make mpi-deps: .deps/...)
+#   OMPI_PREFIX, MPICH_PREFIX, MPICH4_PREFIX  the MPI installs (make
+#                     mpi-deps: .deps/...)
 #   MPI_TEST_TIMEOUT  seconds a run may take (default 300; timeout(1), so
 #                     that nothing hangs)
 #   MPI_TEST_NRANKS   rank counts (default "2 4")
-#   MPI_TEST_FLAVOURS flavours to run (default: every one built)
+#   MPI_TEST_FLAVOURS flavours to run under their launcher (default: every
+#                     one built of openmpi, mpich, mpich-abi)
+#   MPI_TEST_SINGLETON flavours to launch by tcrun/torchrun (default mpich4
+#                     when built)
 #   MPI_TEST_BACKEND  backend the programs use (default mpi); "cpu" checks
 #                     the launch plumbing alone (rank detection under each
 #                     launcher; the store at MASTER_ADDR:MASTER_PORT, hosted
@@ -32,6 +40,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 O=${OMPI_PREFIX:-$ROOT/.deps/openmpi-5.0.11}
 M=${MPICH_PREFIX:-$ROOT/.deps/mpich-5.0.2}
+M4=${MPICH4_PREFIX:-$ROOT/.deps/mpich-4.3.2}
 T=${MPI_TEST_TIMEOUT:-300}
 NRANKS=${MPI_TEST_NRANKS:-2 4}
 BACKEND=${MPI_TEST_BACKEND:-mpi}
@@ -42,6 +51,10 @@ LOGS=$BUILD/mpi/logs
 flavours=()
 for f in ${MPI_TEST_FLAVOURS:-openmpi mpich mpich-abi}; do
   [ -f "$BUILD/mpi/$f/libtorchcomms-mpi.so" ] && flavours+=("$f")
+done
+singletons=()
+for f in ${MPI_TEST_SINGLETON:-mpich4}; do
+  [ -f "$BUILD/mpi/$f/libtorchcomms-mpi.so" ] && singletons+=("$f")
 done
 if [ ${#flavours[@]} -eq 0 ]; then
   echo "SKIP: no mpi plugin built ($BUILD/mpi/<flavour>/libtorchcomms-mpi.so; make mpi-plugins)"
@@ -70,8 +83,9 @@ launch() {
     [ "$STORE" = 1 ] && L+=(-x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port)
     for kv in "${XENV[@]}"; do L+=(-x "$kv"); done
     ;;
-  mpich | mpich-abi)
-    L=("$M/bin/mpiexec" -launcher fork -n "$n"
+  mpich | mpich-abi | mpich4)
+    local mp=$M; [ $f = mpich4 ] && mp=$M4
+    L=("$mp/bin/mpiexec" -launcher fork -n "$n"
        -genv TORCHCOMMS_BACKEND_LIB_PATH_MPI "$lib" -genv OMP_NUM_THREADS 1)
     # MPICH busy-polls: with more ranks than cores, back off when idle
     [ "$n" -gt "$NCPU" ] && L+=(-genv MPIR_CVAR_CH4_PROGRESS_THROTTLE 1
@@ -84,7 +98,7 @@ launch() {
   return 0
 }
 
-# one FLAVOUR N KIND(C|Cnb|py|example|tcrun)
+# one FLAVOUR N KIND(C|Cnb|py|example|abort|tcrun|tcrunC|torchrun)
 one() {
   local f=$1 n=$2 kind=$3 log=$LOGS/$1-n$2-$3.log prog rc t0 dt
   XENV=()
@@ -106,12 +120,20 @@ one() {
     # through MPI_Abort (tests/mpi/abort_job.py)
     prog=("$VPY" "$ROOT/tests/mpi/abort_job.py" "$BACKEND")
     expect_ok=0 ;;
-  tcrun) # not started by mpirun: every rank is an MPI singleton; the
-    # wheels' MPIs cannot join singletons, so creation must fail at once
-    # with the reason and what to do (never hang)
+  tcrun) # not started by mpirun: every rank is an MPI singleton; Open MPI
+    # 5 (no PMIx server) and MPICH 5.0 (pmodels/mpich#7805) cannot join
+    # singletons, so creation must fail at once with the reason and what
+    # to do (never hang)
     L=(env TORCHCOMMS_BACKEND_LIB_PATH_MPI="$BUILD/mpi/$f" "$BUILD/tcrun" -n "$n")
     prog=("$VPY" -c "import torch, torchcomms; torchcomms.new_comm('mpi', torch.device('cpu'))")
     expect_ok=0 ;;
+  tcrunC) # an MPI that joins singletons: the C matrix, launched by tcrun
+    L=(env TORCHCOMMS_BACKEND_LIB_PATH_MPI="$BUILD/mpi/$f" "$BUILD/tcrun" -n "$n")
+    prog=("$BUILD/tc_mpi_ops" "$BACKEND") ;;
+  torchrun) # ... and the Python script, launched by torchrun
+    L=(env TORCHCOMMS_BACKEND_LIB_PATH_MPI="$BUILD/mpi/$f" OMP_NUM_THREADS=1
+       "$VPY" -m torch.distributed.run --nproc-per-node "$n" --master-port "$port")
+    prog=("$ROOT/tests/mpi/test_mpi_collectives.py" "$BACKEND") ;;
   esac
   t0=$(date +%s.%N)
   { echo "# ${L[*]} ${prog[*]}"; timeout -k 10 "$T" "${L[@]}" "${prog[@]}"; } >"$log" 2>&1
@@ -169,9 +191,17 @@ for f in "${flavours[@]}"; do
   done
   # a rank count that is not a power of two (the small all_reduce's fold)
   one "$f" 3 C
-  [ "$BACKEND" = mpi ] && one "$f" 2 Cnb
-  [ "$BACKEND" = mpi ] && one "$f" 2 abort
-  [ "$BACKEND" = mpi ] && one "$f" 2 tcrun
+  # once per MPI (mpich-abi is MPICH's library again, through the ABI)
+  [ "$BACKEND" = mpi ] && [ $f != mpich-abi ] && one "$f" 2 Cnb
+  [ "$BACKEND" = mpi ] && [ $f != mpich-abi ] && one "$f" 2 abort
+  [ "$BACKEND" = mpi ] && [ $f != mpich-abi ] && one "$f" 2 tcrun
 done
-echo "test-mpi: $pass passed, $fail failed (flavours: ${flavours[*]}; ranks: $NRANKS; logs in $LOGS)"
+if [ "$BACKEND" = mpi ]; then
+  for f in "${singletons[@]}"; do
+    one "$f" 2 tcrunC
+    one "$f" 3 tcrunC # joined one by one: an accept by a group of two
+    one "$f" 2 torchrun
+  done
+fi
+echo "test-mpi: $pass passed, $fail failed (flavours: ${flavours[*]}; singletons: ${singletons[*]:-none}; ranks: $NRANKS; logs in $LOGS)"
 [ $fail -eq 0 ] || { printf '  failed: %s\n' "${failed[@]}"; exit 1; }

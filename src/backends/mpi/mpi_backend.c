@@ -108,6 +108,20 @@ static int mp_err(char *msg, size_t len, int rc, const char *fmt, ...) {
   return rc;
 }
 
+/* Before MPI_Init in a process no MPI launcher started (torchrun, tcrun:
+ * an MPI singleton, which mp_join connects to the others): MPICH's default
+ * network module, UCX, writes port names longer than MPI_MAX_PORT_NAME, so
+ * MPI_Open_port fails ("no space for port_name tag"); its OFI module's
+ * fit. Set only when the user chose none, and never under a launcher (the
+ * launcher's environment names the ranks), where no port is opened. */
+static void mp_singleton_env(void) {
+  static const char *const launched[] = {"PMI_RANK", "PMI_FD", "PMI_PORT", "PMIX_RANK",
+                                         "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID"};
+  for (size_t i = 0; i < sizeof launched / sizeof launched[0]; i++)
+    if (getenv(launched[i])) return;
+  setenv("MPIR_CVAR_CH4_NETMOD", "ofi", 0);
+}
+
 /* An MPI error code as text. */
 static void mp_mpi_text(int code, char *buf, size_t len) {
   char s[MPI_MAX_ERROR_STRING];
@@ -210,6 +224,7 @@ static int mp_mpi_up(char *err, size_t errlen) {
   }
   MPI_Initialized(&inited);
   if (!inited) {
+    mp_singleton_env();
     int code = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &prov);
     if (code != MPI_SUCCESS) {
       rc = mp_mpi_fail(err, errlen, "MPI_Init_thread", code);
@@ -1080,13 +1095,17 @@ static int mp_join_fail(const tc_backend_init_args_t *a, char *err, size_t errle
                         const char *call, int code) {
   char t[MPI_MAX_ERROR_STRING + 1];
   mp_mpi_text(code, t, sizeof t);
-  char *nl = strchr(t, '\n');
-  if (nl) *nl = 0;
+  /* MPICH's text is a stack, "class, error stack:\nframe: ...\n...": its
+   * last non-empty line says why; Open MPI's is one line */
+  char *why = t, *end = t + strlen(t);
+  while (end > t && (end[-1] == '\n' || end[-1] == ' ')) *--end = 0;
+  char *nl = strrchr(t, '\n');
+  if (nl) why = nl + 1;
   return mp_err(err, errlen, TC_ERR_NOT_SUPPORTED,
                 "the processes were not started by mpirun (MPI sees a world of 1; torchcomms "
                 "was given rank %d of %d by the launcher) and this MPI cannot join them "
                 "(%s failed: %s). Launch with `mpirun -np %d ...` (or mpiexec/srun), which "
-                "gives MPI its ranks", a->rank, a->world_size, call, t, a->world_size);
+                "gives MPI its ranks", a->rank, a->world_size, call, why, a->world_size);
 }
 
 /* Joins MPI singletons (processes launched without mpirun) into one
