@@ -65,6 +65,12 @@ typedef struct tc__store_ext {
    * tc_store_* functions (the prefix store), where it is counted; so it is
    * not counted again on this one (tc__store_counts). */
   int forwards;
+  /* 1: the store reaches this rank only (an in-process store one rank
+   * made for its own bookkeeping, e.g. the extension's for a Python
+   * backend, which finds its peers itself): a communicator over it skips
+   * what needs a store shared by the ranks (the hang board, asking the
+   * store about peers). */
+  int rank_private;
 } tc__store_ext_t;
 
 /* Like tc_store_create, with the extra functions. ext may be NULL. On
@@ -72,6 +78,11 @@ typedef struct tc__store_ext {
 TC__PRIVATE int tc__store_create_ext(const tc_store_vtable_t *vtable,
                                      const tc__store_ext_t *ext, void *ctx,
                                      tc_store_t **out);
+
+/* An in-process store (as tc_store_memory) marked rank_private. */
+TC__PRIVATE int tc__store_memory_private(tc_store_t **out);
+/* 1 when store is marked rank_private. */
+TC__PRIVATE int tc__store_is_private(const tc_store_t *store);
 
 /* Store request counter (src/bootstrap/store.c): a per-process count of
  * every request that reaches a store doing the work (TCP client, memory,

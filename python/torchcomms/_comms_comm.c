@@ -397,9 +397,11 @@ PyObject *tcpy_new_comm(PyObject *module, PyObject *args, PyObject *kw) {
     Py_DECREF(copts);
     if (!pyobj) goto out;
     /* the core's own bookkeeping needs a store; the backend does its own
-     * rendezvous, so without one an in-process store serves */
+     * rendezvous, so without one an in-process store serves, marked as
+     * reaching this rank only (the core then waits for nothing a peer
+     * would publish in a shared store: the hang board) */
     if (!cstore) {
-      int src = tc_store_memory(&cstore);
+      int src = tc__store_memory_private(&cstore);
       if (src != TC_OK) {
         tcpy_raise(src, tc_last_error());
         goto out;

@@ -116,6 +116,10 @@ void tc__store_count(int kind, size_t nkeys) {
     atomic_fetch_add_explicit(&store_req_keys, nkeys, memory_order_relaxed);
 }
 
+int tc__store_is_private(const tc_store_t *store) {
+  return store && store->magic == TC__STORE_MAGIC && store->ext.rank_private;
+}
+
 void tc__store_counts(tc__store_counts_t *out) {
   if (!out) return;
   memset(out, 0, sizeof *out);

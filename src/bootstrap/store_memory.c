@@ -143,7 +143,7 @@ static void mem_destroy(void *ctx) {
   free(m);
 }
 
-int tc_store_memory(tc_store_t **out) {
+static int mem_create(tc_store_t **out, int rank_private) {
   if (!out)
     return tc__set_error(TC_ERR_INVALID_ARGUMENT,
                          "torchcomms: tc_store_memory: out is NULL");
@@ -162,9 +162,15 @@ int tc_store_memory(tc_store_t **out) {
       .size = sizeof(tc_store_vtable_t), .version = 1, .set = mem_set,
       .get = mem_get, .add = mem_add, .check = mem_check,
       .delete_key = mem_delete, .destroy = mem_destroy};
-  static const tc__store_ext_t ext = {.wait = mem_wait, .kind = "memory"};
+  const tc__store_ext_t ext = {.wait = mem_wait, .kind = "memory",
+                               .rank_private = rank_private};
   int rc = tc__store_create_ext(&vt, &ext, m, out);
   if (rc != TC_OK) mem_destroy(m);
   return rc;
 }
+
+/* Shared by whoever holds it: the ranks may be threads of one process. */
+int tc_store_memory(tc_store_t **out) { return mem_create(out, 0); }
+
+int tc__store_memory_private(tc_store_t **out) { return mem_create(out, 1); }
 

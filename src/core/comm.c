@@ -482,6 +482,7 @@ int tc_comm_create(const char *backend, const char *device,
   if (o.store) {
     tc_store_retain(o.store);
     c->root_store = o.store;
+    c->private_store = tc__store_is_private(o.store);
   } else if (!o.enable_reconfigure && TC_BACKEND_HAS_CAP(ops, TC_BACKEND_CAP_BOOTSTRAP) &&
              (!tc__env_str("MASTER_ADDR") || !tc__env_str("MASTER_PORT"))) {
     /* the backend finds its peers itself (mpirun): the core's bookkeeping

@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from compat_lib import Worker  # noqa: E402
@@ -74,8 +75,15 @@ for _op in OPS:
     setattr(Inner, _op, _forward(_op))
 
 torchcomms.register_backend("inner", Inner)
+t0 = time.monotonic()
 comm = torchcomms.new_comm("inner", torch.device("cpu"), name="py")
+CREATE_S = time.monotonic() - t0
 impl = comm.get_backend_impl()
+# A Python backend finds its peers itself; the core's bookkeeping store is
+# this rank's own. Once, every rank but 0 waited STALL_S (10 s) there for a
+# hang-board key only rank 0's own store held: the creations, the splits
+# and the first operations took 10 s each. Creation takes well under 1 s.
+STALL_S = 10.0
 
 
 def f32(*v):
@@ -94,6 +102,8 @@ def _(c):
     c.eq("init's device", impl.device, torch.device("cpu"))
     c.eq("init's options", type(impl.options).__name__, "CommOptions")
     c.true("registered", torchcomms._is_backend_registered("inner"))
+    c.true(f"created without waiting on a store no peer writes ({CREATE_S:.2f} s)",
+           CREATE_S < STALL_S / 2)
 
 
 @w.part("collectives")
@@ -223,7 +233,10 @@ def _(c):
 def _(c):
     impl.calls.clear()
     half = list(range(N // 2)) if R < N // 2 else list(range(N // 2, N))
+    t0 = time.monotonic()
     child = comm.split(half, "half")
+    dt = time.monotonic() - t0
+    c.true(f"split without waiting on a store no peer writes ({dt:.2f} s)", dt < STALL_S / 2)
     c.eq("child size", child.get_size(), N // 2)
     c.eq("child rank", child.get_rank(), half.index(R))
     cimpl = child.get_backend_impl()
