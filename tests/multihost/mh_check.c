@@ -95,7 +95,7 @@ static int mh_run_ops(tc_comm_t *c, const tc_op_desc_t *const *ops, size_t nops,
       for (int dt = 0; dt < TC_DTYPE_COUNT; dt++)
         for (int op = 0; op < (d->reducing ? TC_REDOP_COUNT : 1); op++) {
           if (d->reducing && !tc__redop_allowed((tc_dtype_t)dt, op)) continue;
-          if (counts[ci] > 7 && !big_allowed(d, (tc_dtype_t)dt, (tc_redop_type_t)op)) continue;
+          if (counts[ci] > 7 && !big_allowed(d, (tc_dtype_t)dt, (tc_redop_type_t)op, 0)) continue;
           tc_redop_t rop = op == TC_PREMUL_SUM ? TC_OP_PREMUL_SUM(0.5)
                                                : TC_OP((tc_redop_type_t)op);
           int async = (k++ % 2) == 1;
