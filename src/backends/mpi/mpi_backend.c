@@ -66,7 +66,14 @@
 
 #define MP_VERSION "0.1.0"
 #define MP_TAG 0x7c0    /* the user's point-to-point messages */
-#define MP_TAG_RD 0x7c1 /* the steps of the small all_reduce */
+/* The steps of an all_reduce schedule: one tag per collective, MP_TAG_STEPS
+ * + its number on the communicator modulo MP_TAG_SPAN, so that the steps
+ * of operations in flight together never match each other's messages
+ * between the same two ranks (MPI matches by source, tag and
+ * communicator, in posting order; two operations post their steps in an
+ * order that differs from rank to rank). MPI guarantees tags up to 32767. */
+#define MP_TAG_STEPS 0x1000
+#define MP_TAG_SPAN 0x4000
 
 /* ------------------------------------------------------------------------ */
 /* Small things                                                              */
@@ -342,6 +349,7 @@ typedef struct mp_comm {
   int queued;   /* posted to the engine, not started */
   int inflight; /* posted, not completed */
   int poisoned; /* an operation MPI cannot cancel was given up */
+  uint64_t colls; /* collectives posted (the same count on every rank) */
   void *scratch;         /* the small all_reduce's receive buffer (g_small_bytes), */
   atomic_int scratch_busy; /* lent to one operation at a time */
   char poison[256];
@@ -376,6 +384,7 @@ typedef struct mp_ent {
   int on_stack;     /* the caller's (a synchronous operation run in the post) */
   int scratch;      /* tmp is the communicator's scratch */
   int rd, rd_step;  /* an all_reduce by steps (1 recursive doubling, 2 ring): the step */
+  int tag;          /* its steps' tag (MP_TAG_STEPS + ...) */
   mp_step_t st;     /* the step running */
   int frc;          /* the engine could not start it: the status and why */
   char *fmsg;
@@ -576,13 +585,13 @@ static int mp_rd_post(mp_ent_t *e, char *msg, size_t len, int *more) {
   const mp_step_t *st = &e->st;
   if (st->from >= 0) {
     e->call = "MPI_Irecv";
-    int code = MPI_Irecv(st->rbuf, (int)st->rcount, mt, st->from, MP_TAG_RD, e->c->comm,
+    int code = MPI_Irecv(st->rbuf, (int)st->rcount, mt, st->from, e->tag, e->c->comm,
                          &e->req[e->nreq++]);
     if (code != MPI_SUCCESS) return mp_mpi_fail(msg, len, "MPI_Irecv", code);
   }
   if (st->to >= 0) {
     e->call = "MPI_Isend";
-    int code = MPI_Isend(st->sbuf, (int)st->scount, mt, st->to, MP_TAG_RD, e->c->comm,
+    int code = MPI_Isend(st->sbuf, (int)st->scount, mt, st->to, e->tag, e->c->comm,
                          &e->req[e->nreq++]);
     if (code != MPI_SUCCESS) return mp_mpi_fail(msg, len, "MPI_Isend", code);
   }
@@ -1026,6 +1035,9 @@ static void mp_ent_init(mp_ent_t *e, mp_comm_t *c, const tc_backend_op_t *op,
   e->op.num_hints = 0;
   e->c = c;
   e->work = work;
+  /* g_mu held: posts are numbered in the order the core issues them */
+  if (tc_backend_op_is_collective(op))
+    e->tag = MP_TAG_STEPS + (int)(c->colls++ % MP_TAG_SPAN);
 }
 
 static int mp_post(void *bc, const tc_backend_op_t *op, tc_work_t *work, char *err,
