@@ -100,7 +100,8 @@
     "the CUDA runtime the nccl backend loads (default libcudart.so.12, ...)")            \
   X(MPI_SMALL_BYTES, "TORCHCOMMS_MPI_SMALL_BYTES", NUM, 32768, 0, TC__BIG, NULL,           \
     "mpi backend: all_reduce up to this many bytes by recursive doubling over "           \
-    "MPI_Isend/Irecv, above it MPI_Iallreduce (0: always MPI_Iallreduce)")               \
+    "MPI_Isend/Irecv (broadcast: a binomial tree; equal-block all_gather: a ring), "      \
+    "above it MPI's own (0: always MPI's own)")                                           \
   X(MPI_RING_BYTES, "TORCHCOMMS_MPI_RING_BYTES", NUM, 32768, 0, TC__BIG, NULL,           \
     "mpi backend: all_reduce from this many bytes by a ring of MPI_Isend/Irecv, "         \
     "below it MPI_Iallreduce (0: never the ring)")                                        \

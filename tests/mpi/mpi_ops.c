@@ -139,12 +139,13 @@ static int mpi_run_op(tc_comm_t *c, const mpi_op_t *m, size_t count, int split_s
 
 /* Many asynchronous all_reduces in flight at once, of the sizes that run
  * as steps over MPI_Isend/MPI_Irecv (recursive doubling, ring) and of one
- * that runs as MPI_Iallreduce, issued back to back and waited at the end:
+ * that runs as MPI_Iallreduce, with small broadcasts (a tree of steps)
+ * among them, issued back to back and waited at the end:
  * the steps of different operations between the same two ranks must never
  * match each other's messages (each operation has its own tag). Exact. */
 static int mpi_concurrent(tc_comm_t *c, int rank, int n) {
   enum { K = 24 };
-  static const size_t sizes[] = {2, 20000, 5, 100000, 1, 9000};
+  static const size_t sizes[] = {2, 20000, 5, 100000, 3, 9000};
   float *buf[K];
   tc_work_t *w[K];
   for (int i = 0; i < K; i++) {
@@ -154,7 +155,10 @@ static int mpi_concurrent(tc_comm_t *c, int rank, int n) {
     snprintf(tc_case, sizeof tc_case, "concurrent: all_reduce %d of %d (count %zu) rank %d of %d",
              i, K, cnt, rank, n);
     w[i] = NULL;
-    TC_ASSERT_OK(tc_all_reduce(c, buf[i], cnt, TC_FLOAT32, TC_OP(TC_SUM), NULL, &w[i]));
+    if (i % 6 == 4) /* a broadcast tree among them, from rank i % n */
+      TC_ASSERT_OK(tc_broadcast(c, buf[i], cnt, TC_FLOAT32, i % n, NULL, &w[i]));
+    else
+      TC_ASSERT_OK(tc_all_reduce(c, buf[i], cnt, TC_FLOAT32, TC_OP(TC_SUM), NULL, &w[i]));
   }
   for (int i = 0; i < K; i++) {
     size_t cnt = sizes[i % 6];
@@ -163,7 +167,8 @@ static int mpi_concurrent(tc_comm_t *c, int rank, int n) {
     TC_ASSERT_OK(tc_work_wait(w[i]));
     TC_ASSERT_OK(tc_work_release(w[i]));
     for (size_t j = 0; j < cnt; j++) {
-      float want = (float)((i + 1) * n * (n + 1) / 2 + n * (int)(j % 7));
+      float want = i % 6 == 4 ? (float)((i % n + 1) * (i + 1) + (int)(j % 7))
+                              : (float)((i + 1) * n * (n + 1) / 2 + n * (int)(j % 7));
       if (buf[i][j] != want)
         tc_test_fail(__FILE__, __LINE__, "%s: element %zu is %g, want %g", tc_case, j,
                      (double)buf[i][j], (double)want);
@@ -334,7 +339,7 @@ int main(int argc, char **argv) {
     total += cases;
     if (rank == 0) {
       printf("mpi_ops: %-22s %4d cases passed (24 in flight at a time) in %.1f s\n",
-             "concurrent all_reduce", cases, tc__now() - t1);
+             "concurrent ar/bcast", cases, tc__now() - t1);
       fflush(stdout);
     }
   }
