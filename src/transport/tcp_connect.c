@@ -662,7 +662,8 @@ int tc__tcp_connect_all(tcp_t *t, double deadline, char *err, size_t errlen) {
     enum { SLOT = 80 };
     char mine[SLOT] = "", *all = malloc((size_t)t->size * SLOT);
     if (!all) return msg_fail(err, errlen, TC_ERR_NOMEM, "out of memory");
-    if (strlen(cx->pub) < SLOT) snprintf(mine, sizeof mine, "%s", cx->pub);
+    size_t publen = strlen(cx->pub);
+    if (publen < SLOT) memcpy(mine, cx->pub, publen + 1);
     int rc = tc__mesh_all_gather_as(t, "the exchange of addresses", mine, SLOT, all, 0,
                                     deadline, err, errlen);
     for (int p = 0; p < t->size && rc == TC_OK; p++) {
