@@ -107,6 +107,8 @@ one() {
   [ "$kind" = Cnb ] && XENV=(TORCHCOMMS_MPI_SMALL_BYTES=0 TORCHCOMMS_MPI_RING_BYTES=0)
   if ! launch "$f" "$n"; then fail=$((fail + 1)); failed+=("$f N=$n $kind (no launcher)"); return; fi
   local expect_ok=1 check=""
+  # tcrun, tcrunC: launched by tcrun instead (every rank an MPI singleton)
+  [[ $kind = tcrun* ]] && L=(env TORCHCOMMS_BACKEND_LIB_PATH_MPI="$BUILD/mpi/$f" "$BUILD/tcrun" -n "$n")
   case $kind in
   C | Cnb) prog=("$BUILD/tc_mpi_ops" "$BACKEND") ;;
   py) prog=("$VPY" "$ROOT/tests/mpi/test_mpi_collectives.py" "$BACKEND") ;;
@@ -124,11 +126,9 @@ one() {
     # 5 (no PMIx server) and MPICH 5.0 (pmodels/mpich#7805) cannot join
     # singletons, so creation must fail at once with the reason and what
     # to do (never hang)
-    L=(env TORCHCOMMS_BACKEND_LIB_PATH_MPI="$BUILD/mpi/$f" "$BUILD/tcrun" -n "$n")
     prog=("$VPY" -c "import torch, torchcomms; torchcomms.new_comm('mpi', torch.device('cpu'))")
     expect_ok=0 ;;
   tcrunC) # an MPI that joins singletons: the C matrix, launched by tcrun
-    L=(env TORCHCOMMS_BACKEND_LIB_PATH_MPI="$BUILD/mpi/$f" "$BUILD/tcrun" -n "$n")
     prog=("$BUILD/tc_mpi_ops" "$BACKEND") ;;
   torchrun) # ... and the Python script, launched by torchrun
     L=(env TORCHCOMMS_BACKEND_LIB_PATH_MPI="$BUILD/mpi/$f" OMP_NUM_THREADS=1

@@ -66,7 +66,8 @@
 
 #define MP_VERSION "0.1.0"
 #define MP_TAG 0x7c0    /* the user's point-to-point messages */
-/* The steps of an all_reduce schedule: one tag per collective, MP_TAG_STEPS
+/* The steps of a schedule (all_reduce, small broadcast and all_gather;
+ * MP_RD_*): one tag per collective, MP_TAG_STEPS
  * + its number on the communicator modulo MP_TAG_SPAN, so that the steps
  * of operations in flight together never match each other's messages
  * between the same two ranks (MPI matches by source, tag and
@@ -484,8 +485,8 @@ static int mp_reqs(mp_ent_t *e, int n) {
     if (code_ != MPI_SUCCESS) return mp_mpi_fail(msg, len, name, code_);       \
   } while (0)
 
-/* all_reduce over MPI_Isend/MPI_Irecv, as a schedule of steps (e->rd: 1
- * recursive doubling, 2 ring), because MPI's non-blocking MPI_Iallreduce
+/* all_reduce over MPI_Isend/MPI_Irecv, as a schedule of steps (e->rd: MP_RD_AR_SMALL
+ * recursive doubling, MP_RD_AR_RING ring), because MPI's non-blocking MPI_Iallreduce
  * is much slower than its blocking MPI_Allreduce: about 1 us more at 8
  * bytes (the schedule machinery), and up to 4x at 512 KiB (Open MPI 5's
  * libnbc), on this machine (docs/backends.md, section 9).
