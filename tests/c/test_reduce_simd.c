@@ -1,5 +1,5 @@
-/* test_reduce_simd.c -- the AVX2/F16C bfloat16 and float16 kernels
- * (src/reduce/reduce.c) against the generic ones and against an element by
+/* test_reduce_simd.c -- the AVX-512 and AVX2/F16C bfloat16 and float16
+ * kernels (src/reduce/reduce.c) against the generic ones and against an element by
  * element reference built from the scalar conversions, bit for bit: random
  * bits (NaN of both signs, quiet and signalling, infinities, subnormals),
  * results that overflow or fall into the subnormal range, every length
@@ -85,11 +85,13 @@ static void guards(const uint16_t *p, size_t n, const char *what) {
   }
 }
 
+/* The highest kernel tier the CPU has (0 generic, 1 AVX2, 2 AVX-512). */
 static int simd_present(void) {
-  const int was = tc__reduce_set_simd(1);
-  tc__reduce_set_simd(was);
-  return was;
+  tc__reduce_set_simd(2);
+  return tc__reduce_set_simd(2);
 }
+
+static const char *const tier_name[] = {"generic", "AVX2", "AVX-512"};
 
 /* The test data and every call shape for dt x op at n elements, the three
  * buffers at offsets oa, ob, oo; checks the vector kernels (when the CPU
@@ -104,9 +106,9 @@ static void check(tc_dtype_t dt, tc_redop_type_t op, size_t n, size_t oa, size_t
     w[i] = ref(dt, op, a[i], b[i]);
     ww[i] = ref(dt, op, a[i], a[i]);
   }
-  for (int simd = 1; simd >= 0; simd--) {
+  for (int simd = 2; simd >= 0; simd--) {
     tc__reduce_set_simd(simd);
-    const char *path = simd ? "vector" : "generic";
+    const char *path = tier_name[simd];
     char what[160];
 #define CHECK_OUT(label, x, y, want)                                                     \
   do {                                                                                   \
@@ -134,20 +136,23 @@ static void check(tc_dtype_t dt, tc_redop_type_t op, size_t n, size_t oa, size_t
     guards(b, n, "input b");
 #undef CHECK_OUT
   }
-  tc__reduce_set_simd(1);
-  /* the two paths agree bit for bit, NaN signs included */
+  /* every tier agrees with the generic code bit for bit, NaN signs included */
+  tc__reduce_set_simd(0);
   memset(o, 0, n * 2);
   tc__reduce3(o, a, b, n, dt, op);
   memcpy(w, o, n * 2);
-  tc__reduce_set_simd(0);
-  tc__reduce3(o, a, b, n, dt, op);
-  tc__reduce_set_simd(1);
-  for (size_t i = 0; i < n; i++)
-    if (w[i] != o[i])
-      tc_test_fail(__FILE__, __LINE__,
-                   "%s %s n=%zu: element %zu: 0x%04x op 0x%04x is 0x%04x (vector) but 0x%04x "
-                   "(generic)",
-                   tc_dtype_name(dt), tc_redop_name(op), n, i, a[i], b[i], w[i], o[i]);
+  for (int simd = 2; simd >= 1; simd--) {
+    tc__reduce_set_simd(simd);
+    tc__reduce3(o, a, b, n, dt, op);
+    for (size_t i = 0; i < n; i++)
+      if (w[i] != o[i])
+        tc_test_fail(__FILE__, __LINE__,
+                     "%s %s n=%zu: element %zu: 0x%04x op 0x%04x is 0x%04x (%s) but 0x%04x "
+                     "(generic)",
+                     tc_dtype_name(dt), tc_redop_name(op), n, i, a[i], b[i], o[i],
+                     tier_name[simd], w[i]);
+  }
+  tc__reduce_set_simd(2);
   free(w);
   free(ww);
   buf_free(a, oa);
@@ -168,22 +173,29 @@ static void check_dtype(tc_dtype_t dt) {
   }
 }
 
-/* The vector kernels are present where the CPU has AVX2 (and F16C): on such
- * a machine this test must not compare the generic code with itself. */
+/* The vector kernels are present where the CPU has AVX2 (and F16C), the
+ * AVX-512 ones where it has AVX512F/BW/DQ/VL: on such a machine this test
+ * must not compare the generic code with itself. */
 TC_TEST(reduce_simd_present) {
 #if defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();
-  const int want = __builtin_cpu_supports("avx2") != 0;
+  const int avx2 = __builtin_cpu_supports("avx2") != 0;
+  const int z = avx2 && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx512f") &&
+                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                __builtin_cpu_supports("avx512vl");
+  const int want = z ? 2 : avx2;
   TC_ASSERT_EQ(simd_present(), want);
-  if (!want) printf("# no AVX2: the generic kernels only\n");
+  printf("# 16-bit kernels: %s%s\n", tier_name[want],
+         z && !__builtin_cpu_supports("avx512bf16") ? " (bfloat16: AVX2, no AVX512_BF16)" : "");
 #else
+  const int want = 0;
   TC_ASSERT_EQ(simd_present(), 0);
 #endif
-  const int was = tc__reduce_set_simd(0); /* off: reports what was in use */
-  TC_ASSERT_EQ(was, simd_present() || was);
-  TC_ASSERT_EQ(simd_present(), 0);
+  TC_ASSERT_EQ(tc__reduce_set_simd(0), want); /* off: reports what was in use */
+  TC_ASSERT_EQ(tc__reduce_set_simd(0), 0);
   TC_ASSERT_EQ(tc__reduce_set_simd(1), 0);
-  TC_ASSERT_EQ(simd_present(), was);
+  TC_ASSERT_EQ(tc__reduce_set_simd(2), want ? 1 : 0);
+  TC_ASSERT_EQ(tc__reduce_set_simd(2), want);
 }
 
 TC_TEST(reduce_simd_bfloat16) { check_dtype(TC_BFLOAT16); }
@@ -202,7 +214,7 @@ static void check_scale_divide(tc_dtype_t dt) {
     for (size_t off = 0; off < 2; off++) {
       uint16_t *s = buf_new(n, off + 3), *d = buf_new(n, off);
       for (size_t i = 0; i < n; i++) s[i] = rnd16(dt);
-      for (int simd = 1; simd >= 0; simd--) {
+      for (int simd = 2; simd >= 0; simd--) {
         tc__reduce_set_simd(simd);
         for (size_t f = 0; f < sizeof factors / sizeof factors[0]; f++) {
           tc__scale(d, s, n, dt, factors[f]);
@@ -213,7 +225,7 @@ static void check_scale_divide(tc_dtype_t dt) {
               tc_test_fail(__FILE__, __LINE__,
                            "%s scale %s n=%zu factor %g: element %zu: 0x%04x -> 0x%04x, "
                            "expected 0x%04x",
-                           simd ? "vector" : "generic", tc_dtype_name(dt), n,
+                           tier_name[simd], tc_dtype_name(dt), n,
                            (double)factors[f], i, s[i], d[i], want);
           }
           guards(d, n, "scale");
@@ -231,13 +243,13 @@ static void check_scale_divide(tc_dtype_t dt) {
               tc_test_fail(__FILE__, __LINE__,
                            "%s divide %s n=%zu by %llu: element %zu: 0x%04x -> 0x%04x, "
                            "expected 0x%04x",
-                           simd ? "vector" : "generic", tc_dtype_name(dt), n,
+                           tier_name[simd], tc_dtype_name(dt), n,
                            (unsigned long long)divisors[v], i, s[i], d[i], want);
           }
           guards(d, n, "divide");
         }
       }
-      tc__reduce_set_simd(1);
+      tc__reduce_set_simd(2);
       buf_free(s, off + 3);
       buf_free(d, off);
     }
