@@ -73,6 +73,8 @@ TCPY_HIDDEN extern PyTypeObject TcPy_BatchSendRecv_Type;
 typedef struct tcpy_device {
   char type[32]; /* "cpu", "cuda", ... */
   int index;     /* -1: none */
+  int is_cpu;    /* type is "cpu" (read on every operation: no strcmp) */
+  int is_cuda;   /* type is "cuda" */
 } tcpy_device_t;
 
 /* Kinds of Python hooks a TorchComm holds (TCPY_HOOK_SPLIT is private: the

@@ -105,7 +105,7 @@ PyObject *tcpy_issue_opts(TorchCommObject *self, const char *op,
                           PyObject *refs, PyObject *pre) {
   if (tcpy_comm_live(self, op) < 0) return NULL;
   /* CUDA tensors: the operation is ordered after torch's current stream */
-  if (!opts->o.stream && !strcmp(self->dev.type, "cuda") &&
+  if (!opts->o.stream && self->dev.is_cuda &&
       tcpy_cuda_stream(self->dev.index, &opts->o.stream) < 0)
     return NULL;
   tcpy_comm_reap(self);
@@ -213,6 +213,12 @@ static PyObject *tcpy_comm_wrap(tc_comm_t *comm, const tcpy_device_t *dev,
   return (PyObject *)self;
 }
 
+/* Sets dev's is_cpu / is_cuda from its type. */
+static void tcpy_device_kind(tcpy_device_t *dev) {
+  dev->is_cpu = !strcmp(dev->type, "cpu");
+  dev->is_cuda = !strcmp(dev->type, "cuda");
+}
+
 /* device: torch.device, "cpu", "cuda:1", ... */
 static int tcpy_parse_device(PyObject *device, tcpy_device_t *dev,
                              PyObject **device_obj) {
@@ -232,6 +238,7 @@ static int tcpy_parse_device(PyObject *device, tcpy_device_t *dev,
       if (*end || end == colon + 1 || i < 0 || i > 1 << 20) goto bad;
       dev->index = (int)i;
     }
+    tcpy_device_kind(dev);
     return 0;
   bad:
     PyErr_Format(PyExc_ValueError, "new_comm: argument 'device' = '%s' is not "
@@ -266,6 +273,7 @@ static int tcpy_parse_device(PyObject *device, tcpy_device_t *dev,
     dev->index = (int)i;
   }
   Py_DECREF(index);
+  tcpy_device_kind(dev);
   *device_obj = Py_NewRef(device);
   return 0;
 }

@@ -337,7 +337,7 @@ static int tcpy_call_bool(PyObject *obj, PyObject *name) {
 /* Checks the tensor's device against the communicator's. */
 static int tcpy_check_device(const tcpy_device_t *dev, const char *op,
                              const char *arg, PyObject *obj, int fast) {
-  if (dev->type[0] == 'c' && !strcmp(dev->type, "cpu")) {
+  if (dev->is_cpu) {
     /* fast path: one attribute instead of device + type */
     PyObject *is_cpu = tcpy_get_is_cpu(obj, fast);
     if (!is_cpu) return -1;
@@ -356,7 +356,7 @@ static int tcpy_check_device(const tcpy_device_t *dev, const char *op,
     goto out;
   }
   int same = PyUnicode_CompareWithASCIIString(type, dev->type) == 0;
-  if (same && dev->index >= 0 && strcmp(dev->type, "cpu") != 0) {
+  if (same && dev->index >= 0 && !dev->is_cpu) {
     PyObject *index = PyObject_GetAttr(d, tcpy_str.index);
     if (!index) goto out;
     long i = index == Py_None ? -1 : PyLong_AsLong(index);
@@ -393,7 +393,7 @@ int tcpy_tensor(const tcpy_device_t *dev, const char *op, const char *arg,
     return -1;
   }
   int fast = tcpy_fast_ok(obj);
-  if (fast && tcpy_dl_read && dev->type[0] == 'c' && !strcmp(dev->type, "cpu") &&
+  if (fast && tcpy_dl_read && dev->is_cpu &&
       (Py_IS_TYPE(obj, tcpy_Tensor) || Py_IS_TYPE(obj, tcpy_Parameter))) {
     tcpy_dl_tensor_t d;
     int dt = -1;
