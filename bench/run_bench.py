@@ -57,6 +57,10 @@ below 4 MiB, 10 from 4 MiB; 5 warm-up). Writes bench/results/raw.csv (every
 row of every run), bench/results/median.csv (median over runs),
 bench/results/ratios.csv, bench/results/ratios_<anchor>.csv,
 bench/results/timing.csv (seconds per measurement call),
+bench/results/placement.csv (bench/placement_probe.c run before every
+launch: how fast the two CPUs exchange data at that moment; on a VM the
+host's placement of the virtual CPUs makes a launch 2-4x slower from 64 KiB
+when the probe's ping-pong is far, docs/benchmarks.md "Two placements"),
 bench/results/busbw_<N>ranks.png, and prints the tables of ratios and the
 issues' targets with PASS/MISS, issue 16's last (bench/bench_targets.py,
 which --targets, or make bench-targets, prints again from saved CSVs).
@@ -68,6 +72,7 @@ blocking wait (bench/bench_load.py; issue 16, point 3).
 import argparse
 import csv
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -183,11 +188,110 @@ def applies(impl, coll, n):
 GLOO_RANKS = [int(x) for x in os.environ.get("BENCH_GLOO_RANKS", "2").split(",") if x]
 OVERSUB_SEEN = set()  # (impl, ranks) the anchor script marked OVERSUBSCRIBED
 TIMING = []  # [run, impl, ranks, collective, min size, max size, seconds] of every measurement call
+# [run, impl, ranks, collective, min size, attempts, ping-pong ns before,
+# after, handoff GB/s before] of the placement probe (bench/placement_probe.c)
+# around each launch: on a VM the host moves the virtual CPUs, and a launch in
+# the "far" placement is 2-4x slower from 64 KiB (docs/benchmarks.md, "Two
+# placements").
+PLACEMENT = []
+FAR_NS = 150  # a probe ping-pong above this: the far placement
+# BENCH_PLACEMENT=near (the default): every launch, ours and the anchors'
+# alike, waits (up to BENCH_PLACEMENT_WAIT_S, 10 s) for the near placement,
+# and is measured again (up to 3 attempts) when the probe after it says far;
+# "any": measured as it comes, the probe only recorded.
+PLACE_NEAR = os.environ.get("BENCH_PLACEMENT", "near") != "any"
+PLACE_WAIT_S = float(os.environ.get("BENCH_PLACEMENT_WAIT_S", "10"))
 
 
-def measure(impl, coll, n, tools, ranges=None):
+def probe_placement(tools):
+    """(handoff GB/s, ping-pong ns) now, or None without the probe."""
+    if not tools.get("probe"):
+        return None
+    try:
+        out, _ = run_cmd([tools["probe"]], timeout=30)
+    except (RuntimeError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"handoff_GBps=([0-9.na]+) pingpong_ns=([0-9.na]+)", out)
+    return (float(m.group(1)), float(m.group(2))) if m else None
+
+
+def far(p):
+    return p is not None and p[1] > FAR_NS
+
+
+def wait_near(tools):
+    """The probe now; with PLACE_NEAR, probes every 0.25 s until the near
+    placement or PLACE_WAIT_S."""
+    p, t0 = probe_placement(tools), time.time()
+    while PLACE_NEAR and far(p) and time.time() - t0 < PLACE_WAIT_S:
+        time.sleep(0.25)
+        p = probe_placement(tools)
+    return p
+
+
+def placement_report():
+    """placement.csv, and per implementation how many of its launches ran
+    in the far placement (a probe ping-pong above FAR_NS)."""
+    if not PLACEMENT:
+        return
+    with open(os.path.join(OUT, "placement.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "impl", "ranks", "collective", "min_size", "attempts",
+                    "pingpong_ns_before", "pingpong_ns_after", "handoff_GBps_before"])
+        w.writerows(PLACEMENT)
+    per = {}
+    for r in PLACEMENT:
+        k = per.setdefault(r[1], [0, 0, 0])
+        k[0] += 1
+        k[1] += r[6] > FAR_NS or r[7] > FAR_NS
+        k[2] += r[5] - 1
+    log(f"bench: placement (placement.csv; {'near placement awaited' if PLACE_NEAR else 'as it came'}): "
+        f"{sum(v[1] for v in per.values())} of {len(PLACEMENT)} kept launches had a far probe "
+        f"(> {FAR_NS} ns) before or after, {sum(v[2] for v in per.values())} launches measured again; "
+        "per implementation (far / launches, again): " +
+        ", ".join(f"{k} {v[1]}/{v[0]}, {v[2]}" for k, v in sorted(per.items())))
+
+
+def launch(impl, coll, n, lo, hi, factor, tools, anchor):
+    """One launch of impl over sizes lo..hi: (its output, its start time)."""
+    t_call = time.time()
+    if impl in ("ours-c", "ours-tcp", "ours-py", *DTYPE_IMPLS):
+        prog = [tools["tcperf"]] if impl != "ours-py" else [tools["python"], "-m", "torchcomms.perf"]
+        cmd = [tools["tcrun"], "-n", str(n), *prog, "-c", coll, "-b", str(lo), "-e", str(hi),
+               "-f", str(factor), "-n", "0", "-w", "5", "-t", "120"]
+        if impl in DTYPE_IMPLS:
+            cmd += ["-d", DTYPE_IMPLS[impl]]
+        env = {"TORCHCOMMS_CPU_TRANSPORT": "tcp"} if impl == "ours-tcp" else None
+        out, _ = run_cmd(cmd, env)
+    elif anchor:
+        env, cmd = BA.measure_cmd(impl, coll, n, lo, hi, ANCHORS, tools["p2p"])
+        # GNU nproc honours OMP_NUM_THREADS: the script counts cores with it
+        env["OMP_NUM_THREADS"] = None
+        out, _ = run_cmd(cmd, env, timeout=BA.RUN_TIMEOUT + 60)
+        if "OVERSUBSCRIBED" in out or (coll in P2P_COLLS and BA.oversubscribed(n)):
+            OVERSUB_SEEN.add((impl, n))
+    elif impl == "gloo":
+        cmd = [tools["python"], os.path.join(ANCHORS, "gloo_perf.py"), "--nproc", str(n), "--coll", coll,
+               "--min-bytes", str(lo), "--max-bytes", str(hi), "--factor", str(factor),
+               "--port", str(free_port())]
+        out, _ = run_cmd(cmd)
+    elif coll in WIN_COLLS:
+        cmd = [*MPIRUN, *MPI_WIN_OPTS[impl], "-np", str(n), tools["mpi_rma_perf"], coll, str(lo), str(hi)]
+        out, _ = run_cmd(cmd)
+    elif coll in P2P_COLLS:
+        cmd = [*MPIRUN, *MPI_OPTS[impl], "-np", str(n), tools["mpi_sendrecv"], "sendrecv", str(lo), str(hi)]
+        out, _ = run_cmd(cmd)
+    else:
+        cmd = [*MPIRUN, *MPI_OPTS[impl], "-np", str(n), tools["mpi_perf"], MPI_NAME[coll], str(lo), str(hi)]
+        out, _ = run_cmd(cmd)
+    return out, t_call
+
+
+def measure(impl, coll, n, tools, ranges=None, place=True):
     """{size: (time_us, busbw)} of one implementation at one point, over
-    ranges ([(min, max)], x4 steps; default size_ranges())."""
+    ranges ([(min, max)], x4 steps; default size_ranges()). place: the
+    placement probe around each launch (not under bench_load's CPU hog,
+    where every probe is slow)."""
     rows = {}
     anchor = BA.split_impl(impl)
     factor = 4
@@ -198,36 +302,14 @@ def measure(impl, coll, n, tools, ranges=None):
         # torch's workers): a sub-millisecond 8 B measurement must not share
         # the cores with them
         time.sleep(SETTLE_S)
-        t_call = time.time()
-        if impl in ("ours-c", "ours-tcp", "ours-py", *DTYPE_IMPLS):
-            prog = [tools["tcperf"]] if impl != "ours-py" else [tools["python"], "-m", "torchcomms.perf"]
-            cmd = [tools["tcrun"], "-n", str(n), *prog, "-c", coll, "-b", str(lo), "-e", str(hi),
-                   "-f", str(factor), "-n", "0", "-w", "5", "-t", "120"]
-            if impl in DTYPE_IMPLS:
-                cmd += ["-d", DTYPE_IMPLS[impl]]
-            env = {"TORCHCOMMS_CPU_TRANSPORT": "tcp"} if impl == "ours-tcp" else None
-            out, _ = run_cmd(cmd, env)
-        elif anchor:
-            env, cmd = BA.measure_cmd(impl, coll, n, lo, hi, ANCHORS, tools["p2p"])
-            # GNU nproc honours OMP_NUM_THREADS: the script counts cores with it
-            env["OMP_NUM_THREADS"] = None
-            out, _ = run_cmd(cmd, env, timeout=BA.RUN_TIMEOUT + 60)
-            if "OVERSUBSCRIBED" in out or (coll in P2P_COLLS and BA.oversubscribed(n)):
-                OVERSUB_SEEN.add((impl, n))
-        elif impl == "gloo":
-            cmd = [tools["python"], os.path.join(ANCHORS, "gloo_perf.py"), "--nproc", str(n), "--coll", coll,
-                   "--min-bytes", str(lo), "--max-bytes", str(hi), "--factor", str(factor),
-                   "--port", str(free_port())]
-            out, _ = run_cmd(cmd)
-        elif coll in WIN_COLLS:
-            cmd = [*MPIRUN, *MPI_WIN_OPTS[impl], "-np", str(n), tools["mpi_rma_perf"], coll, str(lo), str(hi)]
-            out, _ = run_cmd(cmd)
-        elif coll in P2P_COLLS:
-            cmd = [*MPIRUN, *MPI_OPTS[impl], "-np", str(n), tools["mpi_sendrecv"], "sendrecv", str(lo), str(hi)]
-            out, _ = run_cmd(cmd)
-        else:
-            cmd = [*MPIRUN, *MPI_OPTS[impl], "-np", str(n), tools["mpi_perf"], MPI_NAME[coll], str(lo), str(hi)]
-            out, _ = run_cmd(cmd)
+        for attempt in range(1, 4):
+            before = wait_near(tools) if place else None
+            out, t_call = launch(impl, coll, n, lo, hi, factor, tools, anchor)
+            after = probe_placement(tools) if place else None
+            if not PLACE_NEAR or not (far(before) or far(after)) or attempt == 3:
+                break
+        if before and after:
+            PLACEMENT.append([RUN_NOW[0], impl, n, coll, lo, attempt, before[1], after[1], before[0]])
         want = [lo * factor ** k for k in range(64) if lo * factor ** k <= hi]
         times = parse_times(out)
         if len(times) != len(want):
@@ -281,12 +363,15 @@ def build_tools(skip_mpi):
              "python": sys.executable,
              "memcpy_bw": os.path.join(BUILD, "bench", "memcpy_bw"),
              "tcreduce_bench": os.path.join(BUILD, "tcreduce_bench"),
+             "probe": os.path.join(BUILD, "tcplacement_probe"),
              "mpi_perf": os.path.join(BUILD, "bench", "mpi_perf"),
              "mpi_rma_perf": os.path.join(BUILD, "bench", "mpi_rma_perf"),
              "mpi_sendrecv": os.path.join(BUILD, "bench", "mpi_sendrecv"), "p2p": {}}
     for t in ("tcrun", "tcperf", "tcreduce_bench"):
         if not os.access(tools[t], os.X_OK):
             sys.exit(f"bench: {tools[t]} is missing: run `make build` first")
+    if not os.access(tools["probe"], os.X_OK):
+        tools["probe"] = None  # an older build: no placement.csv
     if not os.path.isfile(os.path.join(ANCHORS, "memcpy_bw.c")):
         sys.exit(f"bench: the anchor benchmarks are not in {ANCHORS} (a checkout beside ../shared, "
                  "or TC_BENCH_ANCHORS=/path/to/shared/bench)")
@@ -334,7 +419,6 @@ def probe_osc(impls, tools):
     {impl: "osc <component>"}, or {impl: "refused (<why>)"} for those that do
     not work here (e.g. an Open MPI without osc pt2pt for mpi-tcp), which are
     skipped."""
-    import re
     found = {}
     for impl in impls:
         if impl not in MPI_WIN_OPTS:
@@ -544,9 +628,10 @@ def main():
             plot(med, memmed, ranks, colls, impls + aimpls)
     if colls:
         timing_report(time.time() - t_start)
+        placement_report()
     if load_impls:
         def measure8(impl, n):
-            return measure(impl, "all_reduce", n, tools, [(8, 8)])[8][0]
+            return measure(impl, "all_reduce", n, tools, [(8, 8)], place=False)[8][0]
         failures += bench_load.run_load(measure8, run_cmd, tools, OUT, a.runs, load_impls, load_ranks, log,
                                         BUILD, ROOT)
     if colls_c or load_impls:

@@ -1,0 +1,118 @@
+/* placement_probe.c -- how fast two of this machine's CPUs exchange data
+ * right now: a probe `make bench` runs before every measurement it launches
+ * (placement.csv), because on a virtual machine the host decides where the
+ * virtual CPUs run, and that decision changes from second to second.
+ *
+ * Two threads, pinned to the first two CPUs of the process's mask, take
+ * turns: each copies a 64 KiB buffer the other just wrote, then rewrites it
+ * and hands it back (handoff GB/s: 2 x 64 KiB per round trip); then they
+ * bounce one cache line (ping-pong ns: one round trip). Both are what a
+ * 2-rank shared-memory collective does, without any library code. On the
+ * 2-vCPU VM this project is measured on, back-to-back launches give either
+ * about 20-25 GB/s or about 8-10 GB/s (docs/benchmarks.md, "Two
+ * placements"), and a collective measured in the slow one is 2-4x slower at
+ * 64 KiB and above.
+ *
+ * Output, one line: "placement: handoff_GBps=X pingpong_ns=Y cpus=A,B".
+ * Usage: tcplacement_probe [ROUNDS]   (default 4000 handoffs)
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { SZ = 64 << 10, PINGS = 20000 };
+
+static char *buf, *dst[2];
+static _Atomic int turn;
+static int rounds = 4000, cpu[2];
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void pin(int c) {
+  cpu_set_t s;
+  CPU_ZERO(&s);
+  CPU_SET(c, &s);
+  pthread_setaffinity_np(pthread_self(), sizeof s, &s);
+}
+
+/* Side `me` of the handoffs, then of the ping-pongs, each waiting for its
+ * turn (side 0 runs the same loops in main, timed). */
+static void side(int me) {
+  for (int i = 0; i < rounds; i++) {
+    while (atomic_load_explicit(&turn, memory_order_acquire) != me) {
+    }
+    memcpy(dst[me], buf, SZ);
+    memset(buf, i & 0xFF, SZ);
+    atomic_store_explicit(&turn, !me, memory_order_release);
+  }
+  for (int i = 0; i < PINGS; i++) {
+    while (atomic_load_explicit(&turn, memory_order_acquire) != me) {
+    }
+    atomic_store_explicit(&turn, !me, memory_order_release);
+  }
+}
+
+static void *peer(void *arg) {
+  (void)arg;
+  pin(cpu[1]);
+  side(1);
+  return NULL;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1) rounds = atoi(argv[1]) > 0 ? atoi(argv[1]) : rounds;
+  cpu_set_t mask;
+  if (sched_getaffinity(0, sizeof mask, &mask) != 0) return 1;
+  int k = 0;
+  for (int c = 0; c < CPU_SETSIZE && k < 2; c++)
+    if (CPU_ISSET(c, &mask)) cpu[k++] = c;
+  if (k < 2) {
+    printf("placement: handoff_GBps=nan pingpong_ns=nan cpus=%d (one CPU)\n", cpu[0]);
+    return 0;
+  }
+  buf = aligned_alloc(64, SZ);
+  dst[0] = aligned_alloc(64, SZ);
+  dst[1] = aligned_alloc(64, SZ);
+  if (!buf || !dst[0] || !dst[1]) return 1;
+  memset(buf, 1, SZ);
+  memset(dst[0], 1, SZ);
+  memset(dst[1], 1, SZ);
+  pthread_t t;
+  pin(cpu[0]);
+  if (pthread_create(&t, NULL, peer, NULL) != 0) return 1;
+  /* side 0's loops, timed: the handoffs, then the ping-pongs */
+  double t0 = now_s();
+  for (int i = 0; i < rounds; i++) {
+    while (atomic_load_explicit(&turn, memory_order_acquire) != 0) {
+    }
+    memcpy(dst[0], buf, SZ);
+    memset(buf, i & 0xFF, SZ);
+    atomic_store_explicit(&turn, 1, memory_order_release);
+  }
+  while (atomic_load_explicit(&turn, memory_order_acquire) != 0) {
+  }
+  double t1 = now_s();
+  for (int i = 0; i < PINGS; i++) {
+    while (atomic_load_explicit(&turn, memory_order_acquire) != 0) {
+    }
+    atomic_store_explicit(&turn, 1, memory_order_release);
+  }
+  while (atomic_load_explicit(&turn, memory_order_acquire) != 0) {
+  }
+  double t2 = now_s();
+  pthread_join(t, NULL);
+  printf("placement: handoff_GBps=%.2f pingpong_ns=%.0f cpus=%d,%d\n",
+         2.0 * rounds * SZ / (t1 - t0) / 1e9, (t2 - t1) / PINGS * 1e9, cpu[0], cpu[1]);
+  return 0;
+}
