@@ -26,11 +26,17 @@ TC_INTERNAL int tc__set_error_v(int rc, const char *fmt, va_list ap);
 /* Copies text into the thread's last error verbatim and returns rc. */
 TC_INTERNAL int tc__set_error_text(int rc, const char *text);
 
-/* Monotonic clock, seconds (clock.c). */
+/* Monotonic clock, seconds (clock.c): CLOCK_MONOTONIC, extrapolated from
+ * the time-stamp counter where that is safe (within tens of ns of it). */
 TC_INTERNAL double tc__now(void);
-/* The same clock at the kernel tick's resolution (a few ms; never ahead of
- * tc__now): a third of tc__now's cost (11 vs 29 ns measured here). For
- * deadlines of seconds, computed once per operation. */
+/* What tc__now reads now: "tsc", "calibrating" (its first 20 ms) or
+ * "clock_gettime". */
+TC_INTERNAL const char *tc__clock_name(void);
+/* For tests, in a process with one thread: decides again at the next call
+ * (TORCHCOMMS_CLOCK, the counter) and calibrates again. */
+TC_INTERNAL void tc__clock_reset(void);
+/* CLOCK_MONOTONIC at the kernel tick's resolution (a few ms behind): for
+ * deadlines of seconds, computed once per operation (about 6 ns). */
 TC_INTERNAL double tc__now_coarse(void);
 
 /* ---- logging (log.c, log_op.c; docs/logging.md) ----

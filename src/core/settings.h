@@ -43,6 +43,8 @@
   X(ABORT_ON_ERROR, "TORCHCOMM_ABORT_ON_ERROR", BOOL, 0, 0, 0, NULL,                       \
     "end the process with the error on any failure")                                     \
   X(LOG, "TORCHCOMMS_LOG", CHOICE, 1, 0, 0, "error|warn|info|debug|trace", "log level")    \
+  X(CLOCK, "TORCHCOMMS_CLOCK", CHOICE, 0, 0, 0, "auto|os",                                 \
+    "auto: the time-stamp counter where the kernel's clock runs on it; os: clock_gettime") \
   X(LOG_SUBSYS, "TORCHCOMMS_LOG_SUBSYS", FLAGS, TC_LOG_ALL, 0, 0,                          \
     "init|coll|p2p|shm|tcp|store|misc",                                                  \
     "subsystems whose info/debug/trace lines are logged: a list, all, ^list excludes")   \
