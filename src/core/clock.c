@@ -63,6 +63,8 @@ static _Atomic uint64_t renew_ticks;  /* TSC_RENEW_S in ticks */
  * or the kernel interrupted would skew the rate). */
 static void read_pair(uint64_t *tsc, double *t) {
   uint64_t best = UINT64_MAX;
+  *tsc = 0;
+  *t = 0;
   for (int i = 0; i < 4; i++) {
     uint64_t a = __rdtsc();
     double m = mono_now();
