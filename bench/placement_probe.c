@@ -47,8 +47,10 @@ static void pin(int c) {
 }
 
 /* Side `me` of the handoffs, then of the ping-pongs, each waiting for its
- * turn (side 0 runs the same loops in main, timed). */
-static void side(int me) {
+ * turn. Side 0 (t != NULL) also waits for the other's last turn of each and
+ * times them: t[0] start, t[1] handoffs done, t[2] ping-pongs done. */
+static void side(int me, double *t) {
+  if (t) t[0] = now_s();
   for (int i = 0; i < rounds; i++) {
     while (atomic_load_explicit(&turn, memory_order_acquire) != me) {
     }
@@ -56,17 +58,27 @@ static void side(int me) {
     memset(buf, i & 0xFF, SZ);
     atomic_store_explicit(&turn, !me, memory_order_release);
   }
+  if (t) {
+    while (atomic_load_explicit(&turn, memory_order_acquire) != me) {
+    }
+    t[1] = now_s();
+  }
   for (int i = 0; i < PINGS; i++) {
     while (atomic_load_explicit(&turn, memory_order_acquire) != me) {
     }
     atomic_store_explicit(&turn, !me, memory_order_release);
+  }
+  if (t) {
+    while (atomic_load_explicit(&turn, memory_order_acquire) != me) {
+    }
+    t[2] = now_s();
   }
 }
 
 static void *peer(void *arg) {
   (void)arg;
   pin(cpu[1]);
-  side(1);
+  side(1, NULL);
   return NULL;
 }
 
@@ -91,28 +103,11 @@ int main(int argc, char **argv) {
   pthread_t t;
   pin(cpu[0]);
   if (pthread_create(&t, NULL, peer, NULL) != 0) return 1;
-  /* side 0's loops, timed: the handoffs, then the ping-pongs */
-  double t0 = now_s();
-  for (int i = 0; i < rounds; i++) {
-    while (atomic_load_explicit(&turn, memory_order_acquire) != 0) {
-    }
-    memcpy(dst[0], buf, SZ);
-    memset(buf, i & 0xFF, SZ);
-    atomic_store_explicit(&turn, 1, memory_order_release);
-  }
-  while (atomic_load_explicit(&turn, memory_order_acquire) != 0) {
-  }
-  double t1 = now_s();
-  for (int i = 0; i < PINGS; i++) {
-    while (atomic_load_explicit(&turn, memory_order_acquire) != 0) {
-    }
-    atomic_store_explicit(&turn, 1, memory_order_release);
-  }
-  while (atomic_load_explicit(&turn, memory_order_acquire) != 0) {
-  }
-  double t2 = now_s();
+  double tm[3];
+  side(0, tm);
   pthread_join(t, NULL);
   printf("placement: handoff_GBps=%.2f pingpong_ns=%.0f cpus=%d,%d\n",
-         2.0 * rounds * SZ / (t1 - t0) / 1e9, (t2 - t1) / PINGS * 1e9, cpu[0], cpu[1]);
+         2.0 * rounds * SZ / (tm[1] - tm[0]) / 1e9, (tm[2] - tm[1]) / PINGS * 1e9, cpu[0],
+         cpu[1]);
   return 0;
 }

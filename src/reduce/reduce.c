@@ -472,37 +472,39 @@ TC__AVX2_INLINE void tc__h_store(uint16_t *p, __m256 f) {
     tc__h_store((o) + 8, TC__VH_##OP(a1, b1));                                 \
   } while (0)
 
-/* k3 (o = a op b) and k2 (d op= s) per op; the last n % 16 elements go
+/* k3 (o = a op b, PFX##3) and k2 (d op= s, PFX##2) per op for a vector
+ * step V of W elements, compiled with ATTR: two steps at a time with the
+ * next lines prefetched, then single steps; the last n % W elements go
  * through zero-padded stack copies and the same vector code. */
-#define TC__GEN_V16(OP, D, V)                                                  \
-  static TC__AVX2 void tc__v3_##D##_##OP(void *ov, const void *av,             \
-                                         const void *bv, size_t n) {           \
+#define TC__GEN_VEC(PFX, ATTR, W, OP, D, V)                                    \
+  static ATTR void PFX##3_##D##_##OP(void *ov, const void *av, const void *bv, \
+                                     size_t n) {                               \
     uint16_t *o = (uint16_t *)ov;                                              \
     const uint16_t *a = (const uint16_t *)av, *b = (const uint16_t *)bv;       \
     size_t i = 0;                                                              \
-    for (; i + 32 <= n; i += 32) {                                             \
+    for (; i + 2 * (W) <= n; i += 2 * (W)) {                                   \
       _mm_prefetch((const char *)(a + i) + 512, _MM_HINT_T0);                  \
       _mm_prefetch((const char *)(b + i) + 512, _MM_HINT_T0);                  \
       V(OP, o + i, a + i, b + i);                                              \
-      V(OP, o + i + 16, a + i + 16, b + i + 16);                               \
+      V(OP, o + i + (W), a + i + (W), b + i + (W));                            \
     }                                                                          \
-    for (; i + 16 <= n; i += 16) V(OP, o + i, a + i, b + i);                   \
+    for (; i + (W) <= n; i += (W)) V(OP, o + i, a + i, b + i);                 \
     if (i < n) {                                                               \
-      uint16_t ta[16] = {0}, tb[16] = {0};                                     \
+      uint16_t ta[W] = {0}, tb[W] = {0};                                       \
       memcpy(ta, a + i, (n - i) * 2);                                          \
       memcpy(tb, b + i, (n - i) * 2);                                          \
       V(OP, ta, ta, tb);                                                       \
       memcpy(o + i, ta, (n - i) * 2);                                          \
     }                                                                          \
   }                                                                            \
-  static void tc__v2_##D##_##OP(void *dv, const void *sv, size_t n) {          \
-    tc__v3_##D##_##OP(dv, dv, sv, n);                                          \
+  static void PFX##2_##D##_##OP(void *dv, const void *sv, size_t n) {          \
+    PFX##3_##D##_##OP(dv, dv, sv, n);                                          \
   }
-#define TC__GEN_V16_OPS(D, V)                                                  \
-  TC__GEN_V16(SUM, D, V) TC__GEN_V16(PRODUCT, D, V) TC__GEN_V16(MIN, D, V)     \
-  TC__GEN_V16(MAX, D, V)
-TC__GEN_V16_OPS(BFLOAT16, TC__V16_BF)
-TC__GEN_V16_OPS(FLOAT16, TC__V16_H)
+#define TC__GEN_VEC_OPS(PFX, ATTR, W, D, V)                                    \
+  TC__GEN_VEC(PFX, ATTR, W, SUM, D, V) TC__GEN_VEC(PFX, ATTR, W, PRODUCT, D, V) \
+  TC__GEN_VEC(PFX, ATTR, W, MIN, D, V) TC__GEN_VEC(PFX, ATTR, W, MAX, D, V)
+TC__GEN_VEC_OPS(tc__v, TC__AVX2, 16, BFLOAT16, TC__V16_BF)
+TC__GEN_VEC_OPS(tc__v, TC__AVX2, 16, FLOAT16, TC__V16_H)
 
 /* Scale (x * f) and divide (x / f) of n elements, s -> d (d may equal s). */
 #define TC__GEN_VMAP(NAME, D, V, VOP)                                          \
@@ -619,33 +621,8 @@ TC__AVX512_INLINE void tc__zh_op_store(uint16_t *p, __m512 a, __m512 r) {
     tc__zh_op_store((o) + 16, a1, r1);                                         \
   } while (0)
 
-#define TC__GEN_Z32(OP, D, V)                                                  \
-  static TC__AVX512 void tc__z3_##D##_##OP(void *ov, const void *av,           \
-                                           const void *bv, size_t n) {         \
-    uint16_t *o = (uint16_t *)ov;                                              \
-    const uint16_t *a = (const uint16_t *)av, *b = (const uint16_t *)bv;       \
-    size_t i = 0;                                                              \
-    for (; i + 64 <= n; i += 64) {                                             \
-      V(OP, o + i, a + i, b + i);                                              \
-      V(OP, o + i + 32, a + i + 32, b + i + 32);                               \
-    }                                                                          \
-    for (; i + 32 <= n; i += 32) V(OP, o + i, a + i, b + i);                   \
-    if (i < n) {                                                               \
-      uint16_t ta[32] = {0}, tb[32] = {0};                                     \
-      memcpy(ta, a + i, (n - i) * 2);                                          \
-      memcpy(tb, b + i, (n - i) * 2);                                          \
-      V(OP, ta, ta, tb);                                                       \
-      memcpy(o + i, ta, (n - i) * 2);                                          \
-    }                                                                          \
-  }                                                                            \
-  static void tc__z2_##D##_##OP(void *dv, const void *sv, size_t n) {          \
-    tc__z3_##D##_##OP(dv, dv, sv, n);                                          \
-  }
-#define TC__GEN_Z32_OPS(D, V)                                                  \
-  TC__GEN_Z32(SUM, D, V) TC__GEN_Z32(PRODUCT, D, V) TC__GEN_Z32(MIN, D, V)     \
-  TC__GEN_Z32(MAX, D, V)
-TC__GEN_Z32_OPS(BFLOAT16, TC__Z32_BF)
-TC__GEN_Z32_OPS(FLOAT16, TC__Z32_H)
+TC__GEN_VEC_OPS(tc__z, TC__AVX512, 32, BFLOAT16, TC__Z32_BF)
+TC__GEN_VEC_OPS(tc__z, TC__AVX512, 32, FLOAT16, TC__Z32_H)
 #endif /* AVX2 16-bit kernels */
 
 /* Which 16-bit kernels the CPU has: bit 0 the bfloat16 AVX2 ones, bit 1
