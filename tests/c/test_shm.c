@@ -277,7 +277,8 @@ static double ref_one(size_t i, void *a) {
 
 typedef struct {
   float *in, *out;
-  int type, seed, root, inplace;
+  float *res; /* reduce_scatter_single: where the result went */
+  int type, seed, root, inplace; /* inplace 2: the send buffer overlaps elsewhere */
   size_t count;
   size_t counts[8];
   tc_work_t *w;
@@ -299,8 +300,11 @@ static void mix_issue(tc_comm_t *c, mix_op_t *m, int rank, int n, int async) {
     rc = tc_broadcast(c, m->out, cnt, TC_FLOAT32, m->root, NULL, wp);
     break;
   case 2: rc = tc_barrier(c, NULL, wp); break;
-  case 3: { /* all_gather_single, maybe in place */
-    float *src = m->inplace ? m->out + (size_t)rank * cnt : m->in;
+  case 3: { /* all_gather_single, maybe in place, or sending from the place
+             * of the next rank's block (overwritten by it) */
+    float *src = m->inplace == 1   ? m->out + (size_t)rank * cnt
+                 : m->inplace == 2 ? m->out + (size_t)((rank + 1) % n) * cnt
+                                   : m->in;
     fill(src, cnt, rank, m->seed);
     rc = tc_all_gather_single(c, m->out, src, cnt, TC_FLOAT32, NULL, wp);
     break;
@@ -316,9 +320,10 @@ static void mix_issue(tc_comm_t *c, mix_op_t *m, int rank, int n, int async) {
     rc = tc_all_gather_v(c, bufs, m->counts, m->in, m->counts[rank], TC_FLOAT32, NULL, wp);
     break;
   }
-  case 5:
+  case 5: /* the output apart, on the own block of the input, or on its start */
     fill(m->in, cnt * (size_t)n, rank, m->seed);
-    rc = tc_reduce_scatter_single(c, m->out, m->in, cnt, TC_FLOAT32, TC_OP(TC_SUM), NULL, wp);
+    m->res = m->inplace == 1 ? m->in + (size_t)rank * cnt : m->inplace == 2 ? m->in : m->out;
+    rc = tc_reduce_scatter_single(c, m->res, m->in, cnt, TC_FLOAT32, TC_OP(TC_SUM), NULL, wp);
     break;
   case 6: {
     const void *bufs[8];
@@ -380,7 +385,7 @@ static void mix_check(mix_op_t *m, int rank, int n) {
   }
   case 5:
     a.off = (int)((size_t)rank * cnt);
-    expect(m->out, cnt, ref_sum, &a, what, m->seed);
+    expect(m->res, cnt, ref_sum, &a, what, m->seed);
     break;
   case 6: {
     size_t off = 0;
@@ -432,7 +437,7 @@ static void mix_rank(tc_ctx_t *ctx) {
       if (m->count > maxcount) m->count = maxcount;
       m->seed = it * 16 + d;
       m->root = (int)(rng_next(&rs) % (uint64_t)n);
-      m->inplace = (int)(rng_next(&rs) % 2);
+      m->inplace = (int)(rng_next(&rs) % 3);
       for (int q = 0; q < n; q++) m->counts[q] = m->count + (size_t)q * 7;
       if (rng_next(&rs) % 4 == 0) m->counts[rng_next(&rs) % (uint64_t)n] = 0;
       mix_issue(c, m, rank, n, async);

@@ -65,7 +65,7 @@ typedef struct cpu_fast {
   int kind;   /* 0 (none), CPU_FAST_SMALL, CPU_FAST_BIG */
   int stage;  /* where to resume */
   int init;   /* one-time preparation done */
-  int h;      /* the big half of the current round */
+  uint64_t round; /* the current big round (shm_algos.c: fp_half) */
   uint64_t s; /* the current sync point */
   size_t off; /* the current round's offset */
   int fam;      /* the shared-memory family (shm_algos.c), set with kind */

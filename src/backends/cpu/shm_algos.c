@@ -55,6 +55,36 @@ typedef struct fp_hdr {
 #define FP_HDR 64u
 /* The small slot of sync point k (transport/shm.h: a ring of TC_SHM_SLOTS). */
 #define SLOT_I(k) ((int)((k) % TC_SHM_SLOTS))
+
+/* Whose segment rank q writes in, in epoch e: the areas rotate through the
+ * ranks' segments, so that a rank writes the slot (or half) that rank q+1
+ * wrote one epoch earlier and this rank read then. On this machine, writing
+ * lines this core read last, whose dirty copy the writer's peer holds, costs
+ * a fraction of writing lines this core wrote and the peer then read: a
+ * 2-rank exchange of 32 KiB each way took 2.2 us instead of 5.3, of 4 KiB
+ * 0.34 instead of 0.6 (docs/benchmarks.md, "Whose lines a rank writes"). */
+static inline int fp_seg(const cpu_comm_t *c, int q, uint64_t e) {
+  uint32_t n = (uint32_t)c->size;
+  uint32_t k = (n & (n - 1)) ? (uint32_t)(e % n) : (uint32_t)e & (n - 1);
+  return (int)(((uint32_t)q + k) % n);
+}
+/* The small slot rank q writes at sync point k (an epoch: TC_SHM_SLOTS
+ * sync points, one lap of the ring). */
+static inline char *fp_slot(cpu_comm_t *c, int q, uint64_t k) {
+  return tc__shm_slot(c->shm, fp_seg(c, q, k / TC_SHM_SLOTS), SLOT_I(k));
+}
+/* The big half rank q writes in round t (an epoch: the two halves). */
+static inline char *fp_half(cpu_comm_t *c, int q, uint64_t t) {
+  return tc__shm_half(c->shm, fp_seg(c, q, t >> 1), (int)(t & 1));
+}
+/* Which part of its half writer w fills for reader q in round t
+ * (reduce_scatter, all_to_all: a half holds one part per destination). At
+ * 2 ranks the index alternates by epoch between reader and writer, so that
+ * the part a rank fills is the one it read in the previous epoch, from the
+ * half it now writes (fp_seg). */
+static inline size_t fp_part(const cpu_comm_t *c, int w, int q, uint64_t t) {
+  return (size_t)(c->size == 2 && (t >> 1 & 1) ? w : q);
+}
 _Static_assert(sizeof(fp_hdr_t) % 8 == 0 && sizeof(fp_hdr_t) <= FP_HDR, "slot header");
 static size_t fp_data_off(size_t bytes) {
   return bytes + sizeof(fp_hdr_t) <= FP_HDR ? sizeof(fp_hdr_t) : FP_HDR;
@@ -173,7 +203,7 @@ static int fp_lazy_check(cpu_ctx_t *ctx, uint64_t upto) {
     if (c->lazy[t % k].s != t) continue;
     for (int q = 0; q < c->size; q++) {
       if (q == c->rank) continue;
-      const fp_hdr_t *h = (const fp_hdr_t *)tc__shm_slot(c->shm, q, SLOT_I(t));
+      const fp_hdr_t *h = (const fp_hdr_t *)fp_slot(c, q, t);
       uint64_t hs = atomic_load_explicit(&h->sync, memory_order_acquire);
       char why[400];
       if (hs != t)
@@ -281,7 +311,7 @@ int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, cpu_fast_t
 /* ------------------------------------------------------------------------ */
 
 static void fp_put_hdr(cpu_ctx_t *ctx, uint64_t s, size_t bytes) {
-  fp_hdr_t *h = (fp_hdr_t *)tc__shm_slot(ctx->c->shm, ctx->rank, SLOT_I(s));
+  fp_hdr_t *h = (fp_hdr_t *)fp_slot(ctx->c, ctx->rank, s);
   h->fp = ctx->fp; /* set for every collective, the check on or off */
   h->bytes = bytes;
   atomic_store_explicit(&h->sync, s, memory_order_release);
@@ -294,10 +324,10 @@ static void fp_put_hdr(cpu_ctx_t *ctx, uint64_t s, size_t bytes) {
  * be) >= s, which is what known_all records. */
 static int fp_wait_hdr(cpu_comm_t *c, int q, uint64_t v, double spin, const tc_tp_op_t *top) {
   double sp = spin >= 0 ? spin : tc__shm_spin_s(c->shm);
-  int sleep = spin < 0, si = SLOT_I(v);
+  int sleep = spin < 0;
   for (int p = q < 0 ? 0 : q; p < (q < 0 ? c->size : q + 1); p++) {
     if (p == c->rank) continue;
-    const fp_hdr_t *h = (const fp_hdr_t *)tc__shm_slot(c->shm, p, si);
+    const fp_hdr_t *h = (const fp_hdr_t *)fp_slot(c, p, v);
     int rc = tc__shm_wait_word(c->shm, p, &h->sync, v, sp, sleep, top);
     if (rc != TC_OK) return rc;
   }
@@ -339,7 +369,7 @@ static int fp_check_hdrs(cpu_ctx_t *ctx, uint64_t s, int only) {
   int fam = ctx->fam;
   for (int q = 0; q < ctx->size; q++) {
     if (q == ctx->rank || (only >= 0 && q != only)) continue;
-    const fp_hdr_t *h = (const fp_hdr_t *)tc__shm_slot(c->shm, q, SLOT_I(s));
+    const fp_hdr_t *h = (const fp_hdr_t *)fp_slot(c, q, s);
     size_t want = fam == FAM_AG ? op->recv[q].count * ctx->es : ctx->fbytes;
     TC_CHECK(fp_mismatch(ctx, q, h, (uint32_t)fam, want));
   }
@@ -395,17 +425,23 @@ static int fp_read(cpu_ctx_t *ctx, uint64_t s) {
   const tc_backend_op_t *op = ctx->op;
   int r = ctx->rank, n = ctx->size, fam = ctx->fam;
   size_t es = ctx->es;
-  int si = SLOT_I(s);
   tc_redop_type_t kop = cpu_kop(op);
   /* headers first: nothing is written on a mismatch */
   if (fam == FAM_BCAST && r == op->root) return TC_OK; /* checked later (fp_lazy_check) */
   TC_CHECK(fp_check_hdrs(ctx, s, fam == FAM_BCAST && !c->check_fp ? op->root : -1));
   const size_t doff = fp_data_off(ctx->fbytes);
-#define SLOT(q) (tc__shm_slot(c->shm, (q), si) + doff)
+  /* A rank reads its own contribution from its own buffers where it can,
+   * not back from its slot: the lines a peer read are then left to that
+   * peer, which writes them next (fp_seg). Reductions keep rank order (the
+   * same bits everywhere): the own input stands in for the own slot only
+   * as the first or second operand, and not when scaled (premul). */
+#define SLOT(q) (fp_slot(c, (q), s) + doff)
+  const int own_in = r < 2 && op->redop.type != TC_PREMUL_SUM;
   switch (fam) {
   case FAM_AR: {
-    char *out = op->recvbuf;
-    tc__reduce3(out, SLOT(0), SLOT(1), op->count, op->dtype, kop);
+    char *out = op->recvbuf; /* in place: the input too */
+    const char *a = own_in && r == 0 ? out : SLOT(0), *b = own_in && r == 1 ? out : SLOT(1);
+    tc__reduce3(out, a, b, op->count, op->dtype, kop);
     for (int q = 2; q < n; q++) tc__reduce(out, SLOT(q), op->count, op->dtype, kop);
     if (op->redop.type == TC_AVG) tc__divide(out, op->count, op->dtype, (uint64_t)n);
     break;
@@ -413,29 +449,46 @@ static int fp_read(cpu_ctx_t *ctx, uint64_t s) {
   case FAM_BCAST:
     if (r != op->root) memcpy(op->recvbuf, SLOT(op->root), op->count * es);
     break;
-  case FAM_AG:
+  case FAM_AG: {
+    /* the own block first, from the send buffer (which may lie anywhere in
+     * the output: the other blocks then overwrite it), or from the own slot
+     * when the send buffer overlaps the own block's place in part */
+    char *mine = op->recv[r].buf;
+    const char *in = op->sendbuf;
+    size_t mylen = op->recv[r].count * es;
+    if (mylen && mine != in)
+      memcpy(mine, cpu_overlaps(mine, mylen, in, mylen) ? SLOT(r) : in, mylen);
     for (int q = 0; q < n; q++) {
-      char *dst = op->recv[q].buf;
       size_t len = op->recv[q].count * es;
-      /* the own block from the own slot too: the send buffer may overlap
-       * the output anywhere */
-      if (len && !(q == r && dst == (const char *)op->sendbuf)) memcpy(dst, SLOT(q), len);
+      if (q != r && len) memcpy(op->recv[q].buf, SLOT(q), len);
     }
     break;
+  }
   case FAM_RS: {
     size_t mycnt = op->send[r].count, off = 0;
     for (int i = 0; i < r; i++) off += op->send[i].count * es;
     if (!mycnt) break;
     char *out = op->recvbuf;
-    tc__reduce3(out, SLOT(0) + off, SLOT(1) + off, mycnt, op->dtype, kop);
+    const char *in = op->send[r].buf;
+    /* the own block as an operand: exactly the output (in place) or apart */
+    int use_in = own_in && (in == out || !cpu_overlaps(in, mycnt * es, out, mycnt * es));
+    const char *a = use_in && r == 0 ? in : SLOT(0) + off;
+    const char *b = use_in && r == 1 ? in : SLOT(1) + off;
+    tc__reduce3(out, a, b, mycnt, op->dtype, kop);
     for (int q = 2; q < n; q++) tc__reduce(out, SLOT(q) + off, mycnt, op->dtype, kop);
     if (op->redop.type == TC_AVG) tc__divide(out, mycnt, op->dtype, (uint64_t)n);
     break;
   }
   case FAM_A2A: {
     size_t bb = op->count * es;
+    char *recv = op->recvbuf;
+    const char *send = op->sendbuf;
+    /* the own block from the send buffer unless the buffers overlap (in
+     * place: other blocks overwrite it) */
+    int self_in = !cpu_overlaps(send, (size_t)n * bb, recv, (size_t)n * bb);
     for (int q = 0; q < n; q++)
-      memcpy((char *)op->recvbuf + (size_t)q * bb, SLOT(q) + (size_t)r * bb, bb);
+      memcpy(recv + (size_t)q * bb,
+             q == r && self_in ? send + (size_t)r * bb : SLOT(q) + (size_t)r * bb, bb);
     break;
   }
   default: break;
@@ -454,7 +507,7 @@ static int small_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     if (root) FP_TRY(fp_begin_root(ctx, spin, &top, &s));
     else FP_TRY(fp_begin(ctx, spin, 0, &top, &s));
     st->s = s;
-    size_t b = fp_write(ctx, tc__shm_slot(c->shm, ctx->rank, SLOT_I(s)) +
+    size_t b = fp_write(ctx, fp_slot(c, ctx->rank, s) +
                                  fp_data_off(ctx->fbytes));
     fp_put_hdr(ctx, s, b);
     tc__shm_post(c->shm, s);
@@ -480,7 +533,7 @@ int tc__cpu_fast_fpsync(cpu_ctx_t *ctx) {
   TC_CHECK(fp_wait_hdr(c, -1, s, -1, &top));
   for (int q = 0; q < ctx->size; q++) {
     if (q == ctx->rank) continue;
-    const fp_hdr_t *h = (const fp_hdr_t *)tc__shm_slot(c->shm, q, SLOT_I(s));
+    const fp_hdr_t *h = (const fp_hdr_t *)fp_slot(c, q, s);
     char why[400];
     if (tc__opfp_mismatch(&ctx->fp, ctx->rank, &h->fp, q, why, sizeof why))
       return tc__cpu_fail(ctx, TC_ERR_PROTOCOL, "%s", why);
@@ -506,7 +559,7 @@ static int big_all_reduce(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   if (premul) TC_CHECK(tc__cpu_scratch(ctx, cpu_blk_cnt(per, n, 0) * es, (void **)&own));
   for (;;) {
     size_t base = st->off, cnt = count - base < per ? count - base : per;
-    char *ub = buf + base * es, *mine = tc__shm_half(s, r, st->h);
+    char *ub = buf + base * es, *mine = fp_half(c, r, st->round);
     size_t moff = cpu_blk_off(cnt, n, r), mcnt = cpu_blk_cnt(cnt, n, r);
     switch (st->stage) {
     case 0: { /* copy in everything but the own slice (nobody else reads it) */
@@ -514,8 +567,8 @@ static int big_all_reduce(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       uint64_t s1;
       FP_TRY(fp_begin(ctx, spin, base > 0, &top, &s1));
       st->s = s1;
-      st->h = (int)(c->big_round++ & 1);
-      mine = tc__shm_half(s, r, st->h);
+      st->round = c->big_round++;
+      mine = fp_half(c, r, st->round);
       if (base == 0) fp_put_hdr(ctx, s1, count * es);
       if (premul) {
         tc__scale(mine, ub, moff, op->dtype, op->redop.factor);
@@ -538,11 +591,11 @@ static int big_all_reduce(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
         char *dst = mine + moff * es;
         for (int q = 0; q < 2; q++)
           src[q] = q == r ? (premul ? own : ub + moff * es)
-                          : tc__shm_half(s, q, st->h) + moff * es;
+                          : fp_half(c, q, st->round) + moff * es;
         tc__reduce3(dst, src[0], src[1], mcnt, op->dtype, kop);
         for (int q = 2; q < n; q++) {
           const char *sq = q == r ? (premul ? own : ub + moff * es)
-                                  : tc__shm_half(s, q, st->h) + moff * es;
+                                  : fp_half(c, q, st->round) + moff * es;
           tc__reduce(dst, sq, mcnt, op->dtype, kop);
         }
         if (op->redop.type == TC_AVG) tc__divide(dst, mcnt, op->dtype, (uint64_t)n);
@@ -557,7 +610,7 @@ static int big_all_reduce(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       for (int q = 0; q < n; q++) {
         if (q == r) continue;
         size_t qo = cpu_blk_off(cnt, n, q), qc = cpu_blk_cnt(cnt, n, q);
-        if (qc) memcpy(ub + qo * es, tc__shm_half(s, q, st->h) + qo * es, qc * es);
+        if (qc) memcpy(ub + qo * es, fp_half(c, q, st->round) + qo * es, qc * es);
       }
       st->off += per;
       st->stage = 0;
@@ -595,9 +648,9 @@ static int big_broadcast(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
           st->init = 1;
         }
         st->s = k;
-        st->h = (int)(c->big_round++ & 1);
+        st->round = c->big_round++;
         if (off == 0) fp_put_hdr(ctx, k, bytes);
-        memcpy(tc__shm_half(s, r, st->h), buf + off, len);
+        memcpy(fp_half(c, r, st->round), buf + off, len);
         tc__shm_post(s, k);
         st->off += per;
         continue;
@@ -612,14 +665,14 @@ static int big_broadcast(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       } else {
         st->s = ++c->sync;
       }
-      st->h = (int)(c->big_round++ & 1);
+      st->round = c->big_round++;
       tc__shm_post(s, st->s);
       st->stage = 1;
     }
     int chk = off == 0 && c->check_fp ? -1 : root;
     FP_TRY(fp_wait(c, chk, st->s, spin, off > 0, &top));
     if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, chk));
-    memcpy(buf + off, tc__shm_half(s, root, st->h), len);
+    memcpy(buf + off, fp_half(c, root, st->round), len);
     st->off += per;
     st->stage = 0;
   }
@@ -647,10 +700,10 @@ static int big_all_gather(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       uint64_t k;
       FP_TRY(fp_begin(ctx, spin, off > 0, &top, &k));
       st->s = k;
-      st->h = (int)(c->big_round++ & 1);
+      st->round = c->big_round++;
       if (off == 0) fp_put_hdr(ctx, k, mylen);
       if (off < mylen)
-        memcpy(tc__shm_half(s, r, st->h), mydst + off, mylen - off < per ? mylen - off : per);
+        memcpy(fp_half(c, r, st->round), mydst + off, mylen - off < per ? mylen - off : per);
       tc__shm_post(s, k);
       st->stage = 1;
     }
@@ -660,7 +713,7 @@ static int big_all_gather(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       char *dst = op->recv[q].buf;
       size_t len = op->recv[q].count * es;
       if (q == r || off >= len) continue;
-      memcpy(dst + off, tc__shm_half(s, q, st->h), len - off < per ? len - off : per);
+      memcpy(dst + off, fp_half(c, q, st->round), len - off < per ? len - off : per);
     }
     st->off += per;
     st->stage = 0;
@@ -695,15 +748,15 @@ static int big_reduce_scatter(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       uint64_t k;
       FP_TRY(fp_begin(ctx, spin, off > 0, &top, &k));
       st->s = k;
-      st->h = (int)(c->big_round++ & 1);
-      char *mine = tc__shm_half(s, r, st->h);
+      st->round = c->big_round++;
+      char *mine = fp_half(c, r, st->round);
       if (off == 0) fp_put_hdr(ctx, k, fp_bytes(c, op));
       for (int q = 0; q < n; q++) {
         size_t cnt = op->send[q].count;
         const char *in = op->send[q].buf;
         if (off >= cnt || (q == r && !stage_own)) continue;
         size_t len = cnt - off < pe ? cnt - off : pe;
-        char *d = q == r ? own : mine + (size_t)q * part;
+        char *d = q == r ? own : mine + fp_part(c, r, q, st->round) * part;
         if (premul) tc__scale(d, in + off * es, len, op->dtype, op->redop.factor);
         else memcpy(d, in + off * es, len * es);
       }
@@ -717,12 +770,12 @@ static int big_reduce_scatter(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       const char *src[2];
       for (int q = 0; q < 2; q++)
         src[q] = q == r ? (stage_own ? own : myin + off * es)
-                        : tc__shm_half(s, q, st->h) + (size_t)r * part;
+                        : fp_half(c, q, st->round) + fp_part(c, q, r, st->round) * part;
       char *dst = out + off * es;
       tc__reduce3(dst, src[0], src[1], len, op->dtype, kop);
       for (int q = 2; q < n; q++) {
         const char *sq = q == r ? (stage_own ? own : myin + off * es)
-                                : tc__shm_half(s, q, st->h) + (size_t)r * part;
+                                : fp_half(c, q, st->round) + fp_part(c, q, r, st->round) * part;
         tc__reduce(dst, sq, len, op->dtype, kop);
       }
     }
@@ -757,11 +810,11 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       uint64_t k;
       FP_TRY(fp_begin(ctx, spin, off > 0, &top, &k));
       st->s = k;
-      st->h = (int)(c->big_round++ & 1);
-      char *mine = tc__shm_half(s, r, st->h);
+      st->round = c->big_round++;
+      char *mine = fp_half(c, r, st->round);
       if (off == 0) fp_put_hdr(ctx, k, (size_t)n * bb);
       for (int q = 0; q < n; q++)
-        if (q != r) memcpy(mine + (size_t)q * part, send + (size_t)q * bb + off, len);
+        if (q != r) memcpy(mine + fp_part(c, r, q, st->round) * part, send + (size_t)q * bb + off, len);
       tc__shm_post(s, k);
       st->stage = 1;
     }
@@ -769,7 +822,7 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, -1));
     for (int q = 0; q < n; q++)
       if (q != r)
-        memcpy(recv + (size_t)q * bb + off, tc__shm_half(s, q, st->h) + (size_t)r * part,
+        memcpy(recv + (size_t)q * bb + off, fp_half(c, q, st->round) + fp_part(c, q, r, st->round) * part,
                len);
     st->off += part;
     st->stage = 0;
@@ -822,7 +875,7 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       src = send;
     }
     fp_put_hdr(ctx, k, mine);
-    ((fp_hdr_t *)tc__shm_slot(s, r, SLOT_I(k)))->addr = (uint64_t)(uintptr_t)src;
+    ((fp_hdr_t *)fp_slot(c, r, k))->addr = (uint64_t)(uintptr_t)src;
     tc__shm_post(s, k);
     st->s = k;
     st->stage = 1;
@@ -837,7 +890,7 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     }
     for (int q = 0; q < n; q++) {
       if (q == r || (only >= 0 && q != only) || (fam == FAM_BCAST && r == op->root)) continue;
-      uint64_t a = ((const fp_hdr_t *)tc__shm_slot(s, q, SLOT_I(k)))->addr;
+      uint64_t a = ((const fp_hdr_t *)fp_slot(c, q, k))->addr;
       char *dst;
       size_t len = bb;
       if (fam == FAM_AG) dst = op->recv[q].buf, len = op->recv[q].count * es;
