@@ -72,7 +72,8 @@ typedef struct fp_hdr {
 static inline int fp_seg(const cpu_comm_t *c, int q, uint64_t e) {
   uint32_t n = (uint32_t)c->size;
   uint32_t k = (n & (n - 1)) ? (uint32_t)(e % n) : (uint32_t)e & (n - 1);
-  return (int)(((uint32_t)q + k) % n);
+  uint32_t g = (uint32_t)q + k; /* < 2n: no second division */
+  return (int)(g >= n ? g - n : g);
 }
 /* The small slot rank q writes at sync point k (an epoch: TC_SHM_SLOTS
  * sync points, one lap of the ring). */
