@@ -125,7 +125,7 @@ void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
   w->fr_id = 0;
   if (!c->fr_cap) return;
   const tc_backend_op_t *op = &w->op;
-  size_t es = tc_dtype_size(op->dtype), in, out;
+  size_t es = tc__dtype_size(op->dtype), in, out;
   tc__op_bytes(op, c->rank, c->size, &in, &out);
   void *frames[TC_FR_FRAMES + 1];
   int nf = c->fr_stacks ? backtrace(frames, TC_FR_FRAMES + 1) - 1 : 0; /* from our caller */

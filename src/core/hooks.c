@@ -91,7 +91,7 @@ uint64_t tc_comm_next_op_id(const tc_comm_t *h) {
 }
 
 void tc__op_bytes(const tc_backend_op_t *op, int rank, int size, size_t *in, size_t *out) {
-  size_t es = tc_dtype_size(op->dtype), i_n = 0, o_n = 0;
+  size_t es = tc__dtype_size(op->dtype), i_n = 0, o_n = 0;
   switch (op->kind) {
   case TC_KIND_SEND: i_n = op->count; break;
   case TC_KIND_RECV: o_n = op->count; break;
@@ -117,7 +117,7 @@ void tc__op_bytes(const tc_backend_op_t *op, int rank, int size, size_t *in, siz
   case TC_KIND_BATCH: {
     size_t ib = 0, ob = 0;
     for (size_t k = 0; k < op->num_p2p; k++) {
-      size_t b = op->p2p[k].count * tc_dtype_size(op->p2p[k].dtype);
+      size_t b = op->p2p[k].count * tc__dtype_size(op->p2p[k].dtype);
       if (op->p2p[k].is_send) ib += b;
       else ob += b;
     }

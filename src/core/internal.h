@@ -143,6 +143,19 @@ TC_INTERNAL int tc__json_to_pickle(const char *json, char **out, size_t *len);
 
 /* 1 if `op` is allowed on `dtype` (bitwise ops: integers and bool only). */
 TC_INTERNAL int tc__redop_allowed(tc_dtype_t dtype, tc_redop_type_t op);
+/* tc_dtype_size for the per-operation paths: inlined (a table, where the
+ * public function is a call into dtype.c). */
+static inline size_t tc__dtype_size(tc_dtype_t dtype) {
+  switch (dtype) {
+#define TC__DTYPE_SIZE_I(name, val, ctype, size, isf)                          \
+  case TC_##name:                                                              \
+    return size;
+    TC_DTYPE_MAP(TC__DTYPE_SIZE_I)
+#undef TC__DTYPE_SIZE_I
+  default:
+    return 0;
+  }
+}
 /* dst[i] = dst[i] (op) src[i] for i < n. op is SUM, PRODUCT, MIN, MAX, BAND,
  * BOR or BXOR (AVG and PREMUL_SUM reduce as SUM). dst and src may be equal.
  * float16/bfloat16 compute in float32 and round to nearest even. */

@@ -68,7 +68,7 @@ static int v_redop(tc_comm_t *c, const char *fn, tc_dtype_t dt,
 /* count elements of dtype times `mult` must fit in size_t bytes. */
 int tc__v_count(tc_comm_t *c, const char *fn, const char *arg,
                        size_t count, tc_dtype_t dt, size_t mult) {
-  size_t es = tc_dtype_size(dt);
+  size_t es = tc__dtype_size(dt);
   if (mult == 0) mult = 1;
   if (count > (SIZE_MAX / 2) / es / mult)
     TC_FAIL(c, fn, TC_ERR_INVALID_ARGUMENT,
@@ -209,7 +209,7 @@ void tc__op_describe(const tc__op_args_t *a, int rank, int size, void *arrays,
                           .root = (f & (TC_OPF_ROOT | TC_OPF_PEER)) ? a->root : -1,
                           .count = a->count, .sendbuf = a->sendbuf,
                           .recvbuf = a->recvbuf};
-  const size_t es = tc_dtype_size(a->dtype);
+  const size_t es = tc__dtype_size(a->dtype);
   if (send_side) {
     tc_block_t *b = (tc_block_t *)arr;
     fill_blocks(b, size, es, (void *const *)a->sendbufs, a->sendbuf, a->sendcounts, a->count);

@@ -57,10 +57,16 @@ TC_INTERNAL size_t tc__shm_half_bytes(const tc_shm_t *s); /* each big half */
  * k % TC_SHM_SLOTS (a ring, so that a broadcast root may run up to
  * TC_SHM_SLOTS - 1 operations ahead of its receivers). */
 #define TC_SHM_SLOTS 4
-/* Small slot i (0 .. TC_SHM_SLOTS-1) and big half i (0 or 1) of rank r's
- * segment. 4 KiB aligned. */
-TC_INTERNAL char *tc__shm_slot(tc_shm_t *s, int r, int i);
-TC_INTERNAL char *tc__shm_half(tc_shm_t *s, int r, int i);
+/* Where the slots and halves lie, for callers that address them on every
+ * operation (the cpu backend's fast paths): small slot i (0 ..
+ * TC_SHM_SLOTS-1) of rank r's segment at base[r] + off_slot + i *
+ * slot_bytes, big half i (0 or 1) at base[r] + off_half + i * half_bytes,
+ * each 4 KiB aligned; base[r] is valid until the transport closes. */
+typedef struct tc_shm_areas {
+  char *const *base;
+  size_t off_slot, off_half, slot_bytes, half_bytes;
+} tc_shm_areas_t;
+TC_INTERNAL void tc__shm_areas(const tc_shm_t *s, tc_shm_areas_t *a);
 
 /* Sync flags. Every rank has one monotonic counter, written only by itself;
  * a collective sync point s is "rank r has reached s" (flag >= s). */

@@ -263,7 +263,7 @@ static int cpu_exec(cpu_comm_t *c, cpu_qent_t *e, double inline_spin) {
   cpu_ctx_t ctx;
   tc__cpu_ctx_init(&ctx, c, tc__op_name(e->op->type));
   ctx.op = e->op;
-  ctx.es = tc_dtype_size(e->op->dtype);
+  ctx.es = tc__dtype_size(e->op->dtype);
   int rc;
   if (e->deadline != 0) { /* begun inline: resume */
     ctx.timeout_s = e->timeout_s;
@@ -596,6 +596,7 @@ int tc__cpu_open(const tc_backend_init_args_t *a, tc_tp_choice_t choice, int chi
     rc = tc__transport_open(&ta, choice, &c->tp_ops, &c->tp, err, errlen);
     if (rc != TC_OK) goto fail;
     c->shm = tc__shm_of(c->tp_ops, c->tp);
+    if (c->shm) tc__shm_areas(c->shm, &c->areas);
     c->small_ar = (size_t)tc__setting_double(TC_SET_CPU_SHM_SMALL_BYTES);
     /* off by default: on the machine we measure on, broadcast, all_gather
      * and all_to_all through the slots and halves (two copies, in cache)

@@ -128,6 +128,7 @@ typedef struct cpu_comm {
   /* shared memory (NULL over TCP): sync points and big-half rounds, the
    * same sequence on every rank; touched by the executing thread only */
   tc_shm_t *shm;
+  tc_shm_areas_t areas; /* the segments' slots and halves (shm_algos.c) */
   uint64_t sync;      /* the last sync point this rank posted */
   uint64_t known_all; /* every rank's flag is known to be >= this */
   /* small broadcasts this rank rooted without waiting for its receivers:

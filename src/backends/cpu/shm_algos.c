@@ -78,11 +78,13 @@ static inline int fp_seg(const cpu_comm_t *c, int q, uint64_t e) {
 /* The small slot rank q writes at sync point k (an epoch: TC_SHM_SLOTS
  * sync points, one lap of the ring). */
 static inline char *fp_slot(cpu_comm_t *c, int q, uint64_t k) {
-  return tc__shm_slot(c->shm, fp_seg(c, q, k / TC_SHM_SLOTS), SLOT_I(k));
+  const tc_shm_areas_t *a = &c->areas;
+  return a->base[fp_seg(c, q, k / TC_SHM_SLOTS)] + a->off_slot + (size_t)SLOT_I(k) * a->slot_bytes;
 }
 /* The big half rank q writes in round t (an epoch: the two halves). */
 static inline char *fp_half(cpu_comm_t *c, int q, uint64_t t) {
-  return tc__shm_half(c->shm, fp_seg(c, q, t >> 1), (int)(t & 1));
+  const tc_shm_areas_t *a = &c->areas;
+  return a->base[fp_seg(c, q, t >> 1)] + a->off_half + (size_t)(t & 1) * a->half_bytes;
 }
 /* Which part of its half writer w fills for reader q in round t
  * (reduce_scatter, all_to_all: a half holds one part per destination). At
@@ -261,9 +263,9 @@ int tc__cpu_fast_settle(cpu_ctx_t *ctx) {
 /* Bytes one rank puts through its slot or halves: the largest contribution
  * of any rank (the same on every rank), or SIZE_MAX when the operation has
  * no shared-memory path. */
-static size_t fp_bytes(const cpu_comm_t *c, const tc_backend_op_t *op) {
-  size_t es = tc_dtype_size(op->dtype), n = (size_t)c->size, m = 0;
-  switch (fam_of(op->type)) {
+static size_t fp_bytes(const cpu_comm_t *c, const tc_backend_op_t *op, int fam) {
+  size_t es = tc__dtype_size(op->dtype), n = (size_t)c->size, m = 0;
+  switch (fam) {
   case FAM_AR:
   case FAM_BCAST: return op->count * es;
   case FAM_BARRIER: return 0;
@@ -289,7 +291,7 @@ static size_t part_bytes(size_t half, int n, size_t es) {
 }
 
 static int fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, int fam, size_t b) {
-  size_t es = tc_dtype_size(op->dtype);
+  size_t es = tc__dtype_size(op->dtype);
   if (!c->shm || c->size < 2) return 0;
   if (b == SIZE_MAX || (b == 0 && op->kind != TC_KIND_BARRIER)) return 0;
   size_t bcast_max = c->size > 2 ? CPU_CMA_MAX_BCAST_MANY : CPU_CMA_MAX_BCAST;
@@ -307,7 +309,7 @@ static int fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, int fam, si
 
 int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, cpu_fast_t *st) {
   st->fam = fam_of(op->type);
-  st->bytes = st->fam && c->shm && c->size > 1 ? fp_bytes(c, op) : SIZE_MAX;
+  st->bytes = st->fam && c->shm && c->size > 1 ? fp_bytes(c, op, st->fam) : SIZE_MAX;
   st->kind = fast_kind(c, op, st->fam, st->bytes);
   if (!st->kind) st->bytes = 0;
   return st->kind;
@@ -347,7 +349,8 @@ static int fp_mismatch(cpu_ctx_t *ctx, int q, const fp_hdr_t *h, uint32_t fam, s
   char why[400];
   if (ctx->c->check_fp && tc__opfp_mismatch(&ctx->fp, ctx->rank, &h->fp, q, why, sizeof why))
     return tc__cpu_fail(ctx, TC_ERR_PROTOCOL, "%s", why);
-  uint32_t hfam = (uint32_t)fam_of((tc_op_type_t)h->fp.op);
+  /* the same operation type as this rank's: the same family */
+  uint32_t hfam = h->fp.op == ctx->fp.op ? fam : (uint32_t)fam_of((tc_op_type_t)h->fp.op);
   if (hfam != fam)
     return tc__cpu_fail(ctx, TC_ERR_PROTOCOL,
                         "peer %d is in %s while this rank is in %s (mismatched "
@@ -691,7 +694,7 @@ static int big_all_gather(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   const tc_backend_op_t *op = ctx->op;
   tc_tp_op_t top = fp_top(ctx);
   int r = ctx->rank, n = ctx->size;
-  size_t es = ctx->es, per = tc__shm_half_bytes(s), most = fp_bytes(c, op);
+  size_t es = ctx->es, per = tc__shm_half_bytes(s), most = fp_bytes(c, op, ctx->fam);
   char *mydst = op->recv[r].buf;
   size_t mylen = op->recv[r].count * es;
   if (!st->init) {
@@ -757,7 +760,7 @@ static int big_reduce_scatter(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       st->s = k;
       st->round = c->big_round++;
       char *mine = fp_half(c, r, st->round);
-      if (off == 0) fp_put_hdr(ctx, k, fp_bytes(c, op));
+      if (off == 0) fp_put_hdr(ctx, k, fp_bytes(c, op, ctx->fam));
       for (int q = 0; q < n; q++) {
         size_t cnt = op->send[q].count;
         const char *in = op->send[q].buf;
