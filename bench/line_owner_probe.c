@@ -36,6 +36,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "two_cpus.h"
+
 enum { ROUNDS = 20000, WARM = 1000 };
 
 typedef struct {
@@ -91,11 +93,8 @@ static void *side(void *arg) {
 
 int main(int argc, char **argv) {
   static const char *const names[] = {"own", "swap", "swap+rb"};
-  cpu_set_t mask;
-  if (sched_getaffinity(0, sizeof mask, &mask) != 0) return 1;
-  int k = 0;
-  for (int c = 0; c < CPU_SETSIZE && k < 2; c++)
-    if (CPU_ISSET(c, &mask)) cpu[k++] = c;
+  int k = first_two_cpus(cpu);
+  if (k == 0) return 1;
   if (k < 2) {
     printf("line_owner: one CPU only: nothing to measure\n");
     return 0;

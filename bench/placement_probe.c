@@ -27,6 +27,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "two_cpus.h"
+
 enum { SZ = 64 << 10, PINGS = 20000 };
 
 static char *buf, *dst[2];
@@ -84,11 +86,8 @@ static void *peer(void *arg) {
 
 int main(int argc, char **argv) {
   if (argc > 1) rounds = atoi(argv[1]) > 0 ? atoi(argv[1]) : rounds;
-  cpu_set_t mask;
-  if (sched_getaffinity(0, sizeof mask, &mask) != 0) return 1;
-  int k = 0;
-  for (int c = 0; c < CPU_SETSIZE && k < 2; c++)
-    if (CPU_ISSET(c, &mask)) cpu[k++] = c;
+  int k = first_two_cpus(cpu);
+  if (k == 0) return 1;
   if (k < 2) {
     printf("placement: handoff_GBps=nan pingpong_ns=nan cpus=%d (one CPU)\n", cpu[0]);
     return 0;
