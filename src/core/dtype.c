@@ -8,17 +8,7 @@ TC_DTYPE_MAP(TC__DTYPE_SIZE_CHECK)
 #undef TC__DTYPE_SIZE_CHECK
 
 /* Size in bytes of one element, from TC_DTYPE_MAP; 0 when invalid. */
-size_t tc_dtype_size(tc_dtype_t dtype) {
-  switch (dtype) {
-#define TC__DTYPE_SIZE(name, val, ctype, size, isf)                            \
-  case TC_##name:                                                              \
-    return size;
-    TC_DTYPE_MAP(TC__DTYPE_SIZE)
-#undef TC__DTYPE_SIZE
-  default:
-    return 0;
-  }
-}
+size_t tc_dtype_size(tc_dtype_t dtype) { return tc__dtype_size(dtype); }
 
 /* Lower-case names (torch's spelling without "torch."); the preprocessor
  * cannot lower-case the map's names, so they are listed, and the assert

@@ -262,8 +262,6 @@ int tc__shm_write_peer(tc_shm_t *s, int q, uint64_t remote, const void *src, siz
   }
   return TC_OK;
 }
-size_t tc__shm_slot_bytes(const tc_shm_t *s) { return s->slot_bytes; }
-size_t tc__shm_half_bytes(const tc_shm_t *s) { return s->half_bytes; }
 void tc__shm_areas(const tc_shm_t *s, tc_shm_areas_t *a) {
   *a = (tc_shm_areas_t){.base = s->base, .off_slot = s->off_slot, .off_half = s->off_half,
                         .slot_bytes = s->slot_bytes, .half_bytes = s->half_bytes};

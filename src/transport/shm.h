@@ -50,15 +50,13 @@ typedef struct tc_shm tc_shm_t;
 /* The shm transport behind (ops, tp), or NULL when it is another one. */
 TC_INTERNAL tc_shm_t *tc__shm_of(const tc_transport_ops_t *ops, void *tp);
 
-/* Geometry (identical on every rank). */
-TC_INTERNAL size_t tc__shm_slot_bytes(const tc_shm_t *s); /* each small slot */
-TC_INTERNAL size_t tc__shm_half_bytes(const tc_shm_t *s); /* each big half */
 /* Small slots per rank: the k-th sync point of the communicator uses slot
  * k % TC_SHM_SLOTS (a ring, so that a broadcast root may run up to
  * TC_SHM_SLOTS - 1 operations ahead of its receivers). */
 #define TC_SHM_SLOTS 4
-/* Where the slots and halves lie, for callers that address them on every
- * operation (the cpu backend's fast paths): small slot i (0 ..
+/* Where the slots and halves lie (the geometry is identical on every
+ * rank), for callers that address them on every operation (the cpu
+ * backend's fast paths): small slot i (0 ..
  * TC_SHM_SLOTS-1) of rank r's segment at base[r] + off_slot + i *
  * slot_bytes, big half i (0 or 1) at base[r] + off_half + i * half_bytes,
  * each 4 KiB aligned; base[r] is valid until the transport closes. */

@@ -489,6 +489,7 @@ static void cpu_close_transport(cpu_comm_t *c) {
   if (c->tp) c->tp_ops->close(c->tp);
   c->tp = NULL;
   c->shm = NULL;
+  c->areas = (tc_shm_areas_t){0}; /* its segments are unmapped */
   c->closed = 1;
   pthread_mutex_unlock(&c->tp_mu);
   if (c->hier) tc__cpu_hier_close(c, c->leave_clean);

@@ -86,13 +86,14 @@ static inline char *fp_half(cpu_comm_t *c, int q, uint64_t t) {
   const tc_shm_areas_t *a = &c->areas;
   return a->base[fp_seg(c, q, t >> 1)] + a->off_half + (size_t)(t & 1) * a->half_bytes;
 }
-/* Which part of its half writer w fills for reader q in round t
+/* The part of its half that writer w fills for reader q in round t
  * (reduce_scatter, all_to_all: a half holds one part per destination). At
  * 2 ranks the index alternates by epoch between reader and writer, so that
  * the part a rank fills is the one it read in the previous epoch, from the
  * half it now writes (fp_seg). */
-static inline size_t fp_part(const cpu_comm_t *c, int w, int q, uint64_t t) {
-  return (size_t)(c->size == 2 && (t >> 1 & 1) ? w : q);
+static inline char *fp_part(cpu_comm_t *c, int w, int q, uint64_t t, size_t part) {
+  size_t i = (size_t)(c->size == 2 && (t >> 1 & 1) ? w : q);
+  return fp_half(c, w, t) + i * part;
 }
 _Static_assert(sizeof(fp_hdr_t) % 8 == 0 && sizeof(fp_hdr_t) <= FP_HDR, "slot header");
 static size_t fp_data_off(size_t bytes) {
@@ -298,11 +299,11 @@ static int fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, int fam, si
   if ((fam == FAM_AG || fam == FAM_A2A || (fam == FAM_BCAST && b <= bcast_max)) &&
       b >= c->cma_min)
     return CPU_FAST_CMA;
-  if (b + FP_HDR <= tc__shm_slot_bytes(c->shm) && (fam != FAM_AR || b <= c->small_ar))
+  if (b + FP_HDR <= c->areas.slot_bytes && (fam != FAM_AR || b <= c->small_ar))
     return CPU_FAST_SMALL;
   if (fam == FAM_AR && op->count < (size_t)c->size) return 0;
   if ((fam == FAM_RS || fam == FAM_A2A) &&
-      part_bytes(tc__shm_half_bytes(c->shm), c->size, fam == FAM_A2A ? 1 : es) == 0)
+      part_bytes(c->areas.half_bytes, c->size, fam == FAM_A2A ? 1 : es) == 0)
     return 0;
   return CPU_FAST_BIG;
 }
@@ -562,7 +563,7 @@ static int big_all_reduce(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   tc_tp_op_t top = fp_top(ctx);
   int r = ctx->rank, n = ctx->size, premul = op->redop.type == TC_PREMUL_SUM;
   size_t es = ctx->es, count = op->count;
-  size_t per = tc__shm_half_bytes(s) / es; /* elements per round */
+  size_t per = c->areas.half_bytes / es; /* elements per round */
   tc_redop_type_t kop = cpu_kop(op);
   char *buf = op->recvbuf, *own = NULL;
   /* the own slice, scaled (premul), kept in scratch from stage 0 to 1 */
@@ -635,7 +636,7 @@ static int big_broadcast(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   const tc_backend_op_t *op = ctx->op;
   tc_tp_op_t top = fp_top(ctx);
   int r = ctx->rank, root = op->root;
-  size_t bytes = op->count * ctx->es, per = tc__shm_half_bytes(s);
+  size_t bytes = op->count * ctx->es, per = c->areas.half_bytes;
   char *buf = op->recvbuf;
   for (;;) {
     size_t off = st->off, len = bytes - off < per ? bytes - off : per;
@@ -694,7 +695,7 @@ static int big_all_gather(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   const tc_backend_op_t *op = ctx->op;
   tc_tp_op_t top = fp_top(ctx);
   int r = ctx->rank, n = ctx->size;
-  size_t es = ctx->es, per = tc__shm_half_bytes(s), most = fp_bytes(c, op, ctx->fam);
+  size_t es = ctx->es, per = c->areas.half_bytes, most = fp_bytes(c, op, ctx->fam);
   char *mydst = op->recv[r].buf;
   size_t mylen = op->recv[r].count * es;
   if (!st->init) {
@@ -736,7 +737,7 @@ static int big_reduce_scatter(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   const tc_backend_op_t *op = ctx->op;
   tc_tp_op_t top = fp_top(ctx);
   int r = ctx->rank, n = ctx->size, premul = op->redop.type == TC_PREMUL_SUM;
-  size_t es = ctx->es, part = part_bytes(tc__shm_half_bytes(s), n, es), pe = part / es;
+  size_t es = ctx->es, part = part_bytes(c->areas.half_bytes, n, es), pe = part / es;
   tc_redop_type_t kop = cpu_kop(op);
   size_t maxcnt = 0, mycnt;
   for (int i = 0; i < n; i++)
@@ -759,14 +760,13 @@ static int big_reduce_scatter(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       FP_TRY(fp_begin(ctx, spin, off > 0, &top, &k));
       st->s = k;
       st->round = c->big_round++;
-      char *mine = fp_half(c, r, st->round);
       if (off == 0) fp_put_hdr(ctx, k, fp_bytes(c, op, ctx->fam));
       for (int q = 0; q < n; q++) {
         size_t cnt = op->send[q].count;
         const char *in = op->send[q].buf;
         if (off >= cnt || (q == r && !stage_own)) continue;
         size_t len = cnt - off < pe ? cnt - off : pe;
-        char *d = q == r ? own : mine + fp_part(c, r, q, st->round) * part;
+        char *d = q == r ? own : fp_part(c, r, q, st->round, part);
         if (premul) tc__scale(d, in + off * es, len, op->dtype, op->redop.factor);
         else memcpy(d, in + off * es, len * es);
       }
@@ -780,12 +780,12 @@ static int big_reduce_scatter(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       const char *src[2];
       for (int q = 0; q < 2; q++)
         src[q] = q == r ? (stage_own ? own : myin + off * es)
-                        : fp_half(c, q, st->round) + fp_part(c, q, r, st->round) * part;
+                        : fp_part(c, q, r, st->round, part);
       char *dst = out + off * es;
       tc__reduce3(dst, src[0], src[1], len, op->dtype, kop);
       for (int q = 2; q < n; q++) {
         const char *sq = q == r ? (stage_own ? own : myin + off * es)
-                                : fp_half(c, q, st->round) + fp_part(c, q, r, st->round) * part;
+                                : fp_part(c, q, r, st->round, part);
         tc__reduce(dst, sq, len, op->dtype, kop);
       }
     }
@@ -800,7 +800,7 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   const tc_backend_op_t *op = ctx->op;
   tc_tp_op_t top = fp_top(ctx);
   int r = ctx->rank, n = ctx->size;
-  size_t es = ctx->es, bb = op->count * es, part = part_bytes(tc__shm_half_bytes(s), n, 1);
+  size_t es = ctx->es, bb = op->count * es, part = part_bytes(c->areas.half_bytes, n, 1);
   const char *send = op->sendbuf;
   char *recv = op->recvbuf;
   if (cpu_overlaps(send, (size_t)n * bb, recv, (size_t)n * bb)) { /* in place: staged */
@@ -821,10 +821,9 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       FP_TRY(fp_begin(ctx, spin, off > 0, &top, &k));
       st->s = k;
       st->round = c->big_round++;
-      char *mine = fp_half(c, r, st->round);
       if (off == 0) fp_put_hdr(ctx, k, (size_t)n * bb);
       for (int q = 0; q < n; q++)
-        if (q != r) memcpy(mine + fp_part(c, r, q, st->round) * part, send + (size_t)q * bb + off, len);
+        if (q != r) memcpy(fp_part(c, r, q, st->round, part), send + (size_t)q * bb + off, len);
       tc__shm_post(s, k);
       st->stage = 1;
     }
@@ -832,8 +831,7 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, -1));
     for (int q = 0; q < n; q++)
       if (q != r)
-        memcpy(recv + (size_t)q * bb + off, fp_half(c, q, st->round) + fp_part(c, q, r, st->round) * part,
-               len);
+        memcpy(recv + (size_t)q * bb + off, fp_part(c, q, r, st->round, part), len);
     st->off += part;
     st->stage = 0;
   }
