@@ -384,10 +384,10 @@ out:
 
 int tcpy_tensor(const tcpy_device_t *dev, const char *op, const char *arg,
                 Py_ssize_t idx, PyObject *obj, tcpy_tensor_t *out) {
-  char nbuf[128];
-  arg = tcpy_argname(nbuf, sizeof nbuf, arg, idx);
+  char nbuf[128]; /* the argument's name, formatted only where it is used */
   if (tcpy_torch_load() < 0) return -1;
   if (!PyObject_TypeCheck(obj, tcpy_Tensor)) {
+    arg = tcpy_argname(nbuf, sizeof nbuf, arg, idx);
     PyErr_Format(PyExc_TypeError, "%s: argument '%s' must be a torch.Tensor, "
                  "not %.100s", op, arg, Py_TYPE(obj)->tp_name);
     return -1;
@@ -426,6 +426,7 @@ int tcpy_tensor(const tcpy_device_t *dev, const char *op, const char *arg,
     }
     /* anything refused: the generic path below raises the error */
   }
+  arg = tcpy_argname(nbuf, sizeof nbuf, arg, idx); /* for the errors below */
   /* dtype */
   PyObject *dt = tcpy_get_dtype(obj, fast);
   if (!dt) return -1;
