@@ -25,8 +25,9 @@
  *  small (one sync, resumable, may run inline on the caller's thread):
  *   all_reduce      every rank copies its input into its slot; all reduce
  *                   all slots in rank order: identical bits everywhere.
- *   broadcast       the root copies into its slot and returns (up to
- *                   TC_SHM_SLOTS-1 ahead), the others copy out.
+ *   broadcast       below CPU_SHM_BCAST_HALVES: the root copies into its
+ *                   slot and returns (up to TC_SHM_SLOTS-1 ahead), the
+ *                   others copy out.
  *   barrier         post, wait for all.
  *   all_gather*     every rank copies its block in, everyone copies all out.
  *   reduce_scatter* every rank copies its whole input in; each reduces its
@@ -38,7 +39,9 @@
  *                   of the round from every half (rank order) into its own
  *                   half, sync, everyone copies every slice out.
  *   broadcast, all_gather*, reduce_scatter*, all_to_all_single: one sync
- *                   per round, each byte copied in once and out once.
+ *                   per round, each byte copied in once and out once (a
+ *                   broadcast of up to a quarter half moves on through
+ *                   the half op by op: bcast_off).
  */
 #include "backends/cpu/cpu.h"
 
@@ -299,7 +302,8 @@ static int fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, int fam, si
   if ((fam == FAM_AG || fam == FAM_A2A || (fam == FAM_BCAST && b <= bcast_max)) &&
       b >= c->cma_min)
     return CPU_FAST_CMA;
-  if (b + FP_HDR <= c->areas.slot_bytes && (fam != FAM_AR || b <= c->small_ar))
+  if (b + FP_HDR <= c->areas.slot_bytes && (fam != FAM_AR || b <= c->small_ar) &&
+      (fam != FAM_BCAST || b < CPU_SHM_BCAST_HALVES))
     return CPU_FAST_SMALL;
   if (fam == FAM_AR && op->count < (size_t)c->size) return 0;
   if ((fam == FAM_RS || fam == FAM_A2A) &&
@@ -630,6 +634,23 @@ static int big_all_reduce(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   }
 }
 
+/* Where in its half the root of a broadcast of this many bytes writes in
+ * round t. A broadcast moves one way: the root writes, the receivers only
+ * read, so the lines the root writes are the ones a receiver read a few
+ * rounds before, each a miss that takes the line back from the receiver's
+ * cache. One of at most half the half's size moves on through the half
+ * instead, one place per epoch, so a line comes back only after the
+ * receivers have read about a whole half since (2 x 512 KiB by default,
+ * as much as a core's L2 here): by then it has left their caches and the
+ * root's store no longer waits on them. Measured at 2 ranks: 16 KiB
+ * 2.9 -> 1.3-1.9 us, 64 KiB 10 -> 4.8 us, 256 KiB 22-26 -> 15.7 us
+ * (docs/benchmarks.md). Offset 0 for larger ones. */
+static size_t bcast_off(const cpu_comm_t *c, uint64_t t, size_t bytes) {
+  size_t per = c->areas.half_bytes, l = (bytes + 4095) & ~(size_t)4095;
+  if (l > per / 2) return 0;
+  return (size_t)((t >> 1) % (per / l)) * l;
+}
+
 static int big_broadcast(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   cpu_comm_t *c = ctx->c;
   tc_shm_t *s = c->shm;
@@ -661,7 +682,7 @@ static int big_broadcast(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
         st->s = k;
         st->round = c->big_round++;
         if (off == 0) fp_put_hdr(ctx, k, bytes);
-        memcpy(fp_half(c, r, st->round), buf + off, len);
+        memcpy(fp_half(c, r, st->round) + bcast_off(c, st->round, bytes), buf + off, len);
         tc__shm_post(s, k);
         st->off += per;
         continue;
@@ -683,7 +704,7 @@ static int big_broadcast(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     int chk = off == 0 && c->check_fp ? -1 : root;
     FP_TRY(fp_wait(c, chk, st->s, spin, off > 0, &top));
     if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, chk));
-    memcpy(buf + off, fp_half(c, root, st->round), len);
+    memcpy(buf + off, fp_half(c, root, st->round) + bcast_off(c, st->round, bytes), len);
     st->off += per;
     st->stage = 0;
   }
