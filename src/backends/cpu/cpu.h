@@ -41,8 +41,9 @@
 /* Broadcasts of at least this many bytes go through the big halves, where
  * the root's writes move on through the half (shm_algos.c, bcast_off);
  * smaller ones through the small slots, where the root runs ahead of its
- * receivers. Measured at 2 ranks: through the halves 8 KiB 0.9-1.3 vs
- * 1.7 us, 32 KiB 2.0-2.8 vs 5.2 us; 4 KiB 0.7-1.1 vs 1.0 us. */
+ * receivers. Measured at 2 ranks (medians of 6 interleaved runs): 8 KiB
+ * 1.08 us through the halves vs 1.13 through the slots, 16 KiB 1.54 vs
+ * 2.17, 32 KiB 2.76 vs 4.00. */
 #define CPU_SHM_BCAST_HALVES (8u * 1024u)
 
 /* Operations on the shared segments (shm_algos.c): kinds. */

@@ -642,9 +642,10 @@ static int big_all_reduce(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
  * instead, one place per epoch, so a line comes back only after the
  * receivers have read about a whole half since (2 x 512 KiB by default,
  * as much as a core's L2 here): by then it has left their caches and the
- * root's store no longer waits on them. Measured at 2 ranks: 16 KiB
- * 2.9 -> 1.3-1.9 us, 64 KiB 10 -> 4.8 us, 256 KiB 22-26 -> 15.7 us
- * (docs/benchmarks.md). Offset 0 for larger ones. */
+ * root's store no longer waits on them. Measured at 2 ranks, medians of
+ * 6 interleaved runs (with the 8 KiB switch in cpu.h): 16 KiB 2.17 ->
+ * 1.54 us, 64 KiB 7.72 -> 5.66 us, 128 KiB 15.8 -> 10.6 us, 256 KiB the
+ * same (docs/benchmarks.md). Offset 0 for larger ones. */
 static size_t bcast_off(const cpu_comm_t *c, uint64_t t, size_t bytes) {
   size_t per = c->areas.half_bytes, l = (bytes + 4095) & ~(size_t)4095;
   if (l > per / 2) return 0;
