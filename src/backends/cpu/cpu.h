@@ -45,6 +45,11 @@
  * 1.08 us through the halves vs 1.13 through the slots, 16 KiB 1.54 vs
  * 2.17, 32 KiB 2.76 vs 4.00. */
 #define CPU_SHM_BCAST_HALVES (8u * 1024u)
+/* ...and from this many with more than two ranks, where the root running
+ * ahead counted for more (4 ranks on 2 cores, medians of 4 interleaved
+ * runs: 8 KiB 5.57 us through the halves vs 4.51 through the slots,
+ * 16 KiB 6.02 vs 5.57, 32 KiB 7.18 vs 7.22, 64 KiB 10.2 vs 10.9). */
+#define CPU_SHM_BCAST_HALVES_MANY (32u * 1024u)
 
 /* Operations on the shared segments (shm_algos.c): kinds. */
 #define CPU_FAST_SMALL 1 /* one sync through the slots */

@@ -303,7 +303,8 @@ static int fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, int fam, si
       b >= c->cma_min)
     return CPU_FAST_CMA;
   if (b + FP_HDR <= c->areas.slot_bytes && (fam != FAM_AR || b <= c->small_ar) &&
-      (fam != FAM_BCAST || b < CPU_SHM_BCAST_HALVES))
+      (fam != FAM_BCAST ||
+       b < (c->size > 2 ? CPU_SHM_BCAST_HALVES_MANY : CPU_SHM_BCAST_HALVES)))
     return CPU_FAST_SMALL;
   if (fam == FAM_AR && op->count < (size_t)c->size) return 0;
   if ((fam == FAM_RS || fam == FAM_A2A) &&
