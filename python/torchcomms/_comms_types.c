@@ -526,8 +526,11 @@ static PyObject *tcpy_batch_issue(BatchSendRecvObject *self,
     PyErr_NoMemory();
     goto out_opts;
   }
-  PyObject *refs = PyTuple_New(n);
-  if (!refs) goto out_opts;
+  /* an asynchronous issue keeps the tensors alive with its TorchWork (a
+   * P2POp's tensor may be replaced meanwhile); a synchronous one is over
+   * when it returns */
+  PyObject *refs = async_op ? PyTuple_New(n) : NULL;
+  if (async_op && !refs) goto out_opts;
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject *o = PyTuple_GET_ITEM(ops, i);
     if (!PyObject_TypeCheck(o, &TcPy_P2POp_Type)) {
@@ -539,7 +542,7 @@ static PyObject *tcpy_batch_issue(BatchSendRecvObject *self,
     tcpy_tensor_t t;
     if (tcpy_tensor(&comm->dev, fn, "ops", i, p->tensor, &t) < 0)
       goto out_refs;
-    PyTuple_SET_ITEM(refs, i, Py_NewRef(p->tensor));
+    if (refs) PyTuple_SET_ITEM(refs, i, Py_NewRef(p->tensor));
     /* compared with memcmp: the struct has no implicit padding */
     ent[i] = (tcpy_batch_ent_t){.ptr = t.ptr, .numel = t.numel, .dtype = (int32_t)t.dtype,
                                 .peer = p->peer, .send = p->type == tcpy_p2p_members[0]};
@@ -574,7 +577,9 @@ static PyObject *tcpy_batch_issue(BatchSendRecvObject *self,
   result = tcpy_issue_opts(comm, fn, &call, async_op, &opts, refs, pre);
   Py_XDECREF(pre);
   if (result && !self->cbatch) { /* keep it for the next issue */
-    tcpy_batch_ent_t *keep = PyMem_Realloc(self->cent, (size_t)(n ? n : 1) * sizeof *keep);
+    tcpy_batch_ent_t *keep = self->cent && self->cn == n
+                                 ? self->cent
+                                 : PyMem_Realloc(self->cent, (size_t)(n ? n : 1) * sizeof *keep);
     if (keep) {
       memcpy(keep, ent, (size_t)n * sizeof *keep);
       self->cent = keep;
@@ -584,7 +589,7 @@ static PyObject *tcpy_batch_issue(BatchSendRecvObject *self,
     }
   }
 out_refs:
-  Py_DECREF(refs);
+  Py_XDECREF(refs);
 out_opts:
   tcpy_opts_free(&opts);
 out:
