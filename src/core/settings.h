@@ -68,7 +68,7 @@
     "collectives: single copy from this many bytes (0: never; the same on every rank)")  \
   X(CPU_INLINE_BYTES, "TORCHCOMMS_CPU_INLINE_BYTES", NUM, 1 << 20, 0, TC__BIG, NULL,       \
     "run operations up to this size on the caller's thread")                             \
-  X(CPU_SHM_SMALL_BYTES, "TORCHCOMMS_CPU_SHM_SMALL_BYTES", NUM, 16 << 10, 0, TC__BIG,      \
+  X(CPU_SHM_SMALL_BYTES, "TORCHCOMMS_CPU_SHM_SMALL_BYTES", NUM, 8 << 10, 0, TC__BIG,       \
     NULL, "shm all_reduce through the small slots up to this size (the same on every rank)") \
   X(CPU_SPIN_US, "TORCHCOMMS_CPU_SPIN_US", NUM, 0, 0, 1e9, NULL,                           \
     "busy-wait before sleeping, microseconds (default 200 when ranks <= cores, else 0)")  \
