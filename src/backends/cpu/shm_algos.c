@@ -40,8 +40,8 @@
  *                   half, sync, everyone copies every slice out.
  *   broadcast, all_gather*, reduce_scatter*, all_to_all_single: one sync
  *                   per round, each byte copied in once and out once (a
- *                   broadcast of up to a quarter half moves on through
- *                   the half op by op: bcast_off).
+ *                   broadcast of up to half a half moves on through the
+ *                   half op by op: bcast_off).
  */
 #include "backends/cpu/cpu.h"
 
@@ -641,9 +641,10 @@ static int big_all_reduce(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
  * rounds before, each a miss that takes the line back from the receiver's
  * cache. One of at most half the half's size moves on through the half
  * instead, one place per epoch, so a line comes back only after the
- * receivers have read about a whole half since (2 x 512 KiB by default,
- * as much as a core's L2 here): by then it has left their caches and the
- * root's store no longer waits on them. Measured at 2 ranks, medians of
+ * receivers have read about two halves' worth since (1 MiB by default, as
+ * much as a core's L2 here; at 2 ranks the segments alternate by epoch
+ * too, so each segment sees every other place): by then it has left their
+ * caches and the root's store no longer waits on them. Measured at 2 ranks, medians of
  * 6 interleaved runs (with the 8 KiB switch in cpu.h): 16 KiB 2.17 ->
  * 1.54 us, 64 KiB 7.72 -> 5.66 us, 128 KiB 15.8 -> 10.6 us, 256 KiB the
  * same (docs/benchmarks.md). Offset 0 for larger ones. */
