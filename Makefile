@@ -30,7 +30,7 @@
 #                    the short one is tests/py/test_soak.py)
 #   make bench       our cpu backend against Gloo, Open MPI and memcpy, 2 then
 #                    4 ranks, side by side, and window put/get against MPI
-#                    RMA (bench/run_bench.py; BENCH_RUNS=3; docs/benchmarks.md);
+#                    RMA (bench/run_bench.py; BENCH_RUNS=3, BENCH_MORE=2; docs/benchmarks.md);
 #                    and against the PyPI-wheel anchors Open MPI 5, MPICH 5,
 #                    Intel MPI, oneCCL (BENCH_ANCHORS=ompi,mpich,impi,ccl);
 #                    ends with the issue-16 targets, PASS/MISS/N/A

@@ -267,6 +267,67 @@ def point3(R, P):
         P.note("idle cost: not measured (no idle.csv: run make bench-load)")
 
 
+# Close calls (run_bench.py --more): a point whose measure is within this
+# factor of its target either way gets more interleaved launches.
+CLOSE = 1.25
+
+
+def _close(x, want):
+    return x is not None and want / CLOSE <= x <= want * CLOSE
+
+
+def contested(get, anchors, ranks):
+    """The points whose PASS / MISS the runs so far leave close: a measure
+    within CLOSE of its target, on either side. get as Results.get (a
+    median table of the runs so far). Returns {(ranks, collective): (impls,
+    sizes)}: the implementations whose medians decide those points, and
+    the sizes, sorted. Points 2, 4, 5 and 6 (point 3 has its own runs)."""
+    out = {}
+
+    def add(n, coll, impls, size):
+        e = out.setdefault((n, coll), (set(), set()))
+        e[0].update(impls)
+        e[1].add(size)
+
+    def best(refs, n, coll, size):
+        return BA.best(get, refs, n, coll, size, False)
+
+    if 2 in ranks:
+        for coll in COLLS:  # point 2: ours time / best time <= 1 (send_recv: informational)
+            o, (_, bi) = get("ours-c", 2, coll, 8, 0), best(anchors, 2, coll, 8)
+            bt = get(bi, 2, coll, 8, 0) if bi else None
+            if o is not None and bt and _close(o / bt, 1.0):
+                add(2, coll, ["ours-c"] + [a for a in anchors if not BA.collapsing(a, 2)], 8)
+        if _close(get("ours-c", 2, "all_reduce", 8, 0), AR_ABS_US):
+            add(2, "all_reduce", ["ours-c"], 8)
+        for coll in DTYPE_COLLS:  # point 5: busbw ratio >= 0.9
+            for impl in DTYPE_IMPLS:
+                for s in _sizes(get, impl, coll):
+                    if s >= DTYPE_MIN and _close(_div(get(impl, 2, coll, s), get("ours-c", 2, coll, s)), 0.9):
+                        add(2, coll, ["ours-c", impl], s)
+        for coll in COLLS + ["send_recv"]:  # point 6: py - c <= 0.5 us
+            c, py = get("ours-c", 2, coll, 8, 0), get("ours-py", 2, coll, 8, 0)
+            if c is not None and py is not None and _close(py - c, PY_GAP_US):
+                add(2, coll, ["ours-c", "ours-py"], 8)
+    for n in ranks:  # point 4: busbw ratio >= 1 from 64 KiB
+        refs = anchors if n == 2 else [a for a in NOT_COLLAPSING_4 if a in anchors]
+        for coll in COLLS:
+            for s in _sizes(get, "ours-c", coll, n):
+                bw, _ = best(refs, n, coll, s)
+                if s >= BIG and _close(_div(get("ours-c", n, coll, s), bw), 1.0):
+                    add(n, coll, ["ours-c"] + [a for a in refs if not BA.collapsing(a, n)], s)
+    return {k: (sorted(v[0]), sorted(v[1])) for k, v in out.items()}
+
+
+def _div(a, b):
+    return a / b if a is not None and b else None
+
+
+def _sizes(get, impl, coll, n=2):
+    """The sizes of make bench (8 B, 16 B x 4^k up to 64 MiB) where impl has a median."""
+    return [s for s in [8] + [16 * 4 ** k for k in range(12)] if get(impl, n, coll, s) is not None]
+
+
 def print_issue16(d, out=sys.stdout):
     """Prints the issue-16 targets section from the CSVs in directory d;
     returns {"PASS": k, "MISS": k, "N/A ": k}."""

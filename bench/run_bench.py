@@ -65,6 +65,10 @@ bench/results/busbw_<N>ranks.png, and prints the tables of ratios and the
 issues' targets with PASS/MISS, issue 16's last (bench/bench_targets.py,
 which --targets, or make bench-targets, prints again from saved CSVs).
 
+--more K (BENCH_MORE, default 2): after the runs, K more interleaved
+launches of each implementation that decides an issue-16 target the runs
+left close (within bench_targets.CLOSE of it, either side), at those points
+only (docs/benchmarks.md, "Close calls").
 --load (make bench-load: --load --colls none): 8 B all_reduce at 2, 4, 8
 ranks quiet and under a CPU hog on every core, and the idle CPU cost of a
 blocking wait (bench/bench_load.py; issue 16, point 3).
@@ -445,6 +449,11 @@ def main():
     global OUT
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=int(os.environ.get("BENCH_RUNS", "3")))
+    ap.add_argument("--more", type=int, default=int(os.environ.get("BENCH_MORE", "2")),
+                    help="after the runs, this many more interleaved launches of each implementation "
+                         "deciding an issue-16 target that the runs left close (within "
+                         f"{bench_targets.CLOSE}x of it, either side), at those points only (env BENCH_MORE; "
+                         "0: none)")
     ap.add_argument("--ranks", default=os.environ.get("BENCH_RANKS", "2,4"))
     ap.add_argument("--colls", default=os.environ.get("BENCH_COLLS", ",".join(COLLS + P2P_COLLS + WIN_COLLS)),
                     help="collectives, send_recv and/or put,get (--colls put,get: the window part alone)")
@@ -570,6 +579,9 @@ def main():
                     log(f"bench: run {run}/{a.runs} n={n} {coll} done ({time.time() - t_start:.0f} s; " +
                         " ".join(f"{k} {v:.0f}" for k, v in took.items()) + ")")
 
+        if a.more > 0 and colls_c:
+            more_runs(raw, a.runs, a.more, tools, anchors, ranks_c, colls_c, impls, failures, afailures, t_start)
+
         with open(os.path.join(OUT, "raw.csv"), "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["run", "impl", "ranks", "collective", "size", "time_us", "busbw_GBps"])
@@ -642,6 +654,47 @@ def main():
         log("bench: anchor failed (left out of its points): " + f.splitlines()[0])
     log(f"bench: results in {OUT} ({time.time() - t_start:.0f} s)")
     return 1 if failures else 0
+
+
+def more_runs(raw, runs, more, tools, anchors, ranks, colls, impls, failures, afailures, t_start):
+    """Close calls: the points the runs so far leave within
+    bench_targets.CLOSE of their target (bench_targets.contested) get `more`
+    further runs of the implementations that decide them, interleaved as
+    the runs were, at those sizes only; their medians are then over
+    runs + more launches (median.csv's runs column says which)."""
+    med = median_table(raw)
+
+    def get(impl, n, coll, size, col=1):
+        v = med.get((impl, n, coll, size))
+        return v[col] if v else None
+
+    groups = {k: v for k, v in bench_targets.contested(get, anchors, ranks).items()
+              if k[1] in colls}
+    if not groups:
+        log("bench: no close calls: no further runs")
+        return
+    log(f"bench: close calls (within {bench_targets.CLOSE}x of a target): {more} more run(s) of " +
+        "; ".join(f"n={n} {c} {','.join(i)} at {','.join(fmt_size(s) for s in ss)}"
+                  for (n, c), (i, ss) in sorted(groups.items())))
+    for run in range(runs + 1, runs + more + 1):
+        RUN_NOW[0] = run
+        for (n, coll), (group, sizes) in sorted(groups.items()):
+            big = [s for s in sizes if s > 8]
+            ranges = ([(8, 8)] if 8 in sizes else []) + ([(big[0], big[-1])] if big else [])
+            for impl in group:
+                if impl not in impls and not BA.split_impl(impl):
+                    continue
+                try:
+                    rows = measure(impl, coll, n, tools, ranges)
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    (afailures if BA.split_impl(impl) else failures).append(
+                        f"run {run} {impl} {coll} n={n}: {e}")
+                    log(f"bench: FAILED {impl} {coll} n={n}: {str(e)[-1200:]}")
+                    continue
+                for size in sizes:
+                    if size in rows:
+                        raw[(run, impl, n, coll, size)] = rows[size]
+        log(f"bench: close calls, run {run}/{runs + more} done ({time.time() - t_start:.0f} s)")
 
 
 def anchor_report(get, anchors, astatus, askip, ranks, colls):

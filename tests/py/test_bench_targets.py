@@ -137,3 +137,44 @@ def test_empty_directory_is_all_not_measured(tmp_path):
     counts = BT.print_issue16(str(tmp_path), out=buf)
     assert counts["PASS"] == 0 and counts["MISS"] == 0 and counts["N/A "] > 0
     assert "no load.csv: run make bench-load" in buf.getvalue()
+
+
+def test_close_calls_are_the_points_near_their_target(monkeypatch):
+    """bench_targets.contested (run_bench.py --more): a point within 1.25x of
+    its target on either side is close, one beyond is not, and the group
+    names the implementations that decide it (4 ranks: ompi and impi)."""
+    monkeypatch.setattr(BA, "ncpu", lambda: 2)
+    rows = [
+        # point 2: broadcast 0.30 vs best 0.27 (x1.11: close); all_gather 0.50
+        # vs 0.30 (x1.67: not); all_reduce 0.20 vs 0.30 (x0.67: not close to
+        # the best, but close to the 0.35 us bound? 0.20 < 0.28: no)
+        ("ours-c", 2, "broadcast", 8, 0.30), ("ompi", 2, "broadcast", 8, 0.27),
+        ("impi", 2, "broadcast", 8, 0.40),
+        ("ours-c", 2, "all_gather", 8, 0.50), ("ompi", 2, "all_gather", 8, 0.30),
+        ("ours-c", 2, "all_reduce", 8, 0.20), ("ompi", 2, "all_reduce", 8, 0.30),
+        # point 6: py - c = 0.55 (close) for broadcast, 1.0 for all_gather (not)
+        ("ours-py", 2, "broadcast", 8, 0.85), ("ours-py", 2, "all_gather", 8, 1.50),
+        # point 4, 2 ranks: 64K x1.10 (close), 1M x2 (not)
+        ("ours-c", 2, "all_to_all", 65536, 10.0), ("impi", 2, "all_to_all", 65536, 11.0),
+        ("ours-c", 2, "all_to_all", 1 << 20, 50.0), ("impi", 2, "all_to_all", 1 << 20, 100.0),
+        # point 4, 4 ranks: x0.9 against ompi (close); mpich collapses, not in the group
+        ("ours-c", 4, "all_gather", 1 << 18, 50.0), ("ompi", 4, "all_gather", 1 << 18, 45.0),
+        ("mpich", 4, "all_gather", 1 << 18, 5.0),
+        # point 5: bf16 x0.85 (close), fp16 x0.5 (not)
+        ("ours-c", 2, "all_reduce", 16384, 10.0),
+        ("ours-c-bf16", 2, "all_reduce", 16384, 10.0 / 0.85),
+        ("ours-c-fp16", 2, "all_reduce", 16384, 10.0 / 0.5),
+    ]
+    med = {(i, n, c, s): (t, busbw(c, n, s, t)) for i, n, c, s, t in rows}
+
+    def get(impl, n, coll, size, col=1):
+        v = med.get((impl, n, coll, size))
+        return v[col] if v else None
+
+    g = BT.contested(get, ["ompi", "mpich", "impi"], [2, 4])
+    assert g == {
+        (2, "broadcast"): (["impi", "mpich", "ompi", "ours-c", "ours-py"], [8]),
+        (2, "all_to_all"): (["impi", "mpich", "ompi", "ours-c"], [65536]),
+        (4, "all_gather"): (["impi", "ompi", "ours-c"], [1 << 18]),
+        (2, "all_reduce"): (["ours-c", "ours-c-bf16"], [16384]),
+    }, g
