@@ -218,10 +218,15 @@ int tcpy_int(PyObject *obj, const char *op, const char *arg, int *out) {
     return -1;
   }
   int overflow = 0;
-  PyObject *idx = PyNumber_Index(obj);
-  if (!idx) return -1;
-  long v = PyLong_AsLongAndOverflow(idx, &overflow);
-  Py_DECREF(idx);
+  long v;
+  if (PyLong_CheckExact(obj)) { /* the usual case (a root, a peer): no new reference */
+    v = PyLong_AsLongAndOverflow(obj, &overflow);
+  } else {
+    PyObject *idx = PyNumber_Index(obj);
+    if (!idx) return -1;
+    v = PyLong_AsLongAndOverflow(idx, &overflow);
+    Py_DECREF(idx);
+  }
   if (v == -1 && PyErr_Occurred()) return -1;
   if (overflow || v < -2147483647L || v > 2147483647L) {
     PyErr_Format(PyExc_ValueError, "%s: argument '%s' = %R is out of range",

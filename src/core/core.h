@@ -64,7 +64,8 @@ struct tc_comm {
   int state;
   uint64_t seq;
   uint64_t split_seq;
-  _Atomic int64_t last_progress_ns; /* last start/completion, monotonic */
+  _Atomic int64_t last_progress_ns; /* last start/completion, monotonic (relaxed: a
+                                     * time for deadlines, no data behind it) */
   pthread_mutex_t err_mu; /* last_error only: taken inside backend callbacks */
   char last_error[1024];
   uint64_t coll_seq, p2p_seq; /* collectives / p2p issued (under mu) */

@@ -125,8 +125,10 @@ void tc__board_issue(tc_comm_t *c, const tc_work_t *w) {
 
 void tc__board_done(tc_comm_t *c, const tc_work_t *w, int rc) {
   if (w->coll_seq && rc == TC_OK) {
-    atomic_store(&c->done_type, (int)w->op.type);
-    atomic_store(&c->done_coll, w->coll_seq);
+    /* release, not seq_cst (two locked instructions per collective): the
+     * report reads done_coll, then done_type */
+    atomic_store_explicit(&c->done_type, (int)w->op.type, memory_order_relaxed);
+    atomic_store_explicit(&c->done_coll, w->coll_seq, memory_order_release);
   }
   board_slot_t *s = my_slot(c);
   if (!s) return;

@@ -190,7 +190,7 @@ static int work_finish(tc_work_t *w, int rc, const char *msg) {
         tc__op_info(w, &info);
         tc__log_op("done", &info);
       }
-      atomic_store(&c->last_progress_ns, (int64_t)(w->end_time * 1e9));
+      atomic_store_explicit(&c->last_progress_ns, (int64_t)(w->end_time * 1e9), memory_order_relaxed);
     }
     return 1;
   }
@@ -231,7 +231,7 @@ static int work_finish(tc_work_t *w, int rc, const char *msg) {
   pthread_mutex_lock(&w->mu);
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
-  if (c) atomic_store(&c->last_progress_ns, (int64_t)(w->end_time * 1e9));
+  if (c) atomic_store_explicit(&c->last_progress_ns, (int64_t)(w->end_time * 1e9), memory_order_relaxed);
   return 1;
 }
 
@@ -251,7 +251,9 @@ static void host_work_started(tc_work_t *w) {
     int ns = TC_WORK_NOT_STARTED;
     atomic_compare_exchange_strong(&w->status, &ns, TC_WORK_INPROGRESS);
     atomic_store_explicit(&w->fr_start_due, 1, memory_order_release);
-    if (w->comm) atomic_store(&w->comm->last_progress_ns, (int64_t)(w->start_time * 1e9));
+    if (w->comm)
+      atomic_store_explicit(&w->comm->last_progress_ns, (int64_t)(w->start_time * 1e9),
+                            memory_order_relaxed);
     return;
   }
   pthread_mutex_lock(&w->mu);
@@ -262,13 +264,17 @@ static void host_work_started(tc_work_t *w) {
   if (atomic_load(&w->waiters)) pthread_cond_broadcast(&w->cv); /* a deadline to re-read */
   pthread_mutex_unlock(&w->mu);
   tc__fr_update(w, TC_FR_STARTED);
-  if (w->comm) atomic_store(&w->comm->last_progress_ns, (int64_t)(t * 1e9));
+  if (w->comm)
+    atomic_store_explicit(&w->comm->last_progress_ns, (int64_t)(t * 1e9), memory_order_relaxed);
 }
 
 /* After the post: a start reported inside it reaches the recorder now
  * (unless the end already did). */
 void tc__work_posted(tc_work_t *w) {
-  if (atomic_exchange_explicit(&w->fr_start_due, 0, memory_order_acquire))
+  /* an operation that ended inside its post has cleared the flag: a load,
+   * not a locked exchange, on that path */
+  if (atomic_load_explicit(&w->fr_start_due, memory_order_acquire) &&
+      atomic_exchange_explicit(&w->fr_start_due, 0, memory_order_acquire))
     tc__fr_update(w, TC_FR_STARTED);
 }
 
