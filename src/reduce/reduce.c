@@ -504,16 +504,15 @@ TC__AVX2_INLINE void tc__h_store(uint16_t *p, __m256 f) {
   TC__GEN_VEC(PFX, ATTR, W, SUM, D, V, V2)                                     \
   TC__GEN_VEC(PFX, ATTR, W, PRODUCT, D, V, V2)                                 \
   TC__GEN_VEC(PFX, ATTR, W, MIN, D, V, V2) TC__GEN_VEC(PFX, ATTR, W, MAX, D, V, V2)
-#define TC__V32_BF(OP, o, a, b)                                                \
+/* Two steps V of W elements: the double step of the kernels without one
+ * of their own. */
+#define TC__TWO(V, W, OP, o, a, b)                                             \
   do {                                                                         \
-    TC__V16_BF(OP, o, a, b);                                                   \
-    TC__V16_BF(OP, (o) + 16, (a) + 16, (b) + 16);                              \
+    V(OP, o, a, b);                                                            \
+    V(OP, (o) + (W), (a) + (W), (b) + (W));                                    \
   } while (0)
-#define TC__V32_H(OP, o, a, b)                                                 \
-  do {                                                                         \
-    TC__V16_H(OP, o, a, b);                                                    \
-    TC__V16_H(OP, (o) + 16, (a) + 16, (b) + 16);                               \
-  } while (0)
+#define TC__V32_BF(OP, o, a, b) TC__TWO(TC__V16_BF, 16, OP, o, a, b)
+#define TC__V32_H(OP, o, a, b) TC__TWO(TC__V16_H, 16, OP, o, a, b)
 TC__GEN_VEC_OPS(tc__v, TC__AVX2, 16, BFLOAT16, TC__V16_BF, TC__V32_BF)
 TC__GEN_VEC_OPS(tc__v, TC__AVX2, 16, FLOAT16, TC__V16_H, TC__V32_H)
 
@@ -671,11 +670,7 @@ TC__AVX512_INLINE void tc__zh_op_store(uint16_t *p, __m512 a, __m512 r) {
     tc__zh_op_store((o) + 16, a1, r1);                                         \
   } while (0)
 
-#define TC__Z64_H(OP, o, a, b)                                                 \
-  do {                                                                         \
-    TC__Z32_H(OP, o, a, b);                                                    \
-    TC__Z32_H(OP, (o) + 32, (a) + 32, (b) + 32);                               \
-  } while (0)
+#define TC__Z64_H(OP, o, a, b) TC__TWO(TC__Z32_H, 32, OP, o, a, b)
 TC__GEN_VEC_OPS(tc__z, TC__AVX512, 32, BFLOAT16, TC__Z32_BF, TC__Z64_BF)
 TC__GEN_VEC_OPS(tc__z, TC__AVX512, 32, FLOAT16, TC__Z32_H, TC__Z64_H)
 #endif /* AVX2 16-bit kernels */
