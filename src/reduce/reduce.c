@@ -610,10 +610,10 @@ TC__AVX512_INLINE void tc__zbf_store2(uint16_t *p, __m512 ev, __m512 od) {
   } while (0)
 
 /* 64 bfloat16 results in one step: the four vfpclassps masks are tested
- * with one branch (a 32-element step with a branch each ran at 14.5 GB/s
- * on 16 KiB where this runs at 22, Zen 4); a step with a lane to fix goes
- * through tc__zbf_store2 per 32. All loads come before the stores (o may
- * be a). */
+ * with one branch, not one per 32 results (tcreduce_bench reduce3, Zen 4:
+ * 31.9 -> 33.7 GB/s at 64 KiB, 30.2 -> 33.1 at 256 KiB); a step with a
+ * lane to fix goes through tc__zbf_store2 per 32. All loads come before
+ * the stores (o may be a). */
 #define TC__Z64_BF(OP, o, a, b)                                                \
   do {                                                                         \
     const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);                    \
