@@ -28,6 +28,7 @@ import time
 import bench_anchors as BA
 
 COLLS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
+SIZES = [8] + [16 * 4 ** k for k in range(12)]  # make bench's sizes: 8 B, 16 B x 4^k .. 64 MiB
 # point 5: ours-c with tcperf -d (run_bench.py's implementations)
 DTYPE_IMPLS = {"ours-c-bf16": "bfloat16", "ours-c-fp16": "float16"}
 DTYPE_COLLS = ["all_reduce", "reduce_scatter"]
@@ -324,8 +325,8 @@ def _div(a, b):
 
 
 def _sizes(get, impl, coll, n=2):
-    """The sizes of make bench (8 B, 16 B x 4^k up to 64 MiB) where impl has a median."""
-    return [s for s in [8] + [16 * 4 ** k for k in range(12)] if get(impl, n, coll, s) is not None]
+    """The sizes of make bench (SIZES) where impl has a median."""
+    return [s for s in SIZES if get(impl, n, coll, s) is not None]
 
 
 def print_issue16(d, out=sys.stdout):

@@ -108,7 +108,7 @@ WIN_IMPLS = ["ours-c", "ours-tcp", "mpi-shm", "mpi-oscsm", "mpi-tcp"]
 MPI_OPTS = {"mpi-shm": [], "mpi-tcp": ["--mca", "btl", "self,tcp"]}
 MPI_WIN_OPTS = {"mpi-shm": [], "mpi-oscsm": ["--mca", "osc", "sm"],
                 "mpi-tcp": ["--mca", "btl", "self,tcp", "--mca", "osc", "pt2pt"]}
-SIZES = [8] + [16 * 4 ** k for k in range(12)]  # 8 B, 16 B .. 64 MiB
+SIZES = list(bench_targets.SIZES)  # 8 B, 16 B .. 64 MiB (--max-size cuts it)
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
 # 16-bit floats against float32 (issue 16, point 5): 2 ranks, shared memory
 DT_COLLS = ["all_reduce", "reduce_scatter"]
@@ -325,6 +325,20 @@ def measure(impl, coll, n, tools, ranges=None, place=True):
 
 
 RUN_NOW = [0]  # the run measure() is in (for TIMING)
+
+
+def measure_or_report(impl, coll, n, tools, ranges, run, failures, afailures):
+    """measure(), or {} after a failure is logged and listed: an anchor's in
+    afailures (reported, not a failed bench), ours and the rest in failures."""
+    try:
+        return measure(impl, coll, n, tools, ranges)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        (afailures if BA.split_impl(impl) else failures).append(f"run {run} {impl} {coll} n={n}: {e}")
+        # the command, then the end of its output (a traceback's last lines)
+        msg = str(e)
+        log(f"bench: FAILED {impl} {coll} n={n}: " +
+            (msg if len(msg) <= 1200 else msg[:300] + "\n...\n" + msg[-900:]))
+        return {}
 
 
 def timing_report(t_total):
@@ -560,16 +574,7 @@ def main():
                                 continue
                         elif not applies(impl, coll, n) or (impl, coll) in skip:
                             continue
-                        try:
-                            rows = measure(impl, coll, n, tools)
-                        except (RuntimeError, subprocess.TimeoutExpired) as e:
-                            # an anchor that fails is reported, not a failed bench
-                            (afailures if impl in aimpls else failures).append(f"run {run} {impl} {coll} n={n}: {e}")
-                            # the command, then the end of its output (a traceback's last lines)
-                            msg = str(e)
-                            log(f"bench: FAILED {impl} {coll} n={n}: " +
-                                (msg if len(msg) <= 1200 else msg[:300] + "\n...\n" + msg[-900:]))
-                            continue
+                        rows = measure_or_report(impl, coll, n, tools, None, run, failures, afailures)
                         for size, v in rows.items():
                             raw[(run, impl, n, coll, size)] = v
                     took = {}
@@ -684,13 +689,7 @@ def more_runs(raw, runs, more, tools, anchors, ranks, colls, impls, failures, af
             for impl in group:
                 if impl not in impls and not BA.split_impl(impl):
                     continue
-                try:
-                    rows = measure(impl, coll, n, tools, ranges)
-                except (RuntimeError, subprocess.TimeoutExpired) as e:
-                    (afailures if BA.split_impl(impl) else failures).append(
-                        f"run {run} {impl} {coll} n={n}: {e}")
-                    log(f"bench: FAILED {impl} {coll} n={n}: {str(e)[-1200:]}")
-                    continue
+                rows = measure_or_report(impl, coll, n, tools, ranges, run, failures, afailures)
                 for size in sizes:
                     if size in rows:
                         raw[(run, impl, n, coll, size)] = rows[size]

@@ -573,19 +573,20 @@ enum { TC__FPC_NAN = 0x81, TC__FPC_NAN_DENORM = 0xA1 }; /* vfpclassps classes */
 #define TC__Z_MIN(a, b) TC__Z_NANFIRST(a, _mm512_min_ps(a, b))
 #define TC__Z_MAX(a, b) TC__Z_NANFIRST(a, _mm512_max_ps(a, b))
 
-/* vcvtne2ps2bf16's (odd, even) halves back to element order */
-#define TC__ZBF_IDX                                                            \
-  _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, \
-                   21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0)
+/* 32 bfloat16 results rounded by vcvtne2ps2bf16, in element order (ev the
+ * even elements, od the odd ones: vpermw interleaves the two halves). */
+TC__AVX512_INLINE __m512i tc__zbf_pack(__m512 ev, __m512 od) {
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                       8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(od, ev));
+}
 
 /* 32 bfloat16 results, ev the even elements and od the odd ones. */
 TC__AVX512_INLINE void tc__zbf_store2(uint16_t *p, __m512 ev, __m512 od) {
   const __mmask16 s0 = _mm512_fpclass_ps_mask(ev, TC__FPC_NAN_DENORM);
   const __mmask16 s1 = _mm512_fpclass_ps_mask(od, TC__FPC_NAN_DENORM);
   if (__builtin_expect(_kortestz_mask16_u8(s0, s1), 1)) {
-    const __m512i idx = TC__ZBF_IDX;
-    _mm512_storeu_si512((void *)p,
-                        _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(od, ev)));
+    _mm512_storeu_si512((void *)p, tc__zbf_pack(ev, od));
     return;
   }
   float e[16], o[16];
@@ -597,16 +598,20 @@ TC__AVX512_INLINE void tc__zbf_store2(uint16_t *p, __m512 ev, __m512 od) {
   }
 }
 
+/* OP of the even (EV) and odd (OD) bfloat16 elements of 32-element
+ * vectors xa and xb, widened to float32 exactly. */
+#define TC__ZBF_EV(OP, xa, xb)                                                 \
+  TC__Z_##OP(_mm512_castsi512_ps(_mm512_slli_epi32(xa, 16)),                   \
+             _mm512_castsi512_ps(_mm512_slli_epi32(xb, 16)))
+#define TC__ZBF_OD(OP, xa, xb)                                                 \
+  TC__Z_##OP(_mm512_castsi512_ps(_mm512_and_si512(xa, _mm512_set1_epi32((int)0xFFFF0000u))), \
+             _mm512_castsi512_ps(_mm512_and_si512(xb, _mm512_set1_epi32((int)0xFFFF0000u))))
+
 #define TC__Z32_BF(OP, o, a, b)                                                \
   do {                                                                         \
     const __m512i xa = _mm512_loadu_si512((const void *)(a));                  \
     const __m512i xb = _mm512_loadu_si512((const void *)(b));                  \
-    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);                    \
-    tc__zbf_store2(o,                                                          \
-                   TC__Z_##OP(_mm512_castsi512_ps(_mm512_slli_epi32(xa, 16)),  \
-                              _mm512_castsi512_ps(_mm512_slli_epi32(xb, 16))), \
-                   TC__Z_##OP(_mm512_castsi512_ps(_mm512_and_si512(xa, hi)),   \
-                              _mm512_castsi512_ps(_mm512_and_si512(xb, hi)))); \
+    tc__zbf_store2(o, TC__ZBF_EV(OP, xa, xb), TC__ZBF_OD(OP, xa, xb));         \
   } while (0)
 
 /* 64 bfloat16 results in one step: the four vfpclassps masks are tested
@@ -616,29 +621,19 @@ TC__AVX512_INLINE void tc__zbf_store2(uint16_t *p, __m512 ev, __m512 od) {
  * the stores (o may be a). */
 #define TC__Z64_BF(OP, o, a, b)                                                \
   do {                                                                         \
-    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);                    \
     const __m512i xa = _mm512_loadu_si512((const void *)(a));                  \
     const __m512i xb = _mm512_loadu_si512((const void *)(b));                  \
     const __m512i ya = _mm512_loadu_si512((const void *)((a) + 32));           \
     const __m512i yb = _mm512_loadu_si512((const void *)((b) + 32));           \
-    const __m512 e0 = TC__Z_##OP(_mm512_castsi512_ps(_mm512_slli_epi32(xa, 16)), \
-                                 _mm512_castsi512_ps(_mm512_slli_epi32(xb, 16))); \
-    const __m512 d0 = TC__Z_##OP(_mm512_castsi512_ps(_mm512_and_si512(xa, hi)), \
-                                 _mm512_castsi512_ps(_mm512_and_si512(xb, hi))); \
-    const __m512 e1 = TC__Z_##OP(_mm512_castsi512_ps(_mm512_slli_epi32(ya, 16)), \
-                                 _mm512_castsi512_ps(_mm512_slli_epi32(yb, 16))); \
-    const __m512 d1 = TC__Z_##OP(_mm512_castsi512_ps(_mm512_and_si512(ya, hi)), \
-                                 _mm512_castsi512_ps(_mm512_and_si512(yb, hi))); \
+    const __m512 e0 = TC__ZBF_EV(OP, xa, xb), d0 = TC__ZBF_OD(OP, xa, xb);     \
+    const __m512 e1 = TC__ZBF_EV(OP, ya, yb), d1 = TC__ZBF_OD(OP, ya, yb);     \
     const __mmask16 f = (__mmask16)(_mm512_fpclass_ps_mask(e0, TC__FPC_NAN_DENORM) | \
                                     _mm512_fpclass_ps_mask(d0, TC__FPC_NAN_DENORM) | \
                                     _mm512_fpclass_ps_mask(e1, TC__FPC_NAN_DENORM) | \
                                     _mm512_fpclass_ps_mask(d1, TC__FPC_NAN_DENORM)); \
     if (__builtin_expect(f == 0, 1)) {                                         \
-      const __m512i idx = TC__ZBF_IDX;                                         \
-      _mm512_storeu_si512((void *)(o),                                         \
-                          _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(d0, e0))); \
-      _mm512_storeu_si512((void *)((o) + 32),                                  \
-                          _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(d1, e1))); \
+      _mm512_storeu_si512((void *)(o), tc__zbf_pack(e0, d0));                  \
+      _mm512_storeu_si512((void *)((o) + 32), tc__zbf_pack(e1, d1));           \
     } else {                                                                   \
       tc__zbf_store2(o, e0, d0);                                               \
       tc__zbf_store2((o) + 32, e1, d1);                                        \
