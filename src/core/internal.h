@@ -168,6 +168,11 @@ TC_INTERNAL void tc__reduce3(void *out, const void *a, const void *b, size_t n,
  * zero after the multiply in double; bool: nonzero -> 1. */
 TC_INTERNAL void tc__scale(void *dst, const void *src, size_t n,
                            tc_dtype_t dtype, double factor);
+/* memcpy for copies larger than the caches whose destination is not read
+ * again soon: on x86-64, non-temporal stores, which skip reading each
+ * destination line before writing it (half the memory traffic of a plain
+ * copy); elsewhere memcpy. dst and src must not overlap. */
+TC_INTERNAL void tc__copy_stream(void *dst, const void *src, size_t n);
 /* buf[i] /= divisor (integers: truncated toward zero, like torch's
  * integer AVG in NCCL). */
 TC_INTERNAL void tc__divide(void *buf, size_t n, tc_dtype_t dtype,

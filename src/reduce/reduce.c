@@ -929,6 +929,35 @@ TC_DTYPE_MAP(TC__GEN_SCALE_DIVIDE)
  * integers: the double product truncated toward zero, saturated to int64,
  * then wrapped to the type; bool: (src[i] != 0 && factor != 0). dst may
  * equal src (the in-place kernel runs then). */
+#if defined(__x86_64__)
+#include <emmintrin.h>
+void tc__copy_stream(void *dst, const void *src, size_t n) {
+  char *d = dst;
+  const char *s = src;
+  size_t head = (size_t)(-(uintptr_t)d & 63); /* to a cache line */
+  if (n < head + 256) {
+    memcpy(d, s, n);
+    return;
+  }
+  memcpy(d, s, head);
+  d += head, s += head, n -= head;
+  for (; n >= 64; d += 64, s += 64, n -= 64) {
+    const __m128i a = _mm_loadu_si128((const __m128i *)s);
+    const __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+    const __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
+    const __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
+    _mm_stream_si128((__m128i *)d, a);
+    _mm_stream_si128((__m128i *)(d + 16), b);
+    _mm_stream_si128((__m128i *)(d + 32), c);
+    _mm_stream_si128((__m128i *)(d + 48), e);
+  }
+  _mm_sfence(); /* the stores are visible before anything the caller posts */
+  memcpy(d, s, n);
+}
+#else
+void tc__copy_stream(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+#endif
+
 void tc__scale(void *dst, const void *src, size_t n, tc_dtype_t dtype,
                double factor) {
   if (n == 0) return;

@@ -616,6 +616,20 @@ TC_TEST(cpu_direct_collectives_2) { tc_spawn(2, collectives_rank, NULL, 60); }
 TC_TEST(cpu_direct_collectives_3) { tc_spawn(3, collectives_rank, NULL, 90); }
 TC_TEST(cpu_direct_collectives_4) { tc_spawn(4, collectives_rank, NULL, 120); }
 
+/* Blocks large enough for streaming stores (CPU_STREAM_COPY_BYTES) through
+ * the big halves, at offsets that are no multiple of 64: all_gathers out of
+ * place (the halves take the own block from the send buffer), in place and
+ * as a list (from the output); all_to_alls; broadcasts. */
+static void big_copy_rank(tc_ctx_t *ctx) {
+  dcomm_t *d = d_init(ctx, "bigcopy", 60);
+  size_t count = CPU_STREAM_COPY_BYTES / 4 + 7;
+  gather_family(d, count, 97);
+  all_to_all_family(d, count, 96);
+  bcast_reduce_family(d, count, 95);
+  d_finalize(d);
+}
+TC_TEST(cpu_direct_streaming_copies) { tc_spawn(2, big_copy_rank, NULL, 120); }
+
 /* ---- failures ---- */
 
 typedef struct {

@@ -804,3 +804,32 @@ TC_TEST(dtype_names_and_sizes) {
   TC_ASSERT_STR_EQ(tc_redop_name(TC_REDOP_COUNT), "invalid");
   TC_ASSERT_STR_EQ(tc_redop_name((tc_redop_type_t)-1), "invalid");
 }
+
+/* tc__copy_stream: every size around its thresholds (the 256-byte minimum,
+ * the 64-byte steps, the head that aligns the destination) at every
+ * alignment of both sides equals memcpy, and writes nothing outside. */
+TC_TEST(copy_stream_equals_memcpy) {
+  const size_t sizes[] = {0, 1, 63, 64, 65, 255, 256, 257, 319, 320, 383, 4096 + 13,
+                          (1u << 20) + 5};
+  const size_t offs[] = {0, 1, 17, 63};
+  const size_t pad = 128, cap = (1u << 20) + 5 + 2 * pad + 64;
+  unsigned char *src = malloc(cap), *dst = malloc(cap), *ref = malloc(cap);
+  TC_ASSERT(src && dst && ref);
+  rng_seed(11);
+  for (size_t i = 0; i < cap; i++) src[i] = (unsigned char)rnd();
+  for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+    for (size_t a = 0; a < 4; a++)
+      for (size_t b = 0; b < 4; b++) {
+        size_t n = sizes[si];
+        memset(dst, 0xA5, cap);
+        memset(ref, 0xA5, cap);
+        tc__copy_stream(dst + pad + offs[a], src + offs[b], n);
+        memcpy(ref + pad + offs[a], src + offs[b], n);
+        if (memcmp(dst, ref, cap) != 0)
+          tc_test_fail(__FILE__, __LINE__, "size %zu, destination offset %zu, source offset %zu: "
+                       "differs from memcpy", n, offs[a], offs[b]);
+      }
+  free(src);
+  free(dst);
+  free(ref);
+}

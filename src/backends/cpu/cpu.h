@@ -77,6 +77,15 @@
  * asynchronous call returns at once); TORCHCOMMS_CPU_INLINE_BYTES
  * overrides (it may differ between ranks). */
 
+/* The big halves' all_gather copies blocks of at least this many bytes
+ * with non-temporal stores (tc__copy_stream): at 2 ranks the operation's
+ * buffers then no longer fit in this machine's 32 MiB L3, and a plain copy
+ * first reads every line it writes. 2 ranks, medians of 6 launches in
+ * alternating order, from 1 MiB blocks: 16 MiB 1954 -> 1615 us, 64 MiB
+ * 9735 -> 7593, but 4 MiB 174 -> 376 (its buffers fit in the cache, where
+ * plain stores are faster); from 4 MiB blocks, 8 MiB 751 -> 825. */
+#define CPU_STREAM_COPY_BYTES (8u * 1024u * 1024u)
+
 /* The progress of a resumable shared-memory operation. */
 typedef struct cpu_fast {
   int kind;   /* 0 (none), CPU_FAST_SMALL, CPU_FAST_BIG */

@@ -707,7 +707,10 @@ static int big_broadcast(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     int chk = off == 0 && c->check_fp ? -1 : root;
     FP_TRY(fp_wait(c, chk, st->s, spin, off > 0, &top));
     if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, chk));
-    memcpy(buf + off, fp_half(c, root, st->round) + bcast_off(c, st->round, bytes), len);
+    if (bytes >= CPU_STREAM_COPY_BYTES) /* see big_all_gather */
+      tc__copy_stream(buf + off, fp_half(c, root, st->round) + bcast_off(c, st->round, bytes), len);
+    else
+      memcpy(buf + off, fp_half(c, root, st->round) + bcast_off(c, st->round, bytes), len);
     st->off += per;
     st->stage = 0;
   }
@@ -722,10 +725,20 @@ static int big_all_gather(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   size_t es = ctx->es, per = c->areas.half_bytes, most = fp_bytes(c, op, ctx->fam);
   char *mydst = op->recv[r].buf;
   size_t mylen = op->recv[r].count * es;
+  /* the own block first, and into the halves from its place in the
+   * output, where the copy left it in the cache (the send buffer may be
+   * part of the output); a block too large for the cache is copied with
+   * streaming stores instead, when the send buffer lies apart from the
+   * output, and goes into the halves from the send buffer */
+  const char *mysrc = mydst;
+  if (mylen >= CPU_STREAM_COPY_BYTES) {
+    mysrc = op->sendbuf;
+    for (int q = 0; q < n && mysrc != mydst; q++)
+      if (cpu_overlaps(op->sendbuf, mylen, op->recv[q].buf, op->recv[q].count * es)) mysrc = mydst;
+  }
   if (!st->init) {
-    /* the own block first, copied in from there: the send buffer may be
-     * part of the output */
-    if (mylen && mydst != (const char *)op->sendbuf) memmove(mydst, op->sendbuf, mylen);
+    if (mysrc != mydst) tc__copy_stream(mydst, op->sendbuf, mylen);
+    else if (mylen && mydst != (const char *)op->sendbuf) memmove(mydst, op->sendbuf, mylen);
     st->init = 1;
   }
   for (;;) {
@@ -738,7 +751,7 @@ static int big_all_gather(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       st->round = c->big_round++;
       if (off == 0) fp_put_hdr(ctx, k, mylen);
       if (off < mylen)
-        memcpy(fp_half(c, r, st->round), mydst + off, mylen - off < per ? mylen - off : per);
+        memcpy(fp_half(c, r, st->round), mysrc + off, mylen - off < per ? mylen - off : per);
       tc__shm_post(s, k);
       st->stage = 1;
     }
@@ -748,7 +761,10 @@ static int big_all_gather(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       char *dst = op->recv[q].buf;
       size_t len = op->recv[q].count * es;
       if (q == r || off >= len) continue;
-      memcpy(dst + off, fp_half(c, q, st->round), len - off < per ? len - off : per);
+      if (len >= CPU_STREAM_COPY_BYTES) /* not read back here */
+        tc__copy_stream(dst + off, fp_half(c, q, st->round), len - off < per ? len - off : per);
+      else
+        memcpy(dst + off, fp_half(c, q, st->round), len - off < per ? len - off : per);
     }
     st->off += per;
     st->stage = 0;
@@ -833,8 +849,10 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     if (!st->init) memcpy(sc, send, (size_t)n * bb);
     send = sc;
   }
+  const int stream = bb >= CPU_STREAM_COPY_BYTES; /* see big_all_gather */
   if (!st->init) {
-    memmove(recv + (size_t)r * bb, send + (size_t)r * bb, bb);
+    if (stream) tc__copy_stream(recv + (size_t)r * bb, send + (size_t)r * bb, bb);
+    else memmove(recv + (size_t)r * bb, send + (size_t)r * bb, bb);
     st->init = 1;
   }
   for (;;) {
@@ -854,8 +872,10 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     FP_TRY(fp_wait(c, -1, st->s, spin, 1, &top));
     if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, -1));
     for (int q = 0; q < n; q++)
-      if (q != r)
-        memcpy(recv + (size_t)q * bb + off, fp_part(c, q, r, st->round, part), len);
+      if (q != r) {
+        if (stream) tc__copy_stream(recv + (size_t)q * bb + off, fp_part(c, q, r, st->round, part), len);
+        else memcpy(recv + (size_t)q * bb + off, fp_part(c, q, r, st->round, part), len);
+      }
     st->off += part;
     st->stage = 0;
   }
