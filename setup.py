@@ -11,6 +11,7 @@ Metadata: pyproject.toml.
 """
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -58,7 +59,6 @@ class BuildExt(build_ext):
         super().build_extensions()
 
     def compiler_accepts(self, flag):
-        import tempfile
         with tempfile.TemporaryDirectory() as d:
             src = os.path.join(d, "probe.c")
             with open(src, "w") as f:

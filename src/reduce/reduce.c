@@ -924,11 +924,7 @@ static inline int64_t sdiv(int64_t x, uint64_t d) {
 
 TC_DTYPE_MAP(TC__GEN_SCALE_DIVIDE)
 
-/* dst[i] = src[i] * factor: float32 in float32 (factor rounded to float),
- * float64 in double, the 16- and 8-bit floats through float32 rounded once;
- * integers: the double product truncated toward zero, saturated to int64,
- * then wrapped to the type; bool: (src[i] != 0 && factor != 0). dst may
- * equal src (the in-place kernel runs then). */
+/* Streaming stores: see internal.h. */
 #if defined(__x86_64__)
 #include <emmintrin.h>
 void tc__copy_stream(void *dst, const void *src, size_t n) {
@@ -958,6 +954,11 @@ void tc__copy_stream(void *dst, const void *src, size_t n) {
 void tc__copy_stream(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 #endif
 
+/* dst[i] = src[i] * factor: float32 in float32 (factor rounded to float),
+ * float64 in double, the 16- and 8-bit floats through float32 rounded once;
+ * integers: the double product truncated toward zero, saturated to int64,
+ * then wrapped to the type; bool: (src[i] != 0 && factor != 0). dst may
+ * equal src (the in-place kernel runs then). */
 void tc__scale(void *dst, const void *src, size_t n, tc_dtype_t dtype,
                double factor) {
   if (n == 0) return;

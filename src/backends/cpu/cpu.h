@@ -77,8 +77,9 @@
  * asynchronous call returns at once); TORCHCOMMS_CPU_INLINE_BYTES
  * overrides (it may differ between ranks). */
 
-/* The big halves' all_gather copies blocks of at least this many bytes
- * with non-temporal stores (tc__copy_stream): at 2 ranks the operation's
+/* The big halves' all_gather, all_to_all and broadcast copy blocks of at
+ * least this many bytes with non-temporal stores (tc__copy_stream,
+ * shm_algos.c's fp_copy): at 2 ranks the operation's
  * buffers then no longer fit in this machine's 32 MiB L3, and a plain copy
  * first reads every line it writes. 2 ranks, medians of 6 launches in
  * alternating order, from 1 MiB blocks: 16 MiB 1954 -> 1615 us, 64 MiB

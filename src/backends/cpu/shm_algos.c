@@ -561,6 +561,13 @@ int tc__cpu_fast_fpsync(cpu_ctx_t *ctx) {
 /* Large: rounds through the big halves, resumable at every wait             */
 /* ------------------------------------------------------------------------ */
 
+/* A copy of the big halves' paths: with streaming stores when the block it
+ * belongs to is large (CPU_STREAM_COPY_BYTES), else memcpy. */
+static void fp_copy(void *dst, const void *src, size_t len, size_t block) {
+  if (block >= CPU_STREAM_COPY_BYTES) tc__copy_stream(dst, src, len);
+  else memcpy(dst, src, len);
+}
+
 static int big_all_reduce(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   cpu_comm_t *c = ctx->c;
   tc_shm_t *s = c->shm;
@@ -707,10 +714,7 @@ static int big_broadcast(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     int chk = off == 0 && c->check_fp ? -1 : root;
     FP_TRY(fp_wait(c, chk, st->s, spin, off > 0, &top));
     if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, chk));
-    if (bytes >= CPU_STREAM_COPY_BYTES) /* see big_all_gather */
-      tc__copy_stream(buf + off, fp_half(c, root, st->round) + bcast_off(c, st->round, bytes), len);
-    else
-      memcpy(buf + off, fp_half(c, root, st->round) + bcast_off(c, st->round, bytes), len);
+    fp_copy(buf + off, fp_half(c, root, st->round) + bcast_off(c, st->round, bytes), len, bytes);
     st->off += per;
     st->stage = 0;
   }
@@ -761,10 +765,7 @@ static int big_all_gather(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       char *dst = op->recv[q].buf;
       size_t len = op->recv[q].count * es;
       if (q == r || off >= len) continue;
-      if (len >= CPU_STREAM_COPY_BYTES) /* not read back here */
-        tc__copy_stream(dst + off, fp_half(c, q, st->round), len - off < per ? len - off : per);
-      else
-        memcpy(dst + off, fp_half(c, q, st->round), len - off < per ? len - off : per);
+      fp_copy(dst + off, fp_half(c, q, st->round), len - off < per ? len - off : per, len);
     }
     st->off += per;
     st->stage = 0;
@@ -849,10 +850,8 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     if (!st->init) memcpy(sc, send, (size_t)n * bb);
     send = sc;
   }
-  const int stream = bb >= CPU_STREAM_COPY_BYTES; /* see big_all_gather */
-  if (!st->init) {
-    if (stream) tc__copy_stream(recv + (size_t)r * bb, send + (size_t)r * bb, bb);
-    else memmove(recv + (size_t)r * bb, send + (size_t)r * bb, bb);
+  if (!st->init) { /* send and recv lie apart (in place: staged above) */
+    fp_copy(recv + (size_t)r * bb, send + (size_t)r * bb, bb, bb);
     st->init = 1;
   }
   for (;;) {
@@ -872,10 +871,7 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     FP_TRY(fp_wait(c, -1, st->s, spin, 1, &top));
     if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, -1));
     for (int q = 0; q < n; q++)
-      if (q != r) {
-        if (stream) tc__copy_stream(recv + (size_t)q * bb + off, fp_part(c, q, r, st->round, part), len);
-        else memcpy(recv + (size_t)q * bb + off, fp_part(c, q, r, st->round, part), len);
-      }
+      if (q != r) fp_copy(recv + (size_t)q * bb + off, fp_part(c, q, r, st->round, part), len, bb);
     st->off += part;
     st->stage = 0;
   }
