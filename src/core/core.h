@@ -80,6 +80,7 @@ struct tc_comm {
   struct tc__fr_entry *fr; /* ring of fr_cap entries */
   size_t fr_cap;
   uint64_t fr_count; /* entries ever recorded (record ids 0 .. fr_count-1) */
+  size_t fr_next;    /* fr_count % fr_cap, kept without a division */
   uint64_t fr_base;  /* ids below were reset: not dumped */
   void **fr_stacks;  /* [fr_cap][TC_FR_FRAMES] return addresses (TORCH_FR_CPP_STACK), or NULL */
   _Atomic int fr_dumped; /* an automatic dump was written for this communicator */
@@ -124,6 +125,7 @@ struct tc_work {
   tc_backend_op_t op;
   uint64_t coll_seq, p2p_seq; /* see tc_op_info_t */
   uint64_t fr_id;  /* flight-recorder record id + 1 (0: not recorded) */
+  size_t fr_slot;  /* its place in the ring when recorded (fr_id - 1) % fr_cap */
   void *arrays; /* owned copies of the op's lists, reused across uses */
   size_t arrays_cap;
   /* a work that finishes when it is looked at (an asynchronous

@@ -109,6 +109,7 @@ void tc__fr_init(tc_comm_t *c) {
                                 c->fr_cap * TC_FR_FRAMES * sizeof(void *))
                      : NULL;
   c->fr_count = c->fr_base = 0;
+  c->fr_next = 0;
   atomic_store(&c->fr_dumped, 0);
 }
 
@@ -119,13 +120,17 @@ void tc__fr_free(tc_comm_t *c) {
   c->fr_stacks = NULL;
   c->fr = NULL;
   c->fr_cap = 0;
+  c->fr_next = 0;
 }
 
 void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
   w->fr_id = 0;
   if (!c->fr_cap) return;
   const tc_backend_op_t *op = &w->op;
+  /* element sizes are powers of two: shifts, not divisions (a 64-bit
+   * division costs tens of cycles, several per operation added up) */
   size_t es = tc__dtype_size(op->dtype), in, out;
+  const int sh = es ? __builtin_ctzll(es) : 0;
   tc__op_bytes(op, c->rank, c->size, &in, &out);
   void *frames[TC_FR_FRAMES + 1];
   int nf = c->fr_stacks ? backtrace(frames, TC_FR_FRAMES + 1) - 1 : 0; /* from our caller */
@@ -135,29 +140,32 @@ void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
   fr_lock(c);
   if (c->fr_cap) {
     uint64_t id = c->fr_count++;
-    tc__fr_entry_t *e = &c->fr[id % c->fr_cap];
+    const size_t slot = c->fr_next;
+    c->fr_next = slot + 1 == c->fr_cap ? 0 : slot + 1;
+    tc__fr_entry_t *e = &c->fr[slot];
     old = e->caller_frames;
     *e = (tc__fr_entry_t){.record_id = id, .op_id = op->seq, .coll_seq = w->coll_seq,
                           .p2p_seq = w->p2p_seq, .type = op->type, .dtype = op->dtype,
                           .peer = op->root, .state = TC_FR_SCHEDULED,
                           .async_op = (op->flags & TC_BACKEND_OP_ASYNC) != 0,
-                          .in_elems = es ? in / es : 0, .out_elems = es ? out / es : 0,
+                          .in_elems = es ? in >> sh : 0, .out_elems = es ? out >> sh : 0,
                           .created = w->issue_time, .timeout_s = w->timeout_s};
     /* torch records a broadcast's tensor as input on every rank: its
      * analyser compares input sizes across ranks */
     if (op->type == TC_OP_BROADCAST) e->in_elems = op->count;
     if (c->fr_stacks) {
-      memcpy(&c->fr_stacks[(id % c->fr_cap) * TC_FR_FRAMES], frames + 1,
+      memcpy(&c->fr_stacks[slot * TC_FR_FRAMES], frames + 1,
              (size_t)nf * sizeof(void *));
       e->nframes = nf;
       e->caller_frames = mine;
       mine = NULL;
     }
     w->fr_id = id + 1;
+    w->fr_slot = slot;
   }
   fr_unlock(c);
-  free(old);
-  free(mine);
+  if (old) free(old);
+  if (mine) free(mine);
 }
 
 /* Times are the work's own (monotonic, taken anyway): no clock is read
@@ -168,7 +176,10 @@ void tc__fr_update(tc_work_t *w, int state) {
   fr_lock(c);
   uint64_t id = w->fr_id - 1;
   if (c->fr_cap && id >= fr_lo(c)) { /* not overwritten or reset since */
-    tc__fr_entry_t *e = &c->fr[id % c->fr_cap];
+    /* where it was put, unless tc_fr_reserve moved it since */
+    size_t slot = w->fr_slot;
+    if (slot >= c->fr_cap || c->fr[slot].record_id != id) slot = id % c->fr_cap;
+    tc__fr_entry_t *e = &c->fr[slot];
     if (e->record_id == id && e->state < TC_FR_COMPLETED) {
       e->state = state;
       e->started = w->start_time;
@@ -610,6 +621,7 @@ int tc_fr_reserve(tc_comm_t *c, size_t entries) {
   free(c->fr);
   c->fr = n;
   c->fr_cap = entries;
+  c->fr_next = c->fr_count % entries;
   fr_unlock(c);
   return TC_OK;
 }

@@ -68,9 +68,12 @@ static int v_redop(tc_comm_t *c, const char *fn, tc_dtype_t dt,
 /* count elements of dtype times `mult` must fit in size_t bytes. */
 int tc__v_count(tc_comm_t *c, const char *fn, const char *arg,
                        size_t count, tc_dtype_t dt, size_t mult) {
-  size_t es = tc__dtype_size(dt);
+  size_t es = tc__dtype_size(dt), bytes;
   if (mult == 0) mult = 1;
-  if (count > (SIZE_MAX / 2) / es / mult)
+  /* count * es * mult > SIZE_MAX / 2, without the two divisions (tens of
+   * cycles each, on every operation) */
+  if (__builtin_mul_overflow(count, es, &bytes) || __builtin_mul_overflow(bytes, mult, &bytes) ||
+      bytes > SIZE_MAX / 2)
     TC_FAIL(c, fn, TC_ERR_INVALID_ARGUMENT,
             "argument '%s' = %zu elements of %s overflows the addressable "
             "size", arg, count, tc_dtype_name(dt));
