@@ -263,7 +263,10 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
     if (opts->size >= offsetof(tc_op_options_t, backend_arg) + sizeof(void *))
       op->backend_arg = opts->backend_arg;
   }
-  atomic_fetch_add(&w->refs, 1); /* the backend's reference */
+  /* the backend's reference: a plain store, not a locked add, since no
+   * other thread can see the work yet (it was allocated just above, its
+   * handle is not out) */
+  atomic_store_explicit(&w->refs, 2, memory_order_relaxed);
   char why[768];
   why[0] = 0; /* not "= {0}": zeroing it all costs ~10% of a small operation */
   pthread_mutex_lock(&c->mu);
