@@ -10,8 +10,11 @@ each rank count and each collective, it measures over 8 B and 16 B .. 64 MiB
   ours-py     python -m torchcomms.perf under build/tcrun (torch tensors)
   ours-tcp    build/tcperf with TORCHCOMMS_CPU_TRANSPORT=tcp
   ours-c-bf16, ours-c-fp16
-              build/tcperf -d bfloat16 / -d float16: all_reduce and
-              reduce_scatter at 2 ranks (issue 16, point 5)
+              build/tcperf -d float32,bfloat16 / -d float32,float16: all_reduce
+              and reduce_scatter at 2 ranks (issue 16, point 5); each launch
+              measures the 16-bit dtype and float32 side by side (5 rounds per
+              size, alternating), and its float32 rows are kept as
+              ours-c-bf16-f32 / ours-c-fp16-f32, point 5's reference
   gloo        ../shared/bench/gloo_perf.py (torch.distributed, Gloo)
   mpi-shm     ../shared/bench/mpi_perf.c under mpirun (Open MPI's default:
               shared memory)
@@ -263,8 +266,8 @@ def launch(impl, coll, n, lo, hi, factor, tools, anchor):
         prog = [tools["tcperf"]] if impl != "ours-py" else [tools["python"], "-m", "torchcomms.perf"]
         cmd = [tools["tcrun"], "-n", str(n), *prog, "-c", coll, "-b", str(lo), "-e", str(hi),
                "-f", str(factor), "-n", "0", "-w", "5", "-t", "120"]
-        if impl in DTYPE_IMPLS:
-            cmd += ["-d", DTYPE_IMPLS[impl]]
+        if impl in DTYPE_IMPLS:  # float32 beside it: rows alternate float32, DTYPE
+            cmd += ["-d", "float32," + DTYPE_IMPLS[impl], "-R", "5"]
         env = {"TORCHCOMMS_CPU_TRANSPORT": "tcp"} if impl == "ours-tcp" else None
         out, _ = run_cmd(cmd, env)
     elif anchor:
@@ -316,6 +319,11 @@ def measure(impl, coll, n, tools, ranges=None, place=True):
             PLACEMENT.append([RUN_NOW[0], impl, n, coll, lo, attempt, before[1], after[1], before[0]])
         want = [lo * factor ** k for k in range(64) if lo * factor ** k <= hi]
         times = parse_times(out)
+        if impl in DTYPE_IMPLS:  # (float32, DTYPE) per size: the reference under (REF, size)
+            ref, times = times[0::2], times[1::2]
+            if len(ref) == len(want):
+                rows.update({(bench_targets.DTYPE_REF, size): (t, busbw(coll, n, size, t))
+                             for size, t in zip(want, ref) if factor == 4 or size in SIZES})
         if len(times) != len(want):
             raise RuntimeError(f"expected {len(want)} rows, got {len(times)}:\n{out[-2000:]}")
         rows.update({size: (t, busbw(coll, n, size, t)) for size, t in zip(want, times)
@@ -325,6 +333,15 @@ def measure(impl, coll, n, tools, ranges=None, place=True):
 
 
 RUN_NOW = [0]  # the run measure() is in (for TIMING)
+
+
+def put_rows(raw, run, impl, n, coll, rows, sizes=None):
+    """measure()'s rows into raw (at `sizes` only, when given); a reference
+    row (DTYPE_REF, size) goes in as implementation impl + DTYPE_REF."""
+    for k, v in rows.items():
+        i, size = (impl + k[0], k[1]) if isinstance(k, tuple) else (impl, k)
+        if sizes is None or size in sizes:
+            raw[(run, i, n, coll, size)] = v
 
 
 def measure_or_report(impl, coll, n, tools, ranges, run, failures, afailures):
@@ -575,8 +592,7 @@ def main():
                         elif not applies(impl, coll, n) or (impl, coll) in skip:
                             continue
                         rows = measure_or_report(impl, coll, n, tools, None, run, failures, afailures)
-                        for size, v in rows.items():
-                            raw[(run, impl, n, coll, size)] = v
+                        put_rows(raw, run, impl, n, coll, rows)
                     took = {}
                     for r in TIMING:
                         if r[0] == run and r[2] == n and r[3] == coll:
@@ -690,9 +706,7 @@ def more_runs(raw, runs, more, tools, anchors, ranks, colls, impls, failures, af
                 if impl not in impls and not BA.split_impl(impl):
                     continue
                 rows = measure_or_report(impl, coll, n, tools, ranges, run, failures, afailures)
-                for size in sizes:
-                    if size in rows:
-                        raw[(run, impl, n, coll, size)] = rows[size]
+                put_rows(raw, run, impl, n, coll, rows, sizes)
         log(f"bench: close calls, run {run}/{runs + more} done ({time.time() - t_start:.0f} s)")
 
 

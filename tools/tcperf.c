@@ -1,9 +1,9 @@
 /* tcperf.c -- an nccl-tests-style benchmark of libtorchcomms collectives.
  *
  * usage: tcrun -n N tcperf -c COLL [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS]
- *                          [-w WARMUP] [-d DTYPE] [-o OP] [-r ROOT] [-z]
- *                          [-m avg|median] [-t TIMEOUT_S] [-B BACKEND]
- *                          [--csv FILE] [--hooks]
+ *                          [-w WARMUP] [-d DTYPE[,DTYPE...]] [-R ROUNDS]
+ *                          [-o OP] [-r ROOT] [-z] [-m avg|median]
+ *                          [-t TIMEOUT_S] [-B BACKEND] [--csv FILE] [--hooks]
  *
  *   -c  all_reduce | all_gather | reduce_scatter | broadcast | reduce |
  *       all_to_all | send_recv | put | get                      (required)
@@ -17,7 +17,15 @@
  *       in bench/ do: 1000 below 64 KiB, 100 below 4 MiB, 10 from 4 MiB);
  *   -w  warm-up iterations (default 5)
  *   -d  float32 (default) float64 float16 bfloat16 float8_e4m3fn
- *       float8_e5m2 int8 uint8 int16 int32 int64 bool;  -o  sum (default) prod min max avg band bor bxor
+ *       float8_e5m2 int8 uint8 int16 int32 int64 bool; several, comma
+ *       separated (-d float32,bfloat16,float16), are measured side by side
+ *       in this one launch: at each size, ROUNDS rounds (-R, default 3)
+ *       each time every dtype in turn (the order rotated from round to
+ *       round), and each row reports its dtype's median over the rounds.
+ *       What the dtypes are compared on then does not move between them
+ *       (on a VM the placement of the virtual CPUs changes from launch to
+ *       launch and can change a time 2-3x);
+ *   -o  sum (default) prod min max avg band bor bxor
  *       premul_sum (factor 0.5);  -r  root of broadcast / reduce (default 0)
  *   -z  check the results: after the timed loop, inputs are refilled with a
  *       per-rank pattern, the operation runs once more and every output
@@ -90,7 +98,9 @@ typedef struct {
   coll_t coll;
   size_t minb, maxb, factor;
   int iters, warmup, check, root, median;
-  tc_dtype_t dtype;
+  tc_dtype_t dtype;  /* the one being measured (dtypes[i]) */
+  tc_dtype_t dtypes[TC_DTYPE_COUNT];
+  int ndtypes, rounds;
   tc_redop_type_t op;
   double timeout_s;
   const char *backend, *csv;
@@ -118,7 +128,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: tcrun -n N %s -c COLL [-b MIN] [-e MAX] [-f FACTOR] "
           "[-n ITERS] [-w WARMUP]\n"
-          "          [-d DTYPE] [-o OP] [-r ROOT] [-z] [-m avg|median] "
+          "          [-d DTYPE[,DTYPE...]] [-R ROUNDS] [-o OP] [-r ROOT] [-z] [-m avg|median] "
           "[-t TIMEOUT_S] [-B BACKEND] [--csv FILE] [--hooks]\n"
           "  COLL: all_reduce all_gather reduce_scatter broadcast reduce "
           "all_to_all send_recv put get\n"
@@ -216,8 +226,8 @@ static int noop_hook(tc_hook_kind_t kind, const tc_op_info_t *info, void *user) 
 
 static void parse_args(int argc, char **argv, args_t *a) {
   *a = (args_t){.coll = C_COUNT, .minb = 8, .maxb = 64u << 20, .factor = 4,
-                .iters = 20, .warmup = 5, .dtype = TC_FLOAT32, .op = TC_SUM,
-                .backend = "cpu"};
+                .iters = 20, .warmup = 5, .dtype = TC_FLOAT32, .dtypes = {TC_FLOAT32},
+                .ndtypes = 1, .rounds = 3, .op = TC_SUM, .backend = "cpu"};
   static const struct option longopts[] = {{"csv", required_argument, 0, 1},
                                            {"hooks", no_argument, 0, 2},
                                            {"help", no_argument, 0, 'h'},
@@ -225,7 +235,7 @@ static void parse_args(int argc, char **argv, args_t *a) {
   int opt, have_b = 0, have_e = 0;
   long v;
   opterr = 0;
-  while ((opt = getopt_long(argc, argv, ":c:b:e:f:n:w:d:o:zr:t:m:B:h",
+  while ((opt = getopt_long(argc, argv, ":c:b:e:f:n:w:d:R:o:zr:t:m:B:h",
                             longopts, NULL)) != -1) {
     switch (opt) {
     case 'c':
@@ -252,8 +262,24 @@ static void parse_args(int argc, char **argv, args_t *a) {
                              : "bad warm-up count '%s' (>= 0)", optarg);
       *(opt == 'n' ? &a->iters : &a->warmup) = (int)v;
       break;
-    case 'd':
-      if (parse_dtype(optarg, &a->dtype)) die_usage("unknown dtype '%s'", optarg);
+    case 'd': {
+      char list[256], *save = NULL;
+      snprintf(list, sizeof list, "%s", optarg);
+      a->ndtypes = 0;
+      for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        tc_dtype_t d;
+        if (parse_dtype(t, &d)) die_usage("unknown dtype '%s'", t);
+        for (int i = 0; i < a->ndtypes; i++)
+          if (a->dtypes[i] == d) die_usage("dtype '%s' is listed twice", t);
+        a->dtypes[a->ndtypes++] = d;
+      }
+      if (!a->ndtypes) die_usage("bad dtype list '%s'", optarg);
+      a->dtype = a->dtypes[0];
+      break;
+    }
+    case 'R':
+      if (parse_int(optarg, 1, 1000, &v)) die_usage("bad round count '%s' (1 to 1000)", optarg);
+      a->rounds = (int)v;
       break;
     case 'o': {
       size_t i, k = sizeof op_names / sizeof op_names[0];
@@ -295,13 +321,17 @@ static void parse_args(int argc, char **argv, args_t *a) {
   if (a->maxb < a->minb) die_usage("%s", "-e MAX is smaller than -b MIN");
   if (is_reduction(a->coll)) {
     tc_redop_type_t op = a->op;
-    if ((op == TC_BAND || op == TC_BOR || op == TC_BXOR) && is_float(a->dtype))
-      die_usage("op %s needs an integer or bool dtype", op_name(op));
-    if (op == TC_PREMUL_SUM && !is_float(a->dtype))
-      die_usage("op %s needs a floating-point dtype", op_name(op));
-    if (op == TC_AVG && a->dtype == TC_BOOL)
-      die_usage("op %s is not defined on bool", op_name(op));
+    for (int i = 0; i < a->ndtypes; i++) {
+      tc_dtype_t d = a->dtypes[i];
+      if ((op == TC_BAND || op == TC_BOR || op == TC_BXOR) && is_float(d))
+        die_usage("op %s needs an integer or bool dtype", op_name(op));
+      if (op == TC_PREMUL_SUM && !is_float(d))
+        die_usage("op %s needs a floating-point dtype", op_name(op));
+      if (op == TC_AVG && d == TC_BOOL) die_usage("op %s is not defined on bool", op_name(op));
+    }
   }
+  if (a->ndtypes > 1 && is_window(a->coll))
+    die_usage("%s", "put and get take one dtype");
 }
 
 /* ---- values: small integers, exact in every dtype ---- */
@@ -643,6 +673,12 @@ static double time_size(bench_t *B, double *samples, size_t bytes) {
   return iters % 2 ? samples[m] : 0.5 * (samples[m - 1] + samples[m]);
 }
 
+/* Measures dtype a->dtypes[d] from now on. */
+static void use_dtype(bench_t *B, args_t *a, int d) {
+  a->dtype = a->dtypes[d];
+  B->es = tc_dtype_size(a->dtype);
+}
+
 static void *xalloc(size_t bytes) {
   void *p = NULL;
   if (posix_memalign(&p, 64, bytes ? bytes : 64)) {
@@ -687,16 +723,20 @@ int main(int argc, char **argv) {
     tc_comm_destroy(B.comm);
     return 2;
   }
-  size_t maxin = 0, maxout = 0, maxbytes = 0;
-  for (size_t b = a.minb; b <= a.maxb; b = b > SIZE_MAX / a.factor ? SIZE_MAX : b * a.factor) {
-    size_t moved = layout(&B, b);
-    if (moved > maxbytes) maxbytes = moved;
-    if (B.in_elems > maxin) maxin = B.in_elems;
-    if (B.out_elems > maxout) maxout = B.out_elems;
-    if (b == SIZE_MAX) break;
+  size_t maxin = 0, maxout = 0, maxbytes = 0; /* bytes */
+  for (int d = 0; d < a.ndtypes; d++) {
+    use_dtype(&B, &a, d);
+    for (size_t b = a.minb; b <= a.maxb; b = b > SIZE_MAX / a.factor ? SIZE_MAX : b * a.factor) {
+      size_t moved = layout(&B, b);
+      if (moved > maxbytes) maxbytes = moved;
+      if (B.in_elems * B.es > maxin) maxin = B.in_elems * B.es;
+      if (B.out_elems * B.es > maxout) maxout = B.out_elems * B.es;
+      if (b == SIZE_MAX) break;
+    }
   }
-  B.in = xalloc(maxin * B.es);
-  B.out = xalloc(maxout * B.es);
+  use_dtype(&B, &a, 0);
+  B.in = xalloc(maxin);
+  B.out = xalloc(maxout);
   if (is_window(a.coll)) {
     tc_op_options_t wopts = TC_OP_OPTIONS_INIT;
     wopts.timeout_s = a.timeout_s;
@@ -718,9 +758,16 @@ int main(int argc, char **argv) {
     if (csv)
       fprintf(csv, "collective,ranks,size,count,type,redop,root,time_us,"
                    "algbw_GBps,busbw_GBps,wrong\n");
+    char dts[256] = "";
+    for (int d = 0; d < a.ndtypes; d++)
+      snprintf(dts + strlen(dts), sizeof dts - strlen(dts), "%s%s", d ? "," : "",
+               tc_dtype_name(a.dtypes[d]));
     printf("# tcperf: collective %s, ranks %d, dtype %s, op %s, backend %s "
-           "(%s)\n", coll_names[a.coll], B.n, tc_dtype_name(a.dtype), opname,
+           "(%s)\n", coll_names[a.coll], B.n, dts, opname,
            a.backend, tc_comm_backend_version(B.comm));
+    if (a.ndtypes > 1)
+      printf("# dtypes side by side: %d rounds per size, every dtype in each (order rotated), "
+             "each row its dtype's median over the rounds\n", a.rounds);
     char itbuf[24];
     if (a.iters) snprintf(itbuf, sizeof itbuf, "%d", a.iters);
     else snprintf(itbuf, sizeof itbuf, "by size");
@@ -736,11 +783,29 @@ int main(int argc, char **argv) {
   double bus_sum = 0;
   int rows = 0;
   int64_t wrong_total = 0;
+  const int nd = a.ndtypes, rounds = nd > 1 ? a.rounds : 1;
+  double *dt_t = calloc((size_t)nd * (size_t)rounds, sizeof *dt_t);
+  if (!dt_t) {
+    fprintf(stderr, "%s: out of memory\n", prog);
+    return 1;
+  }
   for (size_t b = a.minb; b <= a.maxb; b = b > SIZE_MAX / a.factor ? SIZE_MAX : b * a.factor) {
+    for (int r = 0; r < rounds; r++)
+      for (int k = 0; k < nd; k++) {
+        int d = (k + r) % nd;
+        use_dtype(&B, &a, d);
+        layout(&B, b);
+        if (a.coll == C_SEND_RECV) setup_batch(&B);
+        fill(&B, B.in, B.in_elems, B.rank);
+        dt_t[d * rounds + r] = max_over_ranks(&B, time_size(&B, samples, b));
+      }
+    for (int d = 0; d < nd; d++) {
+    use_dtype(&B, &a, d);
     size_t bytes = layout(&B, b);
     if (a.coll == C_SEND_RECV) setup_batch(&B);
-    fill(&B, B.in, B.in_elems, B.rank);
-    double t = max_over_ranks(&B, time_size(&B, samples, b));
+    qsort(dt_t + d * rounds, (size_t)rounds, sizeof *dt_t, cmp_double);
+    const double *tr = dt_t + d * rounds;
+    double t = rounds % 2 ? tr[rounds / 2] : 0.5 * (tr[rounds / 2 - 1] + tr[rounds / 2]);
     int64_t wrong = 0;
     if (a.check) {
       wrong = verify(&B);
@@ -764,8 +829,10 @@ int main(int argc, char **argv) {
                 coll_names[a.coll], B.n, bytes, B.count, tc_dtype_name(a.dtype),
                 opname, rooted ? a.root : -1, t * 1e6, algbw, busbw, wbuf);
     }
+    }
     if (b == SIZE_MAX) break;
   }
+  free(dt_t);
   if (B.rank == 0) {
     printf("# Avg bus bandwidth: %.3f GB/s\n", rows ? bus_sum / rows : 0.0);
     if (a.check) printf("# Wrong elements: %" PRId64 " %s\n", wrong_total, wrong_total ? "FAILED" : "OK");

@@ -168,6 +168,39 @@ TC_TEST(tcperf_dtypes_ops_ranks) {
   }
 }
 
+/* -d with several dtypes: rows per size in the listed order, each checked
+ * (-z), the header names the list and the rounds. */
+TC_TEST(tcperf_dtypes_side_by_side) {
+  int code;
+  char *out = tcperf_run(2, "-c all_reduce -d float32,bfloat16,float16 -R 3 -b 1K -e 16K "
+                            "-f 16 -n 3 -w 1 -z", &code);
+  if (code != 0) tc_test_fail(__FILE__, __LINE__, "exit %d:\n%s", code, out);
+  TC_ASSERT_CONTAINS(out, "# tcperf: collective all_reduce, ranks 2, dtype "
+                          "float32,bfloat16,float16, op sum,");
+  TC_ASSERT_CONTAINS(out, "# dtypes side by side: 3 rounds per size");
+  static const char *const want[][3] = {{"1024", "256", "float32"},  {"1024", "512", "bfloat16"},
+                                        {"1024", "512", "float16"},  {"16384", "4096", "float32"},
+                                        {"16384", "8192", "bfloat16"}, {"16384", "8192", "float16"}};
+  char *copy = strdup(out), *save = NULL;
+  TC_ASSERT(copy != NULL);
+  int rows = 0;
+  for (char *l = strtok_r(copy, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+    if (l[0] == '#' || !strncmp(l, "tcrun:", 6)) continue;
+    char *tok[16];
+    int k = tcperf_split(l, tok, 16);
+    if (k != 9 || rows >= 6) tc_test_fail(__FILE__, __LINE__, "unexpected row in:\n%s", out);
+    TC_ASSERT_STR_EQ(tok[0], want[rows][0]);
+    TC_ASSERT_STR_EQ(tok[1], want[rows][1]);
+    TC_ASSERT_STR_EQ(tok[2], want[rows][2]);
+    TC_ASSERT(strtod(tok[5], NULL) > 0);
+    TC_ASSERT_STR_EQ(tok[8], "0");
+    rows++;
+  }
+  free(copy);
+  TC_ASSERT_EQ(rows, 6);
+  free(out);
+}
+
 TC_TEST(tcperf_csv) {
   char path[] = "/tmp/tcperf_csv_XXXXXX";
   int fd = mkstemp(path);
@@ -203,6 +236,11 @@ TC_TEST(tcperf_bad_args_exit_2) {
       "-c all_reduce -f 1",                /* factor < 2 */
       "-c all_reduce -n -1",               /* negative iterations */
       "-c all_reduce -d float128",         /* unknown dtype */
+      "-c all_reduce -d float32,float128", /* unknown dtype in a list */
+      "-c all_reduce -d float32,float32",  /* listed twice */
+      "-c all_reduce -d float32, -R 0",    /* no rounds */
+      "-c all_reduce -d int32,float32 -o band", /* bitwise op on one of them */
+      "-c put -d float32,bfloat16",        /* windows take one dtype */
       "-c all_reduce -o nope",             /* unknown op */
       "-c all_reduce -o band",             /* bitwise op on float32 */
       "-c all_reduce -d int32 -o premul_sum",
