@@ -351,6 +351,10 @@ static int fp_wait_hdr(cpu_comm_t *c, int q, uint64_t v, double spin, const tc_t
 }
 
 static int fp_mismatch(cpu_ctx_t *ctx, int q, const fp_hdr_t *h, uint32_t fam, size_t bytes) {
+  /* the common case in a few compares: the peer's fingerprint is this
+   * rank's to the byte (the same operation, dtype, reduction, root and
+   * counts: every check below passes) and its bytes are the expected */
+  if (!memcmp(&h->fp, &ctx->fp, sizeof h->fp) && h->bytes == bytes) return TC_OK;
   const tc_backend_op_t *op = ctx->op;
   char why[400];
   if (ctx->c->check_fp && tc__opfp_mismatch(&ctx->fp, ctx->rank, &h->fp, q, why, sizeof why))
