@@ -1043,7 +1043,11 @@ static int tcrun_join(tcrun_t *t, tc_store_t **out) {
   void *v = NULL;
   size_t len = 0;
   if ((rc = tc_store_get(st, rid, &v, &len, 1.0)) != TC_OK) goto store_failed;
-  memcpy(t->run_id, v, len < sizeof t->run_id - 1 ? len : sizeof t->run_id - 1);
+  /* node 0's id replaces this node's own (its NUL included: a shorter id
+   * must not keep the end of the longer one) */
+  const size_t n = len < sizeof t->run_id - 1 ? len : sizeof t->run_id - 1;
+  memcpy(t->run_id, v, n);
+  t->run_id[n] = '\0';
   tc_free(v);
   tc__log(2, "tcrun: node %d of %d: ranks %d..%d of %d, run id %s", o->node_rank,
           o->nnodes, t->rank0, t->rank0 + o->nranks - 1, t->world, t->run_id);

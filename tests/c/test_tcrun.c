@@ -704,6 +704,33 @@ TC_TEST(tcrun_two_nodes_one_communicator) {
 
 /* Joining fails with a clear message and status 1: node 0's store never
  * comes (join timeout), or two tcruns claim the same node rank. */
+/* Node 1 takes node 0's run id whole, also when it is shorter than node
+ * 1's own ("tcrun-<pid>"): the test stands in for node 0 with a store of
+ * its own holding what node 0 publishes. */
+TC_TEST(tcrun_node_takes_a_shorter_run_id_whole) {
+  tc_store_server_t *server = NULL;
+  TC_ASSERT_OK(tc_store_server_start("127.0.0.1", 0, &server));
+  int port = tc_store_server_port(server);
+  tc_store_t *st = NULL;
+  TC_ASSERT_OK(tc_store_tcp_connect("127.0.0.1", port, 10.0, &st));
+  int64_t claims = 0;
+  TC_ASSERT_OK(tc_store_add(st, "tcrun/claim/0", 1, &claims));
+  TC_ASSERT_OK(tc_store_set(st, "tcrun/run_id", "r1", 2));
+  TC_ASSERT_OK(tc_store_set(st, "tcrun/node/0", "1 2", 3));
+  char portarg[32];
+  snprintf(portarg, sizeof portarg, "--port=%d", port);
+  tcrun_proc_t p;
+  tcrun_run(&p, (const char *[]){"--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1",
+      portarg, "-n1", "sh", "-c", TCRUN_ENV_LINE, NULL});
+  TC_ASSERT_EQ(p.code, 0);
+  char want[256];
+  snprintf(want, sizeof want, "1 2 0 1 1 2 1 2 127.0.0.1 %d r1\n", port);
+  TC_ASSERT_STR_EQ(p.out, want);
+  tcrun_free(&p);
+  tc_store_release(st);
+  tc_store_server_stop(server);
+}
+
 TC_TEST(tcrun_two_nodes_join_failures) {
   int port = tcrun_free_port();
   char portarg[32];
