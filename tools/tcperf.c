@@ -649,6 +649,12 @@ static int iters_for(const args_t *a, size_t bytes) {
   return bytes < ((size_t)64 << 10) ? 1000 : bytes < ((size_t)4 << 20) ? 100 : 10;
 }
 
+/* The median of v[0..n-1] (n >= 1), which it sorts. */
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 /* Seconds per iteration on this rank. */
 static double time_size(bench_t *B, double *samples, size_t bytes) {
   const args_t *a = B->a;
@@ -668,9 +674,7 @@ static double time_size(bench_t *B, double *samples, size_t bytes) {
     if ((rc = run_once(B))) fail_op(B, "a timed iteration", rc);
     samples[i] = now_s() - t0;
   }
-  qsort(samples, (size_t)iters, sizeof *samples, cmp_double);
-  int m = iters / 2;
-  return iters % 2 ? samples[m] : 0.5 * (samples[m - 1] + samples[m]);
+  return median(samples, iters);
 }
 
 /* Measures dtype a->dtypes[d] from now on. */
@@ -784,11 +788,7 @@ int main(int argc, char **argv) {
   int rows = 0;
   int64_t wrong_total = 0;
   const int nd = a.ndtypes, rounds = nd > 1 ? a.rounds : 1;
-  double *dt_t = calloc((size_t)nd * (size_t)rounds, sizeof *dt_t);
-  if (!dt_t) {
-    fprintf(stderr, "%s: out of memory\n", prog);
-    return 1;
-  }
+  double *dt_t = xalloc((size_t)nd * (size_t)rounds * sizeof *dt_t); /* [dtype][round] */
   for (size_t b = a.minb; b <= a.maxb; b = b > SIZE_MAX / a.factor ? SIZE_MAX : b * a.factor) {
     for (int r = 0; r < rounds; r++)
       for (int k = 0; k < nd; k++) {
@@ -800,35 +800,33 @@ int main(int argc, char **argv) {
         dt_t[d * rounds + r] = max_over_ranks(&B, time_size(&B, samples, b));
       }
     for (int d = 0; d < nd; d++) {
-    use_dtype(&B, &a, d);
-    size_t bytes = layout(&B, b);
-    if (a.coll == C_SEND_RECV) setup_batch(&B);
-    qsort(dt_t + d * rounds, (size_t)rounds, sizeof *dt_t, cmp_double);
-    const double *tr = dt_t + d * rounds;
-    double t = rounds % 2 ? tr[rounds / 2] : 0.5 * (tr[rounds / 2 - 1] + tr[rounds / 2]);
-    int64_t wrong = 0;
-    if (a.check) {
-      wrong = verify(&B);
-      if ((rc = tc_all_reduce(B.comm, &wrong, 1, TC_INT64, TC_OP(TC_SUM), NULL, NULL)))
-        fail_op(&B, "the check all_reduce", rc);
-      wrong_total += wrong;
-    }
-    double algbw = (double)bytes / t / 1e9, busbw = algbw * bw_factor;
-    bus_sum += busbw;
-    rows++;
-    if (B.rank == 0) {
-      char wbuf[32];
-      if (a.check) snprintf(wbuf, sizeof wbuf, "%" PRId64, wrong);
-      else snprintf(wbuf, sizeof wbuf, "N/A");
-      printf("  %10zu %12zu %9s %6s %5d %12.2f %12.3f %12.3f %7s\n", bytes,
-             B.count, tc_dtype_name(a.dtype), opname, rooted ? a.root : -1,
-             t * 1e6, algbw, busbw, wbuf);
-      fflush(stdout);
-      if (csv)
-        fprintf(csv, "%s,%d,%zu,%zu,%s,%s,%d,%.3f,%.4f,%.4f,%s\n",
-                coll_names[a.coll], B.n, bytes, B.count, tc_dtype_name(a.dtype),
-                opname, rooted ? a.root : -1, t * 1e6, algbw, busbw, wbuf);
-    }
+      use_dtype(&B, &a, d);
+      size_t bytes = layout(&B, b);
+      if (a.check && a.coll == C_SEND_RECV) setup_batch(&B); /* verify's batch */
+      double t = median(dt_t + d * rounds, rounds);
+      int64_t wrong = 0;
+      if (a.check) {
+        wrong = verify(&B);
+        if ((rc = tc_all_reduce(B.comm, &wrong, 1, TC_INT64, TC_OP(TC_SUM), NULL, NULL)))
+          fail_op(&B, "the check all_reduce", rc);
+        wrong_total += wrong;
+      }
+      double algbw = (double)bytes / t / 1e9, busbw = algbw * bw_factor;
+      bus_sum += busbw;
+      rows++;
+      if (B.rank == 0) {
+        char wbuf[32];
+        if (a.check) snprintf(wbuf, sizeof wbuf, "%" PRId64, wrong);
+        else snprintf(wbuf, sizeof wbuf, "N/A");
+        printf("  %10zu %12zu %9s %6s %5d %12.2f %12.3f %12.3f %7s\n", bytes,
+               B.count, tc_dtype_name(a.dtype), opname, rooted ? a.root : -1,
+               t * 1e6, algbw, busbw, wbuf);
+        fflush(stdout);
+        if (csv)
+          fprintf(csv, "%s,%d,%zu,%zu,%s,%s,%d,%.3f,%.4f,%.4f,%s\n",
+                  coll_names[a.coll], B.n, bytes, B.count, tc_dtype_name(a.dtype),
+                  opname, rooted ? a.root : -1, t * 1e6, algbw, busbw, wbuf);
+      }
     }
     if (b == SIZE_MAX) break;
   }

@@ -702,8 +702,6 @@ TC_TEST(tcrun_two_nodes_one_communicator) {
   tcrun_free(&p1);
 }
 
-/* Joining fails with a clear message and status 1: node 0's store never
- * comes (join timeout), or two tcruns claim the same node rank. */
 /* Node 1 takes node 0's run id whole, also when it is shorter than node
  * 1's own ("tcrun-<pid>"): the test stands in for node 0 with a store of
  * its own holding what node 0 publishes. */
@@ -731,6 +729,8 @@ TC_TEST(tcrun_node_takes_a_shorter_run_id_whole) {
   tc_store_server_stop(server);
 }
 
+/* Joining fails with a clear message and status 1: node 0's store never
+ * comes (join timeout), or two tcruns claim the same node rank. */
 TC_TEST(tcrun_two_nodes_join_failures) {
   int port = tcrun_free_port();
   char portarg[32];
