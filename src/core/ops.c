@@ -232,6 +232,17 @@ void tc__op_describe(const tc__op_args_t *a, int rank, int size, void *arrays,
   }
 }
 
+/* Never inlined, cloned or split (noipa): the public entry that calls it
+ * (tc_all_reduce, ...) then keeps its own stack frame, which the flight
+ * recorder's stack frames start from (tc__fr_issue, TORCH_FR_CPP_STACK).
+ * Built with link-time optimisation, GCC otherwise splits this function and
+ * turns the entry's call into a jump, and the entry's frame is gone. Its
+ * own callees are still inlined into it. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((noipa))
+#else
+__attribute__((noinline))
+#endif
 int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
                  const tc_op_options_t *opts, tc_work_t **work) {
   const uint32_t f = tc_op_flags(a->type);
