@@ -231,14 +231,15 @@ mpi-plugins: build mpi-deps
 # The C operation matrix: a standalone program started as N processes by
 # any launcher (rank and size from the environment); it does not link MPI.
 # Linked with the static library because it reuses the test helpers
-# (tests/c/runner.c, coll_util.c), which reach the core's internals.
+# (tests/c/runner.c, coll_util.c), which reach the core's internals; with
+# -fno-lto, as CMake links it (CMakeLists.txt, TC_LTO).
 MPI_OPS_SRCS := tests/mpi/mpi_ops.c tests/c/coll_util.c tests/c/coll_util.h \
   tests/c/test_collectives.c \
   tests/c/runner.c tests/c/runner.h
 $(BUILD)/tc_mpi_ops: $(MPI_OPS_SRCS) $(BUILD)/libtorchcomms_static.a
 	cc -std=gnu11 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE \
 	  -Iinclude -Isrc -Itests/c tests/mpi/mpi_ops.c tests/c/coll_util.c \
-	  -o $@ $(BUILD)/libtorchcomms_static.a -lpthread -ldl -lm
+	  -o $@ $(BUILD)/libtorchcomms_static.a -lpthread -ldl -lm -fno-lto
 
 mpi-ops: build
 	@$(MAKE) --no-print-directory $(BUILD)/tc_mpi_ops
