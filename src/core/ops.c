@@ -232,12 +232,16 @@ void tc__op_describe(const tc__op_args_t *a, int rank, int size, void *arrays,
   }
 }
 
-/* Never inlined, cloned or split (noipa): the public entry that calls it
- * (tc_all_reduce, ...) then keeps its own stack frame, which the flight
- * recorder's stack frames start from (tc__fr_issue, TORCH_FR_CPP_STACK).
- * Built with link-time optimisation, GCC otherwise splits this function and
- * turns the entry's call into a jump, and the entry's frame is gone. Its
- * own callees are still inlined into it. */
+/* Never inlined, cloned or split (noipa), as a guard for the public entry
+ * that calls it (tc_all_reduce, ...): the flight recorder's stack frames
+ * start at that entry's frame (tc__fr_issue, TORCH_FR_CPP_STACK). Under
+ * link-time optimisation GCC otherwise splits this function
+ * (tc__op_issue.part.0). Not shown to be needed: the one lost frame seen
+ * (flight_recorder_stack_frames_on_request, first LTO build) came from the
+ * test program being optimised together with the library, and the Python
+ * extension keeps tc_all_reduce's frame without it. It costs about 30
+ * instructions per operation on a broadcast root (docs/benchmarks.md,
+ * "Link-time optimisation"). Its own callees are still inlined into it. */
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((noipa))
 #else
