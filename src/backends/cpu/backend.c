@@ -490,6 +490,7 @@ static void cpu_close_transport(cpu_comm_t *c) {
   c->tp = NULL;
   c->shm = NULL;
   c->areas = (tc_shm_areas_t){0}; /* its segments are unmapped */
+  c->slot_k1 = 0;
   c->closed = 1;
   pthread_mutex_unlock(&c->tp_mu);
   if (c->hier) tc__cpu_hier_close(c, c->leave_clean);
@@ -598,6 +599,7 @@ int tc__cpu_open(const tc_backend_init_args_t *a, tc_tp_choice_t choice, int chi
     if (rc != TC_OK) goto fail;
     c->shm = tc__shm_of(c->tp_ops, c->tp);
     if (c->shm) tc__shm_areas(c->shm, &c->areas);
+    c->slot_k1 = 0;
     c->small_ar = (size_t)tc__setting_double(TC_SET_CPU_SHM_SMALL_BYTES);
     /* off by default: on the machine we measure on, broadcast, all_gather
      * and all_to_all through the slots and halves (two copies, in cache)

@@ -156,6 +156,11 @@ typedef struct cpu_comm {
    * same sequence on every rank; touched by the executing thread only */
   tc_shm_t *shm;
   tc_shm_areas_t areas; /* the segments' slots and halves (shm_algos.c) */
+  /* fp_slot's memo: the last sync point asked + 1 (0: none; cleared with
+   * the areas), its epoch's rotation and its slot's offset in a segment */
+  uint64_t slot_k1;
+  size_t slot_off;
+  uint32_t slot_rot;
   uint64_t sync;      /* the last sync point this rank posted */
   uint64_t known_all; /* every rank's flag is known to be >= this */
   /* small broadcasts this rank rooted without waiting for its receivers:

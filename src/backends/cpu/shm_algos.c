@@ -80,9 +80,24 @@ static inline int fp_seg(const cpu_comm_t *c, int q, uint64_t e) {
 }
 /* The small slot rank q writes at sync point k (an epoch: TC_SHM_SLOTS
  * sync points, one lap of the ring). */
-static inline char *fp_slot(cpu_comm_t *c, int q, uint64_t k) {
+static inline char *fp_slot_of(const cpu_comm_t *c, int q, uint64_t k) {
   const tc_shm_areas_t *a = &c->areas;
   return a->base[fp_seg(c, q, k / TC_SHM_SLOTS)] + a->off_slot + (size_t)SLOT_I(k) * a->slot_bytes;
+}
+/* The same, for the current operation's sync points. An operation asks for the slots of
+ * one sync point several times (its own, then each peer's for the wait,
+ * the header check and the read): the epoch's rotation and the slot's
+ * offset are kept for the last k asked (slot_k1 = k + 1, 0: none), so that
+ * each further call is an add, a compare and a load. */
+static inline char *fp_slot(cpu_comm_t *c, int q, uint64_t k) {
+  const tc_shm_areas_t *a = &c->areas;
+  if (__builtin_expect(c->slot_k1 != k + 1, 0)) {
+    c->slot_rot = (uint32_t)fp_seg(c, 0, k / TC_SHM_SLOTS);
+    c->slot_off = a->off_slot + (size_t)SLOT_I(k) * a->slot_bytes;
+    c->slot_k1 = k + 1;
+  }
+  const uint32_t n = (uint32_t)c->size, g = (uint32_t)q + c->slot_rot; /* < 2n */
+  return a->base[g >= n ? g - n : g] + c->slot_off;
 }
 /* The big half rank q writes in round t (an epoch: the two halves). */
 static inline char *fp_half(cpu_comm_t *c, int q, uint64_t t) {
@@ -216,7 +231,7 @@ static int fp_lazy_check(cpu_ctx_t *ctx, uint64_t upto) {
     if (c->lazy[t % k].s != t) continue;
     for (int q = 0; q < c->size; q++) {
       if (q == c->rank) continue;
-      const fp_hdr_t *h = (const fp_hdr_t *)fp_slot(c, q, t);
+      const fp_hdr_t *h = (const fp_hdr_t *)fp_slot_of(c, q, t); /* older points: no memo */
       uint64_t hs = atomic_load_explicit(&h->sync, memory_order_acquire);
       char why[400];
       if (hs != t)
