@@ -20,7 +20,8 @@
  * this) fills a DLTensor (data, device, dtype, shape, strides) in one C call
  * without Python objects; numel and contiguity (torch's rule: size-1 dims
  * ignored, empty tensors contiguous) are computed from shape and strides.
- * DLPack does not carry torch's negative bit, so is_neg() is still asked.
+ * DLPack does not carry torch's negative bit, so is_neg() is still asked,
+ * once per tensor object: see "Tensors known not to be negative views".
  * Like upstream torchcomms (pybind11's tensor caster), this read does not
  * pass through __torch_function__ modes. Whatever the table cannot describe
  * (other devices, dtypes, errors) and every refusal go through the generic
@@ -382,6 +383,81 @@ out:
   return rc;
 }
 
+/* ---- Tensors known not to be negative views ----
+ * torch's is_neg() drops and retakes the GIL around its C++ call: about
+ * half of what reading a tensor costs here (1 rank, all_to_all_single of
+ * 8 B, two tensors a call: 0.48-0.69 us a call asking each time, 0.34-0.38
+ * without asking; docs/python_api.md, "Reading tensors"). So a tensor seen
+ * not to be a negative view is remembered in a small table: a weak
+ * reference to the object, and the data address, element count and dtype
+ * DLPack gave then. A later call with the same object, still alive, with
+ * the same address, count and dtype is taken to be no negative view
+ * without asking. The negative bit of a live tensor changes only when its
+ * metadata is replaced in place: `.data = v` or `set_(v)` with v a negative
+ * view (torch.conj(...).imag of a complex tensor, or torch._neg_view), or
+ * torch._C._set_neg. Such a v over the same memory, the same count and the
+ * same dtype as before is the one case not seen; any other replacement
+ * moves the address, count or dtype and is asked again. The table is
+ * touched with the GIL held. */
+#define TCPY_NOTNEG 8
+static struct {
+  PyObject *ref;   /* weak reference to the tensor (owned) */
+  PyObject *obj;   /* the tensor's address, for a quick compare */
+  void *data;
+  int64_t numel;
+  tcpy_dl_dtype_t dtype;
+} tcpy_notneg[TCPY_NOTNEG];
+static int tcpy_notneg_next; /* the entry replaced next */
+
+static int tcpy_dl_dtype_eq(tcpy_dl_dtype_t a, tcpy_dl_dtype_t b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+/* 1 if entry i's object is obj and alive. */
+static int tcpy_notneg_alive(int i, PyObject *obj) {
+  if (tcpy_notneg[i].obj != obj || !tcpy_notneg[i].ref) return 0;
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject *o = NULL;
+  if (PyWeakref_GetRef(tcpy_notneg[i].ref, &o) < 0) PyErr_Clear();
+  Py_XDECREF(o); /* obj itself is held by the caller */
+  return o == obj;
+#else
+  return PyWeakref_GET_OBJECT(tcpy_notneg[i].ref) == obj;
+#endif
+}
+
+/* 1 if obj was seen with this data, count and dtype and was no negative
+ * view then. */
+static int tcpy_notneg_known(PyObject *obj, void *data, int64_t numel, tcpy_dl_dtype_t dt) {
+  for (int i = 0; i < TCPY_NOTNEG; i++)
+    if (tcpy_notneg[i].obj == obj && tcpy_notneg[i].data == data &&
+        tcpy_notneg[i].numel == numel && tcpy_dl_dtype_eq(tcpy_notneg[i].dtype, dt))
+      return tcpy_notneg_alive(i, obj);
+  return 0;
+}
+
+/* Remembers obj (just asked: no negative view), in its own entry if it has
+ * one, else in the next one. Never fails (a tensor that cannot be weakly
+ * referenced is asked every time). */
+static void tcpy_notneg_add(PyObject *obj, void *data, int64_t numel, tcpy_dl_dtype_t dt) {
+  int i = 0;
+  while (i < TCPY_NOTNEG && !tcpy_notneg_alive(i, obj)) i++;
+  if (i == TCPY_NOTNEG) {
+    PyObject *ref = PyWeakref_NewRef(obj, NULL);
+    if (!ref) {
+      PyErr_Clear();
+      return;
+    }
+    i = tcpy_notneg_next;
+    tcpy_notneg_next = (i + 1) % TCPY_NOTNEG;
+    Py_XSETREF(tcpy_notneg[i].ref, ref);
+    tcpy_notneg[i].obj = obj;
+  }
+  tcpy_notneg[i].data = data;
+  tcpy_notneg[i].numel = numel;
+  tcpy_notneg[i].dtype = dt;
+}
+
 int tcpy_tensor(const tcpy_device_t *dev, const char *op, const char *arg,
                 Py_ssize_t idx, PyObject *obj, tcpy_tensor_t *out) {
   char nbuf[128]; /* the argument's name, formatted only where it is used */
@@ -413,8 +489,13 @@ int tcpy_tensor(const tcpy_device_t *dev, const char *op, const char *arg,
       }
       if (numel == 0) contiguous = 1;
       if (contiguous && numel >= 0 && (numel == 0 || d.data)) {
-        int neg = tcpy_bool_result(tcpy_fast.is_neg(obj, NULL));
-        if (neg < 0) return -1;
+        void *addr = (char *)d.data + d.byte_offset;
+        int neg = 0;
+        if (!tcpy_notneg_known(obj, addr, numel, d.dtype)) {
+          neg = tcpy_bool_result(tcpy_fast.is_neg(obj, NULL));
+          if (neg < 0) return -1;
+          if (!neg) tcpy_notneg_add(obj, addr, numel, d.dtype);
+        }
         if (!neg) {
           out->obj = obj;
           out->ptr = numel ? (char *)d.data + d.byte_offset : d.data;

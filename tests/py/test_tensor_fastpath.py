@@ -113,7 +113,9 @@ def test_refusals_keep_their_words(comm, make, exc, frag):
 
 
 def test_metadata_changed_between_calls(comm):
-    # nothing is cached per tensor: .data = and storage resizes are seen
+    # every call reads the tensor afresh (only "no negative view" is
+    # remembered, with the address, count and dtype it was seen with):
+    # .data = and storage resizes are seen
     x = torch.arange(4.0)
     comm.all_reduce(x)
     x.data = torch.arange(6.0).view(2, 3).t()
@@ -130,6 +132,74 @@ def test_metadata_changed_between_calls(comm):
     y.untyped_storage().resize_(0)
     with pytest.raises((RuntimeError, ValueError)):
         comm.all_reduce(y)
+
+
+def test_negative_view_memo_follows_the_tensor(comm):
+    # a tensor seen to be no negative view is not asked again while its
+    # address, element count and dtype stay; a change of any of them, or
+    # another object, is asked again (_comms_tensor.c, tcpy_notneg_*)
+    base = torch.ones(8)
+    x = base[:4]
+    comm.all_reduce(x)
+    comm.all_reduce(x)
+    # the same address, another count: asked again
+    x.data = torch._neg_view(base)
+    with pytest.raises(ValueError, match="negative view"):
+        comm.all_reduce(x)
+    # another address, the same count
+    x.data = torch._neg_view(torch.ones(4))
+    with pytest.raises(ValueError, match="negative view"):
+        comm.all_reduce(x)
+    # the same address and count, another dtype
+    y = torch.zeros(4, dtype=torch.int32)
+    comm.all_reduce(y)
+    y.data = torch._neg_view(y.view(torch.float32))
+    with pytest.raises(ValueError, match="negative view"):
+        comm.all_reduce(y)
+    # a new object over the memory another one was remembered with
+    z = torch.arange(4.0)
+    comm.all_reduce(z)
+    with pytest.raises(ValueError, match="negative view"):
+        comm.all_reduce(torch._neg_view(z))
+    with pytest.raises(ValueError, match="negative view"):
+        comm.all_gather_single(torch.zeros(4), torch._neg_view(z))
+    assert torch.equal(z, torch.arange(4.0))
+
+
+def test_negative_view_memo_more_tensors_than_entries(comm):
+    # more tensors in turn than the table holds: each is still read right
+    # (entries are replaced in turn), and a negative view among them is
+    # refused whichever entry it would take
+    ts = [torch.full((3,), float(i)) for i in range(20)]
+    for _ in range(3):
+        for i, t in enumerate(ts):
+            comm.all_reduce(t)
+            assert torch.equal(t, torch.full((3,), float(i)))
+    for k in range(20):
+        with pytest.raises(ValueError, match="negative view"):
+            comm.all_reduce(torch._neg_view(ts[k]))
+    out = torch.zeros(3)
+    for i, t in enumerate(ts):
+        comm.all_gather_single(out, t)
+        assert torch.equal(out, t)
+
+
+def test_negative_view_memo_forgets_dead_tensors(comm):
+    # the table holds weak references: a tensor it remembers is freed with
+    # its last reference, and a negative view made after it is refused
+    import gc
+    import weakref
+    t = torch.ones(5)
+    comm.all_reduce(t)
+    r = weakref.ref(t)
+    del t
+    gc.collect()
+    assert r() is None
+    for _ in range(50):  # new objects, some perhaps at the freed address
+        n = torch._neg_view(torch.ones(5))
+        with pytest.raises(ValueError, match="negative view"):
+            comm.all_reduce(n)
+        del n
 
 
 def test_monkeypatched_tensor_method_is_seen(comm, monkeypatch):
