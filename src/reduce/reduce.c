@@ -672,9 +672,10 @@ TC__AVX512_INLINE void tc__zh_op_store(uint16_t *p, __m512 a, __m512 r) {
  * branch, not one per 16 results (as the bfloat16 kernel, TC__Z64_BF); a
  * step with a NaN result stores through tc__zh_op_store per 16. The loop
  * is bound by the conversions (vcvtph2ps twice and vcvtps2ph once per 16
- * results): on Zen 4 it runs as fast as the same loop without any NaN
- * test (docs/benchmarks.md, "16-bit floats"). All loads come before the
- * stores (o may be a or b). */
+ * results): on Zen 4 it runs within 10 % of the same loop without any NaN
+ * test (bench/f16_bound_probe.c; docs/benchmarks.md, "16-bit floats and
+ * the reduction kernels"). All loads come before the stores (o may be a
+ * or b). */
 #define TC__Z64_H(OP, o, a, b)                                                 \
   do {                                                                         \
     const __m512 a0 = TC__ZH_LOAD(a), a1 = TC__ZH_LOAD((a) + 16);              \

@@ -84,11 +84,12 @@ static inline char *fp_slot_of(const cpu_comm_t *c, int q, uint64_t k) {
   const tc_shm_areas_t *a = &c->areas;
   return a->base[fp_seg(c, q, k / TC_SHM_SLOTS)] + a->off_slot + (size_t)SLOT_I(k) * a->slot_bytes;
 }
-/* The same, for the current operation's sync points. An operation asks for the slots of
- * one sync point several times (its own, then each peer's for the wait,
- * the header check and the read): the epoch's rotation and the slot's
- * offset are kept for the last k asked (slot_k1 = k + 1, 0: none), so that
- * each further call is an add, a compare and a load. */
+/* The same, for the current operation's sync points. An operation asks
+ * for the slots of one sync point several times (its own, then each
+ * peer's for the wait, the header check and the read): the epoch's
+ * rotation and the slot's offset are kept for the last k asked (slot_k1 =
+ * k + 1, 0: none), so that each further call is an add, a compare and a
+ * load. */
 static inline char *fp_slot(cpu_comm_t *c, int q, uint64_t k) {
   const tc_shm_areas_t *a = &c->areas;
   if (__builtin_expect(c->slot_k1 != k + 1, 0)) {
