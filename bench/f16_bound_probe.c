@@ -36,7 +36,9 @@
 #define ZI static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512dq,avx512vl,f16c")))
 #define RND (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
-static Z void zmm_bare(uint16_t *o, const uint16_t *a, const uint16_t *b, size_t n) {
+static Z void zmm_bare(void *ov, const void *av, const void *bv, size_t n) {
+  uint16_t *o = ov;
+  const uint16_t *a = av, *b = bv;
   for (size_t i = 0; i + 16 <= n; i += 16) {
     __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + i)));
     __m512 y = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + i)));
@@ -44,7 +46,9 @@ static Z void zmm_bare(uint16_t *o, const uint16_t *a, const uint16_t *b, size_t
   }
 }
 
-static Z void ymm_bare(uint16_t *o, const uint16_t *a, const uint16_t *b, size_t n) {
+static Z void ymm_bare(void *ov, const void *av, const void *bv, size_t n) {
+  uint16_t *o = ov;
+  const uint16_t *a = av, *b = bv;
   for (size_t i = 0; i + 8 <= n; i += 8) {
     __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i)));
     __m256 y = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i)));
@@ -61,13 +65,17 @@ ZI __m512 widen_int(const uint16_t *p) {
   return _mm512_mul_ps(_mm512_castsi512_ps(t), _mm512_castsi512_ps(_mm512_set1_epi32(0x77800000)));
 }
 
-static Z void zmm_int(uint16_t *o, const uint16_t *a, const uint16_t *b, size_t n) {
+static Z void zmm_int(void *ov, const void *av, const void *bv, size_t n) {
+  uint16_t *o = ov;
+  const uint16_t *a = av, *b = bv;
   for (size_t i = 0; i + 16 <= n; i += 16)
     _mm256_storeu_si256((__m256i *)(o + i),
                         _mm512_cvtps_ph(_mm512_add_ps(widen_int(a + i), widen_int(b + i)), RND));
 }
 
-static Z void f32_add(float *o, const float *a, const float *b, size_t n) {
+static Z void f32_add(void *ov, const void *av, const void *bv, size_t n) {
+  float *o = ov;
+  const float *a = av, *b = bv;
   for (size_t i = 0; i + 16 <= n; i += 16)
     _mm512_storeu_ps(o + i, _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
 }
@@ -83,6 +91,7 @@ static int cmp_d(const void *x, const void *y) {
   return (a > b) - (a < b);
 }
 
+/* every loop: out, a, b, element count */
 typedef void (*loop_fn)(void *, const void *, const void *, size_t);
 
 /* GB/s of one input's `bytes`: median of 5 timings of >= 20 ms. */
@@ -135,11 +144,11 @@ int main(int argc, char **argv) {
     zmm_int(o, a, b, n);
     if (memcmp(want, o, bytes)) printf("# zmm-int differs from zmm-bare at %zu bytes\n", bytes);
     free(want);
-    printf("zmm-bare %zu %.1f\n", bytes, rate((loop_fn)zmm_bare, o, a, b, n, bytes));
-    printf("ymm-bare %zu %.1f\n", bytes, rate((loop_fn)ymm_bare, o, a, b, n, bytes));
-    printf("zmm-int %zu %.1f\n", bytes, rate((loop_fn)zmm_int, o, a, b, n, bytes));
+    printf("zmm-bare %zu %.1f\n", bytes, rate(zmm_bare, o, a, b, n, bytes));
+    printf("ymm-bare %zu %.1f\n", bytes, rate(ymm_bare, o, a, b, n, bytes));
+    printf("zmm-int %zu %.1f\n", bytes, rate(zmm_int, o, a, b, n, bytes));
     memset(m, 0, 3 * bytes); /* float32 zeros */
-    printf("f32 %zu %.1f\n", bytes, rate((loop_fn)f32_add, o, a, b, bytes / 4, bytes));
+    printf("f32 %zu %.1f\n", bytes, rate(f32_add, o, a, b, bytes / 4, bytes));
     free(m);
   }
   return 0;

@@ -426,30 +426,41 @@ static int tcpy_notneg_alive(int i, PyObject *obj) {
 #endif
 }
 
+/* The entry of the object at address obj, or -1. At most one entry has a
+ * given address (tcpy_notneg_add), alive or dead: a dead one is a freed
+ * tensor whose address a new object now has. */
+static int tcpy_notneg_find(PyObject *obj) {
+  for (int i = 0; i < TCPY_NOTNEG; i++)
+    if (tcpy_notneg[i].obj == obj) return i;
+  return -1;
+}
+
 /* 1 if obj was seen with this data, count and dtype and was no negative
  * view then. */
 static int tcpy_notneg_known(PyObject *obj, void *data, int64_t numel, tcpy_dl_dtype_t dt) {
-  for (int i = 0; i < TCPY_NOTNEG; i++)
-    if (tcpy_notneg[i].obj == obj && tcpy_notneg[i].data == data &&
-        tcpy_notneg[i].numel == numel && tcpy_dl_dtype_eq(tcpy_notneg[i].dtype, dt))
-      return tcpy_notneg_alive(i, obj);
-  return 0;
+  const int i = tcpy_notneg_find(obj);
+  return i >= 0 && tcpy_notneg[i].data == data && tcpy_notneg[i].numel == numel &&
+         tcpy_dl_dtype_eq(tcpy_notneg[i].dtype, dt) && tcpy_notneg_alive(i, obj);
 }
 
-/* Remembers obj (just asked: no negative view), in its own entry if it has
- * one, else in the next one. Never fails (a tensor that cannot be weakly
- * referenced is asked every time). */
+/* Remembers obj (just asked: no negative view): in its own entry if it has
+ * one, in the entry of a freed tensor that had its address (a view made
+ * anew each call often lands where the last one was: it then takes one
+ * entry, not one after another, and the live tensors keep theirs), else in
+ * the next one. Never fails (a tensor that cannot be weakly referenced is asked
+ * every time). */
 static void tcpy_notneg_add(PyObject *obj, void *data, int64_t numel, tcpy_dl_dtype_t dt) {
-  int i = 0;
-  while (i < TCPY_NOTNEG && !tcpy_notneg_alive(i, obj)) i++;
-  if (i == TCPY_NOTNEG) {
+  int i = tcpy_notneg_find(obj);
+  if (i < 0 || !tcpy_notneg_alive(i, obj)) {
     PyObject *ref = PyWeakref_NewRef(obj, NULL);
     if (!ref) {
       PyErr_Clear();
       return;
     }
-    i = tcpy_notneg_next;
-    tcpy_notneg_next = (i + 1) % TCPY_NOTNEG;
+    if (i < 0) {
+      i = tcpy_notneg_next;
+      tcpy_notneg_next = (i + 1) % TCPY_NOTNEG;
+    }
     Py_XSETREF(tcpy_notneg[i].ref, ref);
     tcpy_notneg[i].obj = obj;
   }

@@ -19,17 +19,17 @@ static uint64_t rnd(void) {
   return rs * 0x2545F4914F6CDD1Dull;
 }
 
-/* A random 16-bit float: a quarter any bits, a quarter specials (zeros,
- * infinities, NaN of both signs and kinds, the largest and smallest
- * normals, subnormals), half moderate values (meaningful sums and
- * products, some of which round into the subnormal range or overflow). */
 /* 1: rnd16 gives moderate values only (no NaN, no infinity: the vector
  * kernels' common case, a whole step without a special lane, which the
- * mix above almost never produces at 64 elements a step); 2: the same with
+ * mix below almost never produces at 64 elements a step); 2: the same with
  * one NaN in the middle of a (one step takes the special path among steps
  * that do not). */
 static int clean;
 
+/* A random 16-bit float: a quarter any bits, a quarter specials (zeros,
+ * infinities, NaN of both signs and kinds, the largest and smallest
+ * normals, subnormals), half moderate values (meaningful sums and
+ * products, some of which round into the subnormal range or overflow). */
 static uint16_t rnd16(tc_dtype_t dt) {
   uint64_t r = rnd();
   if (clean) r = (r & ~(uint64_t)3) | 2; /* the moderate branch below */
