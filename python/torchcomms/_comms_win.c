@@ -229,6 +229,16 @@ static int tcpy_win_register(WindowObject *self, PyObject *tensor, int owning,
                   "new_window())");
     return -1;
   }
+  if (!self->comm->dev.is_cpu) {
+    /* the window's memory is host memory copied into and re-homed onto:
+     * a device tensor cannot be (no segfault on a device pointer) */
+    tcpy_win_fail(self, NULL, op, "windows from Python need a communicator "
+                  "on the cpu device; this one is on '%s' (backend '%s'). "
+                  "Use the C API there (tc_window_create with a buffer from "
+                  "ncclMemAlloc: docs/windows.md), or a cpu communicator",
+                  self->comm->dev.type, tc_comm_backend(self->comm->comm));
+    return -1;
+  }
   tcpy_tensor_t t;
   char what[96];
   snprintf(what, sizeof what, "TorchCommWindow.%s", op);
@@ -260,16 +270,23 @@ static int tcpy_win_register(WindowObject *self, PyObject *tensor, int owning,
   tc_window_t *w = NULL;
   void *mem = NULL;
   char text[TCPY_WIN_ERRBUF];
-  int rc;
+  int rc, backend_mem = 0;
   Py_BEGIN_ALLOW_THREADS
   rc = tc_window_create(c, NULL, nbytes, &o.o, &w);
   if (rc == TC_OK && nbytes) {
     rc = tc_window_map_ref(w, tc_comm_rank(c), &mem);
     if (rc == TC_OK) memcpy(mem, t.ptr, nbytes);
+    backend_mem = rc == TC_ERR_NOT_SUPPORTED;
   }
   /* no peer may put before the values are in */
   if (rc == TC_OK) rc = tc_barrier(c, &o.o, NULL);
-  if (rc != TC_OK) snprintf(text, sizeof text, "%s", tc_last_error());
+  if (backend_mem) /* the backend keeps the window's memory itself (nccl) */
+    snprintf(text, sizeof text, "torchcomms: tensor_register on '%s': backend '%s' keeps "
+             "its window memory itself, and windows from Python need host memory the "
+             "library allocates (the cpu backend); use the C API there (tc_window_create, "
+             "docs/windows.md)", tc_comm_name(c), tc_comm_backend(c));
+  else if (rc != TC_OK)
+    snprintf(text, sizeof text, "%s", tc_last_error());
   Py_END_ALLOW_THREADS
   tcpy_opts_free(&o);
   if (rc != TC_OK) {

@@ -175,3 +175,34 @@ def test_reconfigure_is_refused_clearly():
     assert ("REFUSED: torchcomms: reconfigure on 'plain' (rank 0 of 1): reconfigure not "
             "implemented for communicator:plain (backend 'nccl' cannot reconfigure; backend "
             "'cpu' can)") in p.stdout, out
+
+
+def test_python_windows_are_refused_clearly_on_nccl():
+    """Windows from Python live on host memory the library allocates (the cpu
+    backend). On the nccl backend tensor_register raises RuntimeError saying
+    so, whether the communicator is on a cuda device (refused before any
+    pointer is read) or, with the fake's host switch, on the cpu device
+    (the backend's own window memory cannot be re-homed onto)."""
+    code = """
+        import torch, torchcomms
+        dev = torch.device(%r)
+        comm = torchcomms.new_comm("nccl", dev, name="w")
+        win = comm.new_window()
+        try:
+            win.tensor_register(torch.zeros(4))
+        except RuntimeError as e:
+            print("REFUSED:", e)
+        comm.finalize()
+        """
+    p = run_python(code % "cuda:0", fake_env(host=False))
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert ("REFUSED: TorchCommWindow.tensor_register on 'w' (rank 0 of 1): windows from "
+            "Python need a communicator on the cpu device; this one is on 'cuda' (backend "
+            "'nccl').") in p.stdout, out
+    p = run_python(code % "cpu", fake_env(host=True))
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert ("REFUSED: torchcomms: tensor_register on 'w': backend 'nccl' keeps its window "
+            "memory itself, and windows from Python need host memory the library allocates "
+            "(the cpu backend)") in p.stdout, out
