@@ -60,19 +60,28 @@ class BuildExt(build_ext):
                 e.extra_compile_args = list(e.extra_compile_args) + [MEMSET_FLAG]
         # optimised across files, as libtorchcomms.so is (CMakeLists.txt):
         # an 8-byte call runs some 15 % fewer instructions
-        if os.environ.get("TORCHCOMMS_LTO", "1") != "0" and self.compiler_accepts(LTO_FLAG):
+        # (linked too: a GCC whose LTO plugin the system's ld cannot run
+        # compiles with -flto but fails to link, "could not run lto-wrapper")
+        if os.environ.get("TORCHCOMMS_LTO", "1") != "0" and \
+                self.compiler_accepts(LTO_FLAG, link=True):
             for e in self.extensions:
                 e.extra_compile_args = list(e.extra_compile_args) + [LTO_FLAG]
                 e.extra_link_args = list(e.extra_link_args) + [LTO_FLAG, "-O3"]
         super().build_extensions()
 
-    def compiler_accepts(self, flag):
+    def compiler_accepts(self, flag, link=False):
+        """Whether the compiler takes flag (and, with link, a shared object
+        links with it, as the extension is linked)."""
         with tempfile.TemporaryDirectory() as d:
             src = os.path.join(d, "probe.c")
             with open(src, "w") as f:
-                f.write("int main(void) { return 0; }\n")
+                f.write("int tc_probe(int x) { return x + 1; }\n")
             try:
-                self.compiler.compile([src], output_dir=d, extra_postargs=[flag, "-Werror"])
+                objs = self.compiler.compile([src], output_dir=d,
+                                             extra_postargs=[flag, "-fPIC", "-Werror"])
+                if link:
+                    self.compiler.link_shared_object(
+                        objs, os.path.join(d, "probe.so"), extra_postargs=[flag, "-O3"])
             except Exception:
                 return False
         return True
