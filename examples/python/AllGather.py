@@ -33,7 +33,8 @@ def main() -> int:
 
     print(f"Rank {rank}: gathered first elements {[t[0].item() for t in gathered]}", flush=True)
 
-    expected = [torch.arange(n, dtype=torch.int32) + 100 * r for r in range(world_size)]
+    expected = [torch.arange(n, dtype=torch.int32, device=device) + 100 * r
+                for r in range(world_size)]
     ok = all(torch.equal(g, e) for g, e in zip(gathered, expected))
     ok = ok and torch.equal(flat, torch.cat(expected))
     torchcomm.finalize()

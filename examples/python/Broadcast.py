@@ -29,7 +29,7 @@ def main() -> int:
     print(f"Rank {rank}: Before Broadcast: {tensor[1].item()}", flush=True)
     torchcomm.broadcast(tensor, root, async_op=False)
     print(f"Rank {rank}: After Broadcast: {tensor[1].item()}", flush=True)
-    ok = torch.equal(tensor, torch.arange(n, dtype=torch.float64) / 2)
+    ok = torch.equal(tensor, torch.arange(n, dtype=torch.float64, device=device) / 2)
 
     last = world_size - 1
     flag = torch.tensor([rank == last], dtype=torch.bool, device=device)

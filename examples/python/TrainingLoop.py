@@ -37,6 +37,7 @@ def main() -> int:
     gen.manual_seed(1000 + rank)
     x = torch.randn(256, 16, generator=gen)
     y = x @ w_true + 0.01 * torch.randn(256, 1, generator=gen)
+    x, y = x.to(device), y.to(device)
 
     steps = 30
     first = last = None
@@ -61,7 +62,7 @@ def main() -> int:
 
     # Every rank must hold exactly the same parameters.
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    everyone = torch.empty(world_size * flat.numel(), dtype=flat.dtype)
+    everyone = torch.empty(world_size * flat.numel(), dtype=flat.dtype, device=device)
     comm.all_gather_single(everyone, flat, async_op=False)
     identical = all(torch.equal(row, flat) for row in everyone.view(world_size, -1))
     comm.finalize()

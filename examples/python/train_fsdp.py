@@ -24,10 +24,11 @@ from torchcomms import new_comm
 from torchcomms.device_mesh import init_device_mesh
 
 
-def batch(step: int, rank: int, w_true: torch.Tensor):
+def batch(step: int, rank: int, w_true: torch.Tensor, device: torch.device):
     gen = torch.Generator().manual_seed(1000 * step + rank)
     x = torch.randn(32, 16, generator=gen)
-    return x, torch.tanh(x @ w_true) + 0.01 * torch.randn(32, 1, generator=gen)
+    y = torch.tanh(x @ w_true) + 0.01 * torch.randn(32, 1, generator=gen)
+    return x.to(device), y.to(device)
 
 
 def main() -> int:
@@ -38,7 +39,7 @@ def main() -> int:
 
     torch.manual_seed(0)  # the same initial model everywhere
     model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
-                          nn.Linear(64, 1))
+                          nn.Linear(64, 1)).to(device)
     reference = copy.deepcopy(model)  # trained unsharded, on the whole batch
     for layer in model:
         if isinstance(layer, nn.Linear):
@@ -51,7 +52,7 @@ def main() -> int:
     worst = 0.0
     losses = []
     for step in range(20):
-        x, y = batch(step, rank, w_true)
+        x, y = batch(step, rank, w_true, device)
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()  # FSDP2 reduce-scatters the gradients here
         opt.step()
@@ -60,7 +61,7 @@ def main() -> int:
         dist.all_reduce(mean_loss, op=dist.ReduceOp.AVG, group=mesh.get_group())
         losses.append(mean_loss.item())
 
-        xs, ys = zip(*(batch(step, r, w_true) for r in range(world_size)))
+        xs, ys = zip(*(batch(step, r, w_true, device) for r in range(world_size)))
         ref_loss = nn.functional.mse_loss(reference(torch.cat(xs)), torch.cat(ys))
         ref_loss.backward()
         ref_opt.step()

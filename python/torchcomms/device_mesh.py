@@ -68,6 +68,26 @@ def _get_store_for_pg() -> dist.Store:
     return _store
 
 
+def _register_pg_in_world(pg, backend_name, store, group_name, backend_config,
+                          rank_mapping):
+    """torch's _register_pg_in_world (torch >= 2.12), or on an older torch
+    (2.11 has none) the same entries of its world state written here."""
+    fn = getattr(_c10d, "_register_pg_in_world", None)
+    if fn is not None:
+        fn(pg, backend_name=backend_name, store=store, group_name=group_name,
+           backend_config=backend_config, rank_mapping=rank_mapping)
+        return
+    w = _c10d._world
+    w.pg_map[pg] = (backend_name, store)
+    w.pg_names[pg] = group_name
+    w.pg_backend_config[pg] = backend_config
+    _c10d._register_process_group(group_name, pg)
+    w.pg_group_ranks[pg] = rank_mapping
+    tag = f"ptd:{group_name}"
+    w.tags_to_pg.setdefault(tag, []).append(pg)
+    w.pg_to_tag[pg] = tag
+
+
 def _create_torchcomm_process_group(
     comm: TorchComm,
     group_name: str,
@@ -91,7 +111,7 @@ def _create_torchcomm_process_group(
     if global_ranks_mapping is None:
         global_ranks_mapping = {i: i for i in range(comm.get_size())}
     backend_config = dist.BackendConfig(dist.Backend(backend_str))
-    _c10d._register_pg_in_world(
+    _register_pg_in_world(
         pg,
         backend_name=backend_str,
         store=pg.get_group_store(),

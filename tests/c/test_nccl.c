@@ -303,6 +303,17 @@ TC_TEST(nccl_unsupported) {
                 TC_ERR_NOT_SUPPORTED, "NCCL has no bitwise reductions (BAND)");
   TC_ASSERT_ERR(tc_all_reduce(c, b, 2, TC_BOOL, TC_OP(TC_BXOR), NULL, NULL),
                 TC_ERR_NOT_SUPPORTED, "NCCL has no BXOR reduction on bool");
+  uint8_t f8[2] = {0x38, 0x40}; /* float8_e4m3fn 1.0, 2.0 */
+  TC_ASSERT_ERR(tc_all_reduce(c, f8, 2, TC_FLOAT8_E4M3FN, TC_OP(TC_AVG), NULL, NULL),
+                TC_ERR_NOT_SUPPORTED,
+                "all_reduce on 'main' (rank 0 of 1): NCCL has no AVG on float8_e4m3fn "
+                "(ncclAvg takes integers, float16, bfloat16, float32 and float64): reduce "
+                "with SUM and divide, or convert to bfloat16 first");
+  TC_ASSERT_ERR(tc_reduce_scatter_single(c, f8, f8, 2, TC_FLOAT8_E5M2,
+                                         TC_OP_PREMUL_SUM(0.5), NULL, NULL),
+                TC_ERR_NOT_SUPPORTED,
+                "NCCL's PREMUL_SUM takes float16, bfloat16, float32 and float64, not "
+                "float8_e5m2: convert to bfloat16 first");
   /* still usable; int16 moves as bytes */
   TC_ASSERT_OK(tc_broadcast(c, h, 2, TC_INT16, 0, NULL, NULL));
   TC_ASSERT_OK(tc_all_reduce(c, b, 2, TC_BOOL, TC_OP(TC_BOR), NULL, NULL));

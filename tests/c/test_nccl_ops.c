@@ -420,6 +420,9 @@ static int nccl_reducible(tc_dtype_t dt, tc_redop_type_t op) {
   if (dt == TC_INT16 || !tc__redop_allowed(dt, op)) return 0;
   if (op == TC_BXOR) return 0;
   if ((op == TC_BAND || op == TC_BOR) && dt != TC_BOOL) return 0;
+  if ((op == TC_AVG || op == TC_PREMUL_SUM) &&
+      (dt == TC_FLOAT8_E4M3FN || dt == TC_FLOAT8_E5M2))
+    return 0;
   return 1;
 }
 

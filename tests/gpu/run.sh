@@ -10,7 +10,8 @@
 #      and async);
 #   3. tests/py/workers/nccl_worker.py: every TorchComm operation on CUDA
 #      tensors (torch's current stream passed to each), several
-#      communicators (a split and a second new_comm);
+#      communicators (a split and a second new_comm); tests/gpu/reduce_table.py:
+#      every dtype x reduction of all_reduce (ok, refused clearly, or WRONG);
 #   4. the seeds' examples (examples/python/*.py) turned back into their
 #      CUDA form: new_comm("nccl", torch.device("cuda", LOCAL_RANK)).
 # Prints one line per step and a summary; exits 1 if any step failed, 2 if
@@ -274,6 +275,13 @@ if ((NGPU >= 2)); then
     "$ROOT/tests/py/workers/nccl_worker.py" "$DEVKIND"
   expect_in py_worker_2 "nccl worker rank 1 of 2:"
 fi
+
+# every dtype x reduction of all_reduce, one line each (the C matrix stops
+# at its first failure; this table goes on)
+run_step reduce_table "$TORCHRUN" --standalone --nproc_per_node=1 \
+  "$ROOT/tests/gpu/reduce_table.py" "$DEVKIND"
+sed -n 's/^/   | /p' "$TMP/reduce_table.log" | grep -v ' ok$' | grep -E '^   \| [a-z0-9_]+ +[A-Z_]+ ' || true
+expect_in reduce_table "0 WRONG"
 
 # ---- 4. the seeds' examples in their CUDA form ----
 

@@ -285,6 +285,24 @@ out["mesh_groups"] = [mesh.get_group().group_name, mesh2.get_group().group_name]
 x = torch.ones(3)
 dist.all_reduce(x, group=mesh2.get_group())
 out["mesh_sum"] = x.tolist()
+# torch 2.11 has no _register_pg_in_world: the same world entries by hand
+import torch.distributed.distributed_c10d as _c10d
+real = _c10d._register_pg_in_world
+del _c10d._register_pg_in_world
+try:
+    mesh3 = init_device_mesh(mesh_dim_comms=(new_comm("cpu", "cpu", name="m3"),),
+                             mesh_dim_names=("dp",))
+finally:
+    _c10d._register_pg_in_world = real
+W = _c10d._world
+def entries(g):
+    return [W.pg_map[g][0], str(W.pg_names[g]), W.pg_group_ranks[g], W.pg_to_tag[g],
+            W.tags_to_pg[W.pg_to_tag[g]].count(g), W.pg_backend_config[g],
+            _c10d._resolve_process_group(W.pg_names[g]) is g]
+out["world_entries"] = [entries(mesh2.get_group()), entries(mesh3.get_group())]
+y = torch.ones(2)
+dist.all_reduce(y, group=mesh3.get_group())
+out["fallback_sum"] = y.tolist()
 try:
     init_device_mesh(mesh_dim_comms=(pg.get_comm(), pg.get_comm()), mesh_dim_names=("a", "b"))
     out["2d_without_global"] = "accepted"
@@ -318,6 +336,12 @@ def test_world_size_1_details():
     assert r["name"] == "torchcomms" and r["group_name"] == "0"
     assert r["mesh_groups"] == ["dp", "dp_1"]
     assert r["mesh_sum"] == [1.0, 1.0, 1.0]
+    # registered by torch's helper (mesh2) and by hand as on torch 2.11 (mesh3)
+    e2, e3 = r["world_entries"]
+    assert e2[1:4] == ["dp_1", {"0": 0}, "ptd:dp_1"], e2
+    assert e3[1:4] == ["dp_2", {"0": 0}, "ptd:dp_2"], e3
+    assert e2[0] == e3[0] and e2[4:] == e3[4:] == [1, e2[5], True], (e2, e3)
+    assert r["fallback_sum"] == [1.0, 1.0]
     assert r["2d_without_global"] == "RuntimeError"
 
 

@@ -70,37 +70,6 @@ static uint16_t tcn_f2bf(float f) {
   return (uint16_t)(x >> 16);
 }
 
-/* float -> float8_e4m3fn (e4m3 != 0) or float8_e5m2, as torch converts
- * (round to nearest even; e4m3fn saturates to +-448, e5m2 overflows to
- * Inf; NaN gives 0x7F), for the PREMUL_SUM scalar. */
-static uint8_t tcn_f2fp8(float f, int e4m3) {
-  uint32_t x, a, r;
-  memcpy(&x, &f, sizeof x);
-  a = x & 0x7fffffffu;
-  const int mshift = e4m3 ? 20 : 21;                 /* 23 - mantissa bits */
-  const uint32_t nbias = e4m3 ? 121u : 113u;         /* smallest normal */
-  const float magic = e4m3 ? 16384.0f : 128.0f;      /* ulp: the subnormal */
-  const uint32_t over = e4m3 ? (1087u << 20) : (143u << 23);
-  if (a > 0x7f800000u) {
-    r = 0x7f;
-  } else if (a >= over) {
-    r = e4m3 ? 0x7e : 0x7c;
-  } else if (a < (nbias << 23)) { /* the float addition rounds */
-    float t;
-    memcpy(&t, &a, sizeof t);
-    t += magic;
-    uint32_t m, tb;
-    memcpy(&tb, &t, sizeof tb);
-    memcpy(&m, &magic, sizeof m);
-    r = tb - m;
-  } else {
-    r = (a - ((127u - (e4m3 ? 7u : 15u)) << 23) + ((1u << (mshift - 1)) - 1) +
-         ((a >> mshift) & 1u)) >> mshift;
-    if (e4m3 && r == 0x7f) r = 0x7e;
-  }
-  return (uint8_t)(((x >> 24) & 0x80u) | r);
-}
-
 typedef struct tcn_red {
   ncclDataType_t dt;
   ncclRedOp_t op;
@@ -144,12 +113,22 @@ static int tcn_map_red(tcn_comm_t *c, const tc_backend_op_t *op, tcn_red_t *m,
   default: goto no_dtype;
   }
   m->premul = 0;
+  const char *f8 = op->dtype == TC_FLOAT8_E4M3FN ? "float8_e4m3fn" : "float8_e5m2";
   switch (rt) {
   case TC_SUM: m->op = is_bool ? ncclMax : ncclSum; return TC_OK;
   case TC_PRODUCT: m->op = is_bool ? ncclMin : ncclProd; return TC_OK;
   case TC_MIN: m->op = ncclMin; return TC_OK;
   case TC_MAX: m->op = ncclMax; return TC_OK;
   case TC_AVG:
+    if (m->dt == ncclFloat8e4m3 || m->dt == ncclFloat8e5m2) {
+      /* ncclAvg has no float8 case: ncclInvalidArgument (seen on an H200
+       * with nvidia-nccl-cu13, the NCCL of torch 2.11+cu130) */
+      tcn_msg(c, opn, msg, msglen, "NCCL has no AVG on %s (ncclAvg takes integers, "
+              "float16, bfloat16, float32 and float64): reduce with SUM and divide, or "
+              "convert to bfloat16 first",
+              f8);
+      return TC_ERR_NOT_SUPPORTED;
+    }
     if (a->nccl_version < TCN_NCCL_VERSION(2, 10, 0)) {
       tcn_msg(c, opn, msg, msglen, "AVG needs ncclAvg (NCCL >= 2.10; this "
               "is NCCL %d): reduce with SUM and divide", a->nccl_version);
@@ -163,6 +142,14 @@ static int tcn_map_red(tcn_comm_t *c, const tc_backend_op_t *op, tcn_red_t *m,
     m->op = rt == TC_BAND ? ncclMin : ncclMax;
     return TC_OK;
   case TC_PREMUL_SUM: {
+    if (m->dt == ncclFloat8e4m3 || m->dt == ncclFloat8e5m2) {
+      /* as torchcomms' NCCL backend: "PreMulSum Data type must be half,
+       * float, bfloat16 or double" */
+      tcn_msg(c, opn, msg, msglen, "NCCL's PREMUL_SUM takes float16, bfloat16, float32 "
+              "and float64, not %s: convert to bfloat16 first",
+              f8);
+      return TC_ERR_NOT_SUPPORTED;
+    }
     if (!a->nccl.RedOpCreatePreMulSum) {
       tcn_msg(c, opn, msg, msglen, "PREMUL_SUM needs "
               "ncclRedOpCreatePreMulSum (NCCL >= 2.11; this is NCCL %d)",
@@ -176,12 +163,6 @@ static int tcn_map_red(tcn_comm_t *c, const tc_backend_op_t *op, tcn_red_t *m,
     case TC_FLOAT64: memcpy(m->scalar, &f, sizeof f); break;
     case TC_FLOAT16: { uint16_t v = tcn_f2h((float)f); memcpy(m->scalar, &v, 2); break; }
     case TC_BFLOAT16: { uint16_t v = tcn_f2bf((float)f); memcpy(m->scalar, &v, 2); break; }
-    case TC_FLOAT8_E4M3FN:
-    case TC_FLOAT8_E5M2: {
-      uint8_t v = tcn_f2fp8((float)f, op->dtype == TC_FLOAT8_E4M3FN);
-      memcpy(m->scalar, &v, 1);
-      break;
-    }
     default: break; /* the core allows PREMUL_SUM on floats only */
     }
     m->premul = 1;

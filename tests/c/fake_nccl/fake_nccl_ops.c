@@ -221,6 +221,9 @@ static ncclResult_t fk_add(struct ncclComm *c, cudaStream_t s, fk_op_t *op,
   else if (atomic_load(&c->aborted)) bad = ncclInvalidUsage;
   else if (!fk_dtype(ndt, &op->dt)) bad = ncclInvalidArgument;
   else if (reducing && !fk_redop(c, nop, &op->op)) bad = ncclInvalidArgument;
+  /* NCCL's ncclAvg has no float8 case (seen on an H200, nvidia-nccl-cu13) */
+  else if (reducing && nop == ncclAvg && (ndt == ncclFloat8e4m3 || ndt == ncclFloat8e5m2))
+    bad = ncclInvalidArgument;
   else if (op->peer < 0 || op->peer >= c->size) bad = ncclInvalidArgument;
   else if (op->count > 0 && ((fk_needs_send(op, c->rank) && !op->sb) ||
                              (fk_needs_recv(op, c->rank) && !op->rb)))
