@@ -378,15 +378,20 @@ TC_TEST(nccl_old_version_fp8) {
 }
 
 /* NCCL 2.24 and later (the fake's default, 2.27.3): the float8 types
- * reduce, PREMUL_SUM's factor passed in the dtype. */
+ * reduce with SUM, PRODUCT, MIN and MAX; AVG and PREMUL_SUM are refused
+ * (NCCL's ncclAvg has no float8 case, and torchcomms' NCCL backend takes
+ * PREMUL_SUM on float16, bfloat16, float32 and float64 only). */
 TC_TEST(nccl_fp8_reduces) {
   nccl_use_fake();
   tc_comm_t *c;
   TC_ASSERT_OK(create1("cuda", 0, 5, &c));
   uint8_t e4[3] = {0x44, 0x7E, 0xB8}; /* 3, 448, -1 */
-  TC_ASSERT_OK(tc_all_reduce(c, e4, 3, TC_FLOAT8_E4M3FN, TC_OP_PREMUL_SUM(0.5),
-                             NULL, NULL));
-  TC_ASSERT(e4[0] == 0x3C && e4[1] == 0x76 && e4[2] == 0xB0); /* 1.5, 224, -0.5 */
+  TC_ASSERT_OK(tc_all_reduce(c, e4, 3, TC_FLOAT8_E4M3FN, TC_OP(TC_SUM), NULL, NULL));
+  TC_ASSERT(e4[0] == 0x44 && e4[1] == 0x7E && e4[2] == 0xB8); /* one rank: unchanged */
+  TC_ASSERT_ERR(tc_all_reduce(c, e4, 3, TC_FLOAT8_E4M3FN, TC_OP_PREMUL_SUM(0.5), NULL, NULL),
+                TC_ERR_NOT_SUPPORTED, "NCCL's PREMUL_SUM takes float16, bfloat16");
+  TC_ASSERT_ERR(tc_all_reduce(c, e4, 3, TC_FLOAT8_E4M3FN, TC_OP(TC_AVG), NULL, NULL),
+                TC_ERR_NOT_SUPPORTED, "NCCL has no AVG on float8_e4m3fn");
   uint8_t e5[2] = {0x42, 0x7B}; /* 3, 57344 */
   TC_ASSERT_OK(tc_all_reduce(c, e5, 2, TC_FLOAT8_E5M2, TC_OP(TC_MAX), NULL, NULL));
   TC_ASSERT(e5[0] == 0x42 && e5[1] == 0x7B);

@@ -9,7 +9,8 @@ torch.float8_e5m2) through TorchComm.
    every pair of values of each format and 1 Mi + 3 random elements,
    compared exactly with torch computing the same in float32 -- on the cpu
    backend, and on the nccl backend over the fake NCCL (tests/c/fake_nccl/,
-   which reports NCCL 2.27: ncclFloat8e4m3 / ncclFloat8e5m2 exist from 2.24).
+   which reports NCCL 2.27: ncclFloat8e4m3 / ncclFloat8e5m2 exist from 2.24),
+   where AVG and PREMUL_SUM are refused (NCCL has neither on float8).
 
 Run: TC_BUILD_DIR=build .venv/bin/python -m pytest -q tests/py/test_fp8_py.py
 """

@@ -24,7 +24,8 @@
  * BAND -> ncclMin); AVG is ncclAvg; PREMUL_SUM is
  * ncclRedOpCreatePreMulSum with the factor in the dtype (host immediate),
  * destroyed once enqueued. NCCL has no int16
- * reductions and no bitwise ones: those are refused with
+ * reductions, no bitwise ones, and no AVG on float8 (nor PREMUL_SUM there,
+ * as in torchcomms' NCCL backend): those are refused with
  * TC_ERR_NOT_SUPPORTED before anything is enqueued.
  */
 #include <stdio.h>
