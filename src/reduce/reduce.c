@@ -646,68 +646,68 @@ TC__AVX512_INLINE void tc__zbf_store2(uint16_t *p, __m512 ev, __m512 od) {
     }                                                                          \
   } while (0)
 
-/* 16 float16 of p widened to float32 (exact), and 16 float32
- * rounded to float16 (to nearest even). */
-#define TC__ZH_LOAD(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#define TC__ZH_PACK(r) _mm512_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+/* The float16 kernels of this tier run on 256-bit vectors (AVX-512VL):
+ * the loop is bound by the conversions (vcvtph2ps twice and vcvtps2ph once
+ * per result), and on Zen 4 those run about 12 % faster per element on
+ * 256-bit vectors than on 512-bit ones (bench/f16_bound_probe.c: ymm-bare
+ * 25.9 against zmm-bare 23.2 GB/s at 64 KiB). tcreduce_bench reduce3,
+ * 64 KiB-1 MiB: 20.4-21.2 GB/s on 512-bit vectors (one NaN test per 64
+ * results), 22.0-23.5 on these; float16 all_reduce at 2 ranks against
+ * float32, medians of 6 interleaved launches: 64 KiB x0.83 -> x0.87,
+ * 256 KiB x0.89 -> x0.92, 1 MiB x0.92 -> x0.97, 16 KiB x0.81 both. */
+#define TC__YH_LOAD(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define TC__YH_PACK(r) _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define TC__Y_NANFIRST(a, r) _mm256_mask_blend_ps(_mm256_cmp_ps_mask(a, a, _CMP_UNORD_Q), r, a)
+#define TC__Y_SUM(a, b) _mm256_add_ps(a, b)
+#define TC__Y_PRODUCT(a, b) _mm256_mul_ps(a, b)
+#define TC__Y_MIN(a, b) TC__Y_NANFIRST(a, _mm256_min_ps(a, b))
+#define TC__Y_MAX(a, b) TC__Y_NANFIRST(a, _mm256_max_ps(a, b))
 
-/* 16 float16 results: NaN lanes get tc__nanfirst's operand and the quiet
+/* 8 float16 results: NaN lanes get tc__nanfirst's operand and the quiet
  * NaN 0x7E00 with their sign (see tc__h_store), then vcvtps2ph. */
-TC__AVX512_INLINE void tc__zh_op_store(uint16_t *p, __m512 a, __m512 r) {
-  const __mmask16 nan = _mm512_fpclass_ps_mask(r, TC__FPC_NAN);
+TC__AVX512_INLINE void tc__yh_op_store(uint16_t *p, __m256 a, __m256 r) {
+  const __mmask8 nan = _mm256_fpclass_ps_mask(r, TC__FPC_NAN);
   if (__builtin_expect(nan != 0, 0)) {
-    r = TC__Z_NANFIRST(a, r);
-    const __m512i q = _mm512_or_si512(
-        _mm512_and_si512(_mm512_castps_si512(r), _mm512_set1_epi32((int)0x80000000u)),
-        _mm512_set1_epi32(0x7FC00000));
-    r = _mm512_mask_mov_ps(r, _mm512_fpclass_ps_mask(r, TC__FPC_NAN), _mm512_castsi512_ps(q));
+    r = TC__Y_NANFIRST(a, r);
+    const __m256i q = _mm256_or_si256(
+        _mm256_and_si256(_mm256_castps_si256(r), _mm256_set1_epi32((int)0x80000000u)),
+        _mm256_set1_epi32(0x7FC00000));
+    r = _mm256_mask_mov_ps(r, _mm256_fpclass_ps_mask(r, TC__FPC_NAN), _mm256_castsi256_ps(q));
   }
-  _mm256_storeu_si256((__m256i *)p, TC__ZH_PACK(r));
+  _mm_storeu_si128((__m128i *)p, TC__YH_PACK(r));
 }
 
-#define TC__Z32_H(OP, o, a, b)                                                 \
+/* 32 float16 results in one step: the four NaN masks are tested with one
+ * branch (as the bfloat16 kernel, TC__Z64_BF); a step with a NaN result
+ * stores through tc__yh_op_store per 8. All loads come before the stores
+ * (o may be a or b). */
+#define TC__Y32_H(OP, o, a, b)                                                 \
   do {                                                                         \
-    const __m512 a0 = TC__ZH_LOAD(a), a1 = TC__ZH_LOAD((a) + 16);              \
-    const __m512 b0 = TC__ZH_LOAD(b), b1 = TC__ZH_LOAD((b) + 16);              \
-    const __m512 r0 = TC__Z_##OP(a0, b0), r1 = TC__Z_##OP(a1, b1);             \
-    tc__zh_op_store(o, a0, r0);                                                \
-    tc__zh_op_store((o) + 16, a1, r1);                                         \
-  } while (0)
-
-/* 64 float16 results in one step: the four NaN masks are tested with one
- * branch, not one per 16 results (as the bfloat16 kernel, TC__Z64_BF); a
- * step with a NaN result stores through tc__zh_op_store per 16. The loop
- * is bound by the conversions (vcvtph2ps twice and vcvtps2ph once per 16
- * results): on Zen 4 it runs within 10 % of the same loop without any NaN
- * test (bench/f16_bound_probe.c; docs/benchmarks.md, "16-bit floats and
- * the reduction kernels"). All loads come before the stores (o may be a
- * or b). */
-#define TC__Z64_H(OP, o, a, b)                                                 \
-  do {                                                                         \
-    const __m512 a0 = TC__ZH_LOAD(a), a1 = TC__ZH_LOAD((a) + 16);              \
-    const __m512 a2 = TC__ZH_LOAD((a) + 32), a3 = TC__ZH_LOAD((a) + 48);       \
-    const __m512 r0 = TC__Z_##OP(a0, TC__ZH_LOAD(b));                          \
-    const __m512 r1 = TC__Z_##OP(a1, TC__ZH_LOAD((b) + 16));                   \
-    const __m512 r2 = TC__Z_##OP(a2, TC__ZH_LOAD((b) + 32));                   \
-    const __m512 r3 = TC__Z_##OP(a3, TC__ZH_LOAD((b) + 48));                   \
-    const __mmask16 f = (__mmask16)(_mm512_fpclass_ps_mask(r0, TC__FPC_NAN) |  \
-                                    _mm512_fpclass_ps_mask(r1, TC__FPC_NAN) |  \
-                                    _mm512_fpclass_ps_mask(r2, TC__FPC_NAN) |  \
-                                    _mm512_fpclass_ps_mask(r3, TC__FPC_NAN));  \
+    const __m256 a0 = TC__YH_LOAD(a), a1 = TC__YH_LOAD((a) + 8);               \
+    const __m256 a2 = TC__YH_LOAD((a) + 16), a3 = TC__YH_LOAD((a) + 24);       \
+    const __m256 r0 = TC__Y_##OP(a0, TC__YH_LOAD(b));                          \
+    const __m256 r1 = TC__Y_##OP(a1, TC__YH_LOAD((b) + 8));                    \
+    const __m256 r2 = TC__Y_##OP(a2, TC__YH_LOAD((b) + 16));                   \
+    const __m256 r3 = TC__Y_##OP(a3, TC__YH_LOAD((b) + 24));                   \
+    const __mmask8 f = (__mmask8)(_mm256_fpclass_ps_mask(r0, TC__FPC_NAN) |    \
+                                  _mm256_fpclass_ps_mask(r1, TC__FPC_NAN) |    \
+                                  _mm256_fpclass_ps_mask(r2, TC__FPC_NAN) |    \
+                                  _mm256_fpclass_ps_mask(r3, TC__FPC_NAN));    \
     if (__builtin_expect(f == 0, 1)) {                                         \
-      _mm256_storeu_si256((__m256i *)(o), TC__ZH_PACK(r0));                    \
-      _mm256_storeu_si256((__m256i *)((o) + 16), TC__ZH_PACK(r1));             \
-      _mm256_storeu_si256((__m256i *)((o) + 32), TC__ZH_PACK(r2));             \
-      _mm256_storeu_si256((__m256i *)((o) + 48), TC__ZH_PACK(r3));             \
+      _mm_storeu_si128((__m128i *)(o), TC__YH_PACK(r0));                       \
+      _mm_storeu_si128((__m128i *)((o) + 8), TC__YH_PACK(r1));                 \
+      _mm_storeu_si128((__m128i *)((o) + 16), TC__YH_PACK(r2));                \
+      _mm_storeu_si128((__m128i *)((o) + 24), TC__YH_PACK(r3));                \
     } else {                                                                   \
-      tc__zh_op_store(o, a0, r0);                                              \
-      tc__zh_op_store((o) + 16, a1, r1);                                       \
-      tc__zh_op_store((o) + 32, a2, r2);                                       \
-      tc__zh_op_store((o) + 48, a3, r3);                                       \
+      tc__yh_op_store(o, a0, r0);                                              \
+      tc__yh_op_store((o) + 8, a1, r1);                                        \
+      tc__yh_op_store((o) + 16, a2, r2);                                       \
+      tc__yh_op_store((o) + 24, a3, r3);                                       \
     }                                                                          \
   } while (0)
+#define TC__Y64_H(OP, o, a, b) TC__TWO(TC__Y32_H, 32, OP, o, a, b)
 TC__GEN_VEC_OPS(tc__z, TC__AVX512, 32, BFLOAT16, TC__Z32_BF, TC__Z64_BF)
-TC__GEN_VEC_OPS(tc__z, TC__AVX512, 32, FLOAT16, TC__Z32_H, TC__Z64_H)
+TC__GEN_VEC_OPS(tc__z, TC__AVX512, 32, FLOAT16, TC__Y32_H, TC__Y64_H)
 #endif /* AVX2 16-bit kernels */
 
 /* Which 16-bit kernels the CPU has: bit 0 the bfloat16 AVX2 ones, bit 1
