@@ -849,10 +849,42 @@ static void reduce_staged(const tc__kernel_t *k, char *out, const char *a,
   }
 }
 
+/* out[i] = a[i] + b[i] for a few elements of the common sums, inline: an
+ * 8-byte all_reduce or reduce_scatter otherwise pays the kernel's lookup,
+ * its indirect call and its loop set-up for two floats (and, with out ==
+ * b, the staging copy). The same element operations as the kernels'
+ * scalar tails, so the same bits; out may be a or b (each element is read
+ * before it is written). 1 if done. */
+#define TC__TINY_MAX 4
+static inline int reduce_tiny(void *out, const void *a, const void *b, size_t n,
+                              tc_dtype_t dtype, tc_redop_type_t op) {
+  if (op != TC_SUM || n > TC__TINY_MAX) return 0;
+  switch (dtype) {
+#define TC__TINY(D, T, U, K)                                                   \
+  case TC_##D: {                                                               \
+    T *o = (T *)out;                                                           \
+    const T *x = (const T *)a, *y = (const T *)b;                              \
+    for (size_t i = 0; i < n; i++) {                                           \
+      const T xi = x[i], yi = y[i];                                            \
+      o[i] = TC__OP_##K##_SUM(T, U, xi, yi);                                   \
+    }                                                                          \
+    return 1;                                                                  \
+  }
+    TC__TINY(FLOAT32, float, float, FLT)
+    TC__TINY(FLOAT64, double, double, FLT)
+    TC__TINY(INT32, int32_t, uint32_t, INT)
+    TC__TINY(INT64, int64_t, uint64_t, INT)
+#undef TC__TINY
+  default:
+    return 0;
+  }
+}
+
 /* dst[i] = dst[i] op src[i] (see internal.h); dst == src is staged. An
  * invalid or disallowed dtype x op leaves dst unchanged. */
 void tc__reduce(void *dst, const void *src, size_t n, tc_dtype_t dtype,
                 tc_redop_type_t op) {
+  if (reduce_tiny(dst, dst, src, n, dtype, op)) return;
   const tc__kernel_t *k = kernel_of(dtype, op);
   if (!k || n == 0) return;
   if (dst != src) k->k2(dst, src, n);
@@ -863,6 +895,7 @@ void tc__reduce(void *dst, const void *src, size_t n, tc_dtype_t dtype,
  * out == b stages b; out == a == b is tc__reduce(out, out). */
 void tc__reduce3(void *out, const void *a, const void *b, size_t n,
                  tc_dtype_t dtype, tc_redop_type_t op) {
+  if (reduce_tiny(out, a, b, n, dtype, op)) return;
   const tc__kernel_t *k = kernel_of(dtype, op);
   if (!k || n == 0) return;
   if (out != a && out != b) k->k3(out, a, b, n);
