@@ -655,40 +655,22 @@ TC__AVX512_INLINE void tc__zbf_store2(uint16_t *p, __m512 ev, __m512 od) {
  * results), 22.0-23.5 on these; float16 all_reduce at 2 ranks against
  * float32, medians of 6 interleaved launches: 64 KiB x0.83 -> x0.87,
  * 256 KiB x0.89 -> x0.92, 1 MiB x0.92 -> x0.97, 16 KiB x0.81 both. */
-#define TC__YH_LOAD(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define TC__YH_PACK(r) _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-#define TC__Y_NANFIRST(a, r) _mm256_mask_blend_ps(_mm256_cmp_ps_mask(a, a, _CMP_UNORD_Q), r, a)
-#define TC__Y_SUM(a, b) _mm256_add_ps(a, b)
-#define TC__Y_PRODUCT(a, b) _mm256_mul_ps(a, b)
-#define TC__Y_MIN(a, b) TC__Y_NANFIRST(a, _mm256_min_ps(a, b))
-#define TC__Y_MAX(a, b) TC__Y_NANFIRST(a, _mm256_max_ps(a, b))
 
-/* 8 float16 results: NaN lanes get tc__nanfirst's operand and the quiet
- * NaN 0x7E00 with their sign (see tc__h_store), then vcvtps2ph. */
-TC__AVX512_INLINE void tc__yh_op_store(uint16_t *p, __m256 a, __m256 r) {
-  const __mmask8 nan = _mm256_fpclass_ps_mask(r, TC__FPC_NAN);
-  if (__builtin_expect(nan != 0, 0)) {
-    r = TC__Y_NANFIRST(a, r);
-    const __m256i q = _mm256_or_si256(
-        _mm256_and_si256(_mm256_castps_si256(r), _mm256_set1_epi32((int)0x80000000u)),
-        _mm256_set1_epi32(0x7FC00000));
-    r = _mm256_mask_mov_ps(r, _mm256_fpclass_ps_mask(r, TC__FPC_NAN), _mm256_castsi256_ps(q));
-  }
-  _mm_storeu_si128((__m128i *)p, TC__YH_PACK(r));
-}
-
-/* 32 float16 results in one step: the four NaN masks are tested with one
- * branch (as the bfloat16 kernel, TC__Z64_BF); a step with a NaN result
- * stores through tc__yh_op_store per 8. All loads come before the stores
- * (o may be a or b). */
+/* 32 float16 results in one step, with the AVX2 tier's loads, element
+ * operations and NaN rules (tc__h_load, TC__V_*, tc__h_store): the four
+ * NaN masks are tested with one branch (as the bfloat16 kernel,
+ * TC__Z64_BF), and only a step with a NaN result gives its NaN lanes
+ * tc__nanfirst's operand and the quiet NaN with its sign (tc__h_store).
+ * All loads come before the stores (o may be a or b). */
 #define TC__Y32_H(OP, o, a, b)                                                 \
   do {                                                                         \
-    const __m256 a0 = TC__YH_LOAD(a), a1 = TC__YH_LOAD((a) + 8);               \
-    const __m256 a2 = TC__YH_LOAD((a) + 16), a3 = TC__YH_LOAD((a) + 24);       \
-    const __m256 r0 = TC__Y_##OP(a0, TC__YH_LOAD(b));                          \
-    const __m256 r1 = TC__Y_##OP(a1, TC__YH_LOAD((b) + 8));                    \
-    const __m256 r2 = TC__Y_##OP(a2, TC__YH_LOAD((b) + 16));                   \
-    const __m256 r3 = TC__Y_##OP(a3, TC__YH_LOAD((b) + 24));                   \
+    const __m256 a0 = tc__h_load(a), a1 = tc__h_load((a) + 8);                 \
+    const __m256 a2 = tc__h_load((a) + 16), a3 = tc__h_load((a) + 24);         \
+    const __m256 r0 = TC__V_##OP(a0, tc__h_load(b));                           \
+    const __m256 r1 = TC__V_##OP(a1, tc__h_load((b) + 8));                     \
+    const __m256 r2 = TC__V_##OP(a2, tc__h_load((b) + 16));                    \
+    const __m256 r3 = TC__V_##OP(a3, tc__h_load((b) + 24));                    \
     const __mmask8 f = (__mmask8)(_mm256_fpclass_ps_mask(r0, TC__FPC_NAN) |    \
                                   _mm256_fpclass_ps_mask(r1, TC__FPC_NAN) |    \
                                   _mm256_fpclass_ps_mask(r2, TC__FPC_NAN) |    \
@@ -699,10 +681,10 @@ TC__AVX512_INLINE void tc__yh_op_store(uint16_t *p, __m256 a, __m256 r) {
       _mm_storeu_si128((__m128i *)((o) + 16), TC__YH_PACK(r2));                \
       _mm_storeu_si128((__m128i *)((o) + 24), TC__YH_PACK(r3));                \
     } else {                                                                   \
-      tc__yh_op_store(o, a0, r0);                                              \
-      tc__yh_op_store((o) + 8, a1, r1);                                        \
-      tc__yh_op_store((o) + 16, a2, r2);                                       \
-      tc__yh_op_store((o) + 24, a3, r3);                                       \
+      tc__h_store(o, TC__V_NANFIRST(a0, r0));                                  \
+      tc__h_store((o) + 8, TC__V_NANFIRST(a1, r1));                            \
+      tc__h_store((o) + 16, TC__V_NANFIRST(a2, r2));                           \
+      tc__h_store((o) + 24, TC__V_NANFIRST(a3, r3));                           \
     }                                                                          \
   } while (0)
 #define TC__Y64_H(OP, o, a, b) TC__TWO(TC__Y32_H, 32, OP, o, a, b)

@@ -384,8 +384,8 @@ static void check_case(tc_dtype_t dt, tc_redop_type_t op, size_t n,
 }
 
 /* Every allowed op of dt, for n = 0-5 (the inline sums of up to 4
- * elements, reduce.c's reduce_tiny, and past them), 7, 1000, 4099, aligned and offset
- * by one element. Returns how many (op, n, offset) cases ran. */
+ * elements, reduce.c's reduce_tiny, and past them), 7, 1000, 4099,
+ * aligned and offset by one element. Returns how many (op, n, offset) cases ran. */
 static int check_dtype(tc_dtype_t dt) {
   static const size_t ns[] = {0, 1, 2, 3, 4, 5, 7, 1000, 4099};
   int cases = 0;

@@ -177,19 +177,8 @@ if ((FAKE)); then
   export TORCHCOMMS_CUDART_LIB=$BUILD/fake_nccl/libtcfake_cudart.so
   export TORCHCOMMS_NCCL_FAKE_HOST=1 TCFAKE_NCCL_TIMEOUT=60
 else
-  # the libraries torch itself loads (its nvidia-* wheels), else the system's
-  wheel_lib() { # PACKAGE GLOB
-    "$PY" - "$1" "$2" <<'EOF' 2>/dev/null
-import glob, importlib, os, sys
-mod = importlib.import_module(sys.argv[1])
-for d in mod.__path__:
-    hits = sorted(glob.glob(os.path.join(d, "lib", sys.argv[2])))
-    if hits:
-        print(hits[0])
-        break
-EOF
-  }
-  # any nvidia wheel's lib folder (CUDA 13 wheels: nvidia/cu13/lib)
+  # the libraries torch itself loads (its nvidia-* wheels: nvidia/nccl/lib,
+  # nvidia/cuda_runtime/lib; CUDA 13 wheels nvidia/cu13/lib), else the system's
   nvidia_lib() { # GLOB
     "$PY" - "$1" <<'EOF' 2>/dev/null
 import glob, os, sys
@@ -202,10 +191,8 @@ for d in nvidia.__path__:
 EOF
   }
   system_lib() { ldconfig -p 2>/dev/null | awk -v n="$1" '$1 == n {print $NF; exit}'; }
-  : "${TORCHCOMMS_NCCL_LIB:=$(wheel_lib nvidia.nccl 'libnccl.so.2')}"
   : "${TORCHCOMMS_NCCL_LIB:=$(nvidia_lib 'libnccl.so.2')}"
   : "${TORCHCOMMS_NCCL_LIB:=$(system_lib libnccl.so.2)}"
-  : "${TORCHCOMMS_CUDART_LIB:=$(wheel_lib nvidia.cuda_runtime 'libcudart.so.1*')}"
   : "${TORCHCOMMS_CUDART_LIB:=$(nvidia_lib 'libcudart.so.1*')}"
   : "${TORCHCOMMS_CUDART_LIB:=$(system_lib libcudart.so.12)}"
   : "${TORCHCOMMS_CUDART_LIB:=$(system_lib libcudart.so.13)}"
@@ -213,8 +200,8 @@ EOF
     note "installing nvidia-nccl-cu12 and nvidia-cuda-runtime-cu12 with pip"
     "$PY" -m pip install --quiet nvidia-nccl-cu12 nvidia-cuda-runtime-cu12 ||
       die "pip install nvidia-nccl-cu12 failed"
-    : "${TORCHCOMMS_NCCL_LIB:=$(wheel_lib nvidia.nccl 'libnccl.so.2')}"
-    : "${TORCHCOMMS_CUDART_LIB:=$(wheel_lib nvidia.cuda_runtime 'libcudart.so.1*')}"
+    : "${TORCHCOMMS_NCCL_LIB:=$(nvidia_lib 'libnccl.so.2')}"
+    : "${TORCHCOMMS_CUDART_LIB:=$(nvidia_lib 'libcudart.so.1*')}"
   fi
   [[ -n $TORCHCOMMS_NCCL_LIB && -e $TORCHCOMMS_NCCL_LIB ]] ||
     die "libnccl.so.2 not found (pip install nvidia-nccl-cu12, or set TORCHCOMMS_NCCL_LIB)"

@@ -114,14 +114,16 @@ static int tcn_map_red(tcn_comm_t *c, const tc_backend_op_t *op, tcn_red_t *m,
   default: goto no_dtype;
   }
   m->premul = 0;
-  const char *f8 = op->dtype == TC_FLOAT8_E4M3FN ? "float8_e4m3fn" : "float8_e5m2";
+  const char *f8 = op->dtype == TC_FLOAT8_E4M3FN ? "float8_e4m3fn"
+                   : op->dtype == TC_FLOAT8_E5M2  ? "float8_e5m2"
+                                                  : NULL; /* a float8 dtype */
   switch (rt) {
   case TC_SUM: m->op = is_bool ? ncclMax : ncclSum; return TC_OK;
   case TC_PRODUCT: m->op = is_bool ? ncclMin : ncclProd; return TC_OK;
   case TC_MIN: m->op = ncclMin; return TC_OK;
   case TC_MAX: m->op = ncclMax; return TC_OK;
   case TC_AVG:
-    if (m->dt == ncclFloat8e4m3 || m->dt == ncclFloat8e5m2) {
+    if (f8) {
       /* ncclAvg has no float8 case: ncclInvalidArgument (seen on an H200
        * with nvidia-nccl-cu13, the NCCL of torch 2.11+cu130) */
       tcn_msg(c, opn, msg, msglen, "NCCL has no AVG on %s (ncclAvg takes integers, "
@@ -143,7 +145,7 @@ static int tcn_map_red(tcn_comm_t *c, const tc_backend_op_t *op, tcn_red_t *m,
     m->op = rt == TC_BAND ? ncclMin : ncclMax;
     return TC_OK;
   case TC_PREMUL_SUM: {
-    if (m->dt == ncclFloat8e4m3 || m->dt == ncclFloat8e5m2) {
+    if (f8) {
       /* as torchcomms' NCCL backend: "PreMulSum Data type must be half,
        * float, bfloat16 or double" */
       tcn_msg(c, opn, msg, msglen, "NCCL's PREMUL_SUM takes float16, bfloat16, float32 "
