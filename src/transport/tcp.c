@@ -111,9 +111,17 @@ static int tcp_dead(tcp_t *t, const tc_tp_op_t *op, int peer, int err) {
  *  - unread messages precede the end: they belong to a later exchange, which
  *    meets the end of the stream if it needs more than there is;
  *  - the exchange is the final barrier of creation (op->hangup_ok): the peer
- *    completed creation; its death is an error of the next operation.
+ *    completed creation; its death is an error of the next operation;
+ *  - this rank received a message from the peer during this collective
+ *    (op->coll): it took part and may have finished its part and exited
+ *    (a script's last barrier); the ranks still waiting on it fail and
+ *    send their notice, and the next collective fails with it.
  * Such a peer is marked in t->hup and no longer watched (a peer that left
  * fails at once every later exchange with a transfer to or from it). */
+static int tcp_may_hang_up(const tcp_t *t, int p, const tc_tp_op_t *op) {
+  return op->hangup_ok || (op->coll && t->heard[p] == op->coll);
+}
+
 static int tcp_hup_ok(tcp_t *t, int p, const tc_tp_op_t *op) {
   unsigned char h[TCP_HDR];
   ssize_t n;
@@ -126,7 +134,7 @@ static int tcp_hup_ok(tcp_t *t, int p, const tc_tp_op_t *op) {
                                      why, sizeof why) ? TCP_HUP_DATA : TCP_HUP_LEFT;
     return 1;
   }
-  if (n <= 0 && !op->hangup_ok) return 0; /* nothing more from it: died or failed */
+  if (n <= 0 && !tcp_may_hang_up(t, p, op)) return 0; /* nothing more from it: died or failed */
   t->hup[p] = n > 0 ? TCP_HUP_DATA : TCP_HUP_DONE;
   return 1;
 }
@@ -344,6 +352,7 @@ static int tcp_progress(tcp_t *t, tc_xfer_t *x, int *head, int is_send,
       if (!is_send && before < TCP_HDR && xf->done >= TCP_HDR) {
         int rc = tcp_check_hdr(t, op, xf);
         if (rc != TC_OK) return rc;
+        t->heard[peer] = op->coll;
       }
       if (xf->done < total) break;
       if (!is_send && xf->kind == TC_XFER_GOODBYE) t->gone[peer] = 1;
@@ -445,7 +454,7 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
       if (t->recv_head[p] >= 0) ev |= POLLIN;
       /* a peer with nothing pending: its failure notice, if it sends one */
       else if (!t->quiet[p] && !t->gone[p] && !t->hup[p]) ev |= POLLIN;
-      if (!t->gone[p] && (!t->hup[p] || (t->hup[p] == TCP_HUP_DONE && !op->hangup_ok)))
+      if (!t->gone[p] && (!t->hup[p] || (t->hup[p] == TCP_HUP_DONE && !tcp_may_hang_up(t, p, op))))
         ev |= POLLRDHUP;
       else if (!ev) continue; /* said goodbye, or left: no liveness check */
       t->pfd[np] = (struct pollfd){.fd = t->fd[p], .events = ev};
@@ -541,6 +550,7 @@ void tc__tcp_close(void *vtp) {
   free(t->fd);
   free(t->gone);
   free(t->hup);
+  free(t->heard);
   free(t->send_head);
   free(t->send_tail);
   free(t->recv_head);

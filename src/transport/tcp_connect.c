@@ -864,6 +864,7 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
   t->fd = malloc(n * sizeof *t->fd);
   t->gone = calloc(n, 1);
   t->hup = calloc(n, 1);
+  t->heard = calloc(n, sizeof *t->heard);
   t->send_head = malloc(n * sizeof(int));
   t->send_tail = malloc(n * sizeof(int));
   t->recv_head = malloc(n * sizeof(int));
@@ -893,9 +894,9 @@ int tc__tcp_create(const tc_tp_args_t *a, void **out, char *err, size_t errlen) 
   }
   int rc = TC_OK;
   if (t->fd) for (size_t i = 0; i < n; i++) t->fd[i] = -1;
-  if (!t->fd || !t->gone || !t->hup || !t->send_head || !t->send_tail || !t->recv_head ||
-      !t->recv_tail || !t->pfd || !t->pfd_peer || !t->bye || !t->host_id || !t->quiet || !cx ||
-      !cx->out || !cx->pend || !cx->addrs) {
+  if (!t->fd || !t->gone || !t->hup || !t->heard || !t->send_head || !t->send_tail ||
+      !t->recv_head || !t->recv_tail || !t->pfd || !t->pfd_peer || !t->bye || !t->host_id ||
+      !t->quiet || !cx || !cx->out || !cx->pend || !cx->addrs) {
     rc = msg_fail(err, errlen, TC_ERR_NOMEM, "out of memory");
     goto out;
   }

@@ -21,7 +21,7 @@
 /* tcp_t.hup: why a peer's hang-up did not fail the exchange that saw it */
 #define TCP_HUP_LEFT 1 /* its stream ends with a TC_XFER_LEFT notice */
 #define TCP_HUP_DATA 2 /* unread messages precede the end of its stream */
-#define TCP_HUP_DONE 3 /* it closed after finishing the final creation barrier */
+#define TCP_HUP_DONE 3 /* it closed after its part of creation or of a collective */
 
 typedef struct tcp_cx tcp_cx_t; /* tcp_connect.c: connections being made */
 
@@ -48,6 +48,8 @@ typedef struct tcp {
   double timeout_s; /* the creation deadline's length, for messages */
   int noticed;       /* a mismatch notice was sent to every peer */
   unsigned char *quiet; /* [size]: this exchange saw early data from the peer */
+  uint64_t *heard;      /* [size]: the collective (tc_tp_op_t.coll) of the
+                         * last message received from the peer */
   int local;     /* ranks of this communicator on this machine (-1: unknown) */
   uint64_t *host_id; /* [size]: a hash of each rank's host name and boot id */
   tcp_cx_t *cx;  /* lazy: the listening socket and the connections being

@@ -123,6 +123,12 @@ typedef struct tc_tp_op {
    * transfers of this exchange are all done may close its connections (it
    * completed creation; its death is an error of the next operation). */
   int hangup_ok;
+  /* the collective's sequence number (0: not a collective). A peer this
+   * rank received from during the collective took part in it: its hang-up
+   * with nothing pending fails neither this exchange nor the collective's
+   * later ones (it may have finished its part and exited; the ranks still
+   * waiting on it fail, and say so). */
+  uint64_t coll;
 } tc_tp_op_t;
 
 /* What a transport is created from (collective over the communicator). */

@@ -217,3 +217,78 @@ TC_TEST(failure_abort_process_on_timeout) {
   unlink(sh->stderr_path);
   TC_ASSERT(WIFEXITED(hs) && WEXITSTATUS(hs) == 0);
 }
+
+/* ---- a peer that finished its part of a collective and exited ----
+ * Over TCP, a rank that received from a peer during a collective knows it
+ * took part: the peer's exit with nothing pending does not fail that
+ * collective (a script's last barrier, then exit without destroy); the next
+ * collective needing it does. 8 ranks scatter from rank 1; rank 0 receives
+ * its block and exits while rank 3 (not among rank 0's fingerprint peers,
+ * rank 0 +-1, 2, 4) has not yet entered: rank 1 (the root) and rank 4 have
+ * heard rank 0 in this scatter and still wait on rank 3. */
+
+#define EXITER 0
+#define LATE 3
+
+typedef struct {
+  _Atomic int exiter_pid;
+} exit_shared_t;
+
+/* 1 once pid is a zombie: it exited and its sockets are closed */
+static int exited(int pid) {
+  char path[64], text[256] = "";
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 1;
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = 0;
+  const char *close = strrchr(text, ')'); /* "pid (comm) S ..." */
+  return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
+}
+
+static void exit_part_rank(tc_ctx_t *ctx) {
+  exit_shared_t *sh = ctx->arg;
+  setenv("TORCHCOMMS_CPU_TRANSPORT", "tcp", 1); /* shared memory syncs every rank */
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  o.timeout_s = 20;
+  tc_comm_t *c = tc_ctx_comm(ctx, "exitpart", &o);
+  enum { N = 4096 };
+  int32_t *all = tc_xmalloc((size_t)ctx->size * N * sizeof *all), mine[N];
+  for (int i = 0; i < ctx->size * N; i++) all[i] = 7 * i + 1;
+  if (ctx->rank == EXITER) sh->exiter_pid = (int)getpid();
+  if (ctx->rank == LATE) {
+    tc_wait_flag(&sh->exiter_pid, 1, 30);
+    double dl = tc__now() + 30;
+    while (!exited(sh->exiter_pid)) {
+      TC_ASSERT(tc__now() < dl);
+      struct timespec ts = {0, 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  const void *bufs[8];
+  for (int r = 0; r < ctx->size; r++) bufs[r] = all + (size_t)r * N;
+  TC_ASSERT_OK(tc_scatter(c, mine, bufs, N, TC_INT32, 1, NULL, NULL));
+  for (int i = 0; i < N; i++) TC_ASSERT_EQ(mine[i], 7 * (ctx->rank * N + i) + 1);
+  free(all);
+  if (ctx->rank == EXITER) _exit(0); /* without destroy, as a script ends */
+  /* the next collective needs rank 0: it fails, naming it where it is seen */
+  int rc = tc_barrier(c, NULL, NULL);
+  TC_ASSERT(rc != TC_OK);
+  if (ctx->rank == 1) { /* receives from rank 0 in the first round */
+    TC_ASSERT_EQ(rc, TC_ERR_REMOTE);
+    TC_ASSERT_CONTAINS(tc_last_error(), "peer 0");
+  }
+  TC_ASSERT_OK(tc_comm_abort(c));
+  tc_comm_destroy(c);
+}
+
+TC_TEST(failure_peer_exits_after_its_part) {
+  exit_shared_t *sh = tc_shared_zalloc(sizeof *sh);
+  int st[8];
+  tc_spawn_status(8, exit_part_rank, sh, 60, st);
+  for (int r = 0; r < 8; r++) {
+    TC_ASSERT(WIFEXITED(st[r]));
+    TC_ASSERT_EQ(WEXITSTATUS(st[r]), 0);
+  }
+}

@@ -241,8 +241,17 @@ static void dead_rank(tc_ctx_t *ctx) {
   tc_comm_t *c = tc_ctx_comm(ctx, "win", &o);
   tc_window_t *w = NULL;
   TC_ASSERT_OK(tc_window_create(c, NULL, 1 << 20, NULL, &w));
+  /* rank 2 dies only once the others have passed the barrier (a rank
+   * that dies as it leaves a barrier may fail the barrier of a rank still
+   * waiting in it: early detection of a dead peer): each tells it so with
+   * a signal */
   TC_ASSERT_OK(tc_barrier(c, NULL, NULL));
-  if (ctx->rank == 2) raise(SIGKILL);
+  if (ctx->rank == 2) {
+    TC_ASSERT_OK(tc_window_wait_signal(w, 0, NULL, NULL));
+    TC_ASSERT_OK(tc_window_wait_signal(w, 1, NULL, NULL));
+    raise(SIGKILL);
+  }
+  TC_ASSERT_OK(tc_window_signal(w, 2, NULL, NULL));
   double t0 = tc__now();
   TC_ASSERT_ERR(tc_window_wait_signal(w, 2, NULL, NULL), TC_ERR_REMOTE, "peer 2");
   TC_ASSERT(tc__now() - t0 < 5.0);

@@ -149,7 +149,7 @@ int tc__cpu_xchg(cpu_ctx_t *ctx, tc_xfer_t *x, size_t n) {
     return tc__cpu_fail(ctx, TC_ERR_INTERNAL, "internal error: no transport");
   tc_tp_op_t t = {.opname = ctx->opname, .deadline = ctx->deadline,
                   .timeout_s = ctx->timeout_s, .msg = ctx->msg,
-                  .msglen = sizeof ctx->msg};
+                  .msglen = sizeof ctx->msg, .coll = ctx->fp.seq};
   if (ctx->fp_todo) return cpu_xchg_fp(ctx, x, n, &t);
   return c->tp_ops->exchange(c->tp, x, n, &t);
 }
@@ -229,7 +229,7 @@ int tc__cpu_run(cpu_ctx_t *ctx) {
     /* moved no data: the fingerprints with the distance set alone */
     tc_tp_op_t t = {.opname = ctx->opname, .deadline = ctx->deadline,
                     .timeout_s = ctx->timeout_s, .msg = ctx->msg,
-                    .msglen = sizeof ctx->msg};
+                    .msglen = sizeof ctx->msg, .coll = ctx->fp.seq};
     rc = cpu_xchg_fp(ctx, NULL, 0, &t);
   }
   return rc;

@@ -144,7 +144,8 @@ static const char *fam_name(uint32_t f) {
 
 static tc_tp_op_t fp_top(cpu_ctx_t *ctx) {
   tc_tp_op_t t = {.opname = ctx->opname, .deadline = ctx->deadline,
-                  .timeout_s = ctx->timeout_s, .msg = ctx->msg, .msglen = sizeof ctx->msg};
+                  .timeout_s = ctx->timeout_s, .msg = ctx->msg, .msglen = sizeof ctx->msg,
+                  .coll = ctx->fp.seq};
   return t;
 }
 
