@@ -273,8 +273,15 @@ void tc__shm_areas(const tc_shm_t *s, tc_shm_areas_t *a) {
 
 static inline size_t al_unit(size_t n) { return (n + SHM_UNIT - 1) & ~(size_t)(SHM_UNIT - 1); }
 
-/* Ring footprint of a transfer: header unit + padded payload. */
-static inline size_t xf_total(const tc_xfer_t *x) { return SHM_UNIT + al_unit(x->len); }
+/* A payload this small travels in its header's unit, after the 16-byte
+ * header: one cache line from the producer to the consumer, not two. */
+#define SHM_INLINE (SHM_UNIT - 16u)
+
+/* Ring footprint of a transfer: header unit (with a payload of at most
+ * SHM_INLINE bytes) or header unit + padded payload. */
+static inline size_t xf_total(const tc_xfer_t *x) {
+  return x->len <= SHM_INLINE ? SHM_UNIT : SHM_UNIT + al_unit(x->len);
+}
 
 static void put_hdr(char *h, uint32_t kind, uint32_t epoch, uint64_t len) {
   uint32_t magic = SHM_MSG_MAGIC, word = TC_XFER_WORD(kind, epoch);
@@ -314,8 +321,16 @@ static void ring_send(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining
   char *data = shm_rdata(s, s->rank, p);
   size_t R = s->ring_bytes, mask = R - 1;
   uint32_t head = s->out_head[p], start = head;
-  uint32_t tail = atomic_load_explicit(&rc->tail, memory_order_acquire);
+  /* the consumer's tail only moves forward: the one last read gives a
+   * space that is never too large. It is read again only when that space
+   * is under half the ring, so a small message does not wait for the line
+   * the consumer wrote (a transfer between the cores) before it goes out */
+  uint32_t tail = s->out_tail[p];
   size_t space = R - (uint32_t)(head - tail);
+  if (space < R / 2) {
+    tail = s->out_tail[p] = atomic_load_explicit(&rc->tail, memory_order_acquire);
+    space = R - (uint32_t)(head - tail);
+  }
   if (space == 0 && tc__mesh_gone(s->mesh, p)) { /* it said goodbye: nothing to deliver */
     while (*hi >= 0) {
       (*remaining)--;
@@ -328,7 +343,9 @@ static void ring_send(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining
     tc_xfer_t *xf = &x[*hi];
     size_t total = xf_total(xf);
     if (xf->done == 0) {
-      put_hdr(data + (head & mask), xf->kind, s->epoch, xf->len);
+      char *h = data + (head & mask);
+      put_hdr(h, xf->kind, s->epoch, xf->len);
+      if (xf->len && xf->len <= SHM_INLINE) memcpy(h + 16, xf->buf, xf->len);
       head += SHM_UNIT;
       space -= SHM_UNIT;
       xf->done = SHM_UNIT;
@@ -375,8 +392,10 @@ static int ring_recv(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining,
     tc_xfer_t *xf = &x[*hi];
     size_t total = xf_total(xf);
     if (xf->done == 0) {
-      if ((err = check_hdr(s, op, xf, data + (tail & mask))) != TC_OK) break;
+      const char *h = data + (tail & mask);
+      if ((err = check_hdr(s, op, xf, h)) != TC_OK) break;
       if (xf->kind == TC_XFER_GOODBYE) tc__mesh_mark_gone(s->mesh, p);
+      if (xf->len && xf->len <= SHM_INLINE) memcpy(xf->buf, h + 16, xf->len);
       tail += SHM_UNIT;
       avail -= SHM_UNIT;
       xf->done = SHM_UNIT;

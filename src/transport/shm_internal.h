@@ -15,7 +15,8 @@
 #define SHM_NAME_PREFIX "torchcomms-"
 /* Messages in a ring: a 64-byte header unit {magic, kind, length}, then the
  * payload padded to 64 bytes, so that producer and consumer never write one
- * cache line and payloads are aligned. */
+ * cache line and payloads are aligned; a payload of at most 48 bytes rides
+ * in the header unit instead (shm.c, SHM_INLINE). */
 #define SHM_UNIT 64u
 #define SHM_MSG_MAGIC 0x314d5354u /* "TSM1" */
 #define SHM_NAP_S 0.005  /* longest futex sleep between liveness checks */
@@ -73,6 +74,7 @@ struct tc_shm {
   char **base;      /* [size] every rank's segment, mapped here */
   shm_ctl_t *me;    /* == (shm_ctl_t *)base[rank] */
   uint32_t *out_head; /* [size] our head of the ring to each peer */
+  uint32_t *out_tail; /* [size] the consumer's tail as last read (ring_send) */
   uint32_t *in_tail;  /* [size] our tail of the ring from each peer */
   int *send_head, *send_tail, *recv_head, *recv_tail; /* per exchange */
   tc_xfer_t *bye;     /* [2 * size] */

@@ -206,6 +206,7 @@ void tc__shm_close(void *tp) {
   tc__mesh_close(s->mesh);
   free(s->base);
   free(s->out_head);
+  free(s->out_tail);
   free(s->in_tail);
   free(s->send_head);
   free(s->send_tail);
@@ -267,6 +268,7 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   if (s) {
     s->base = calloc(n, sizeof *s->base);
     s->out_head = calloc(n, sizeof *s->out_head);
+    s->out_tail = calloc(n, sizeof *s->out_tail);
     s->in_tail = calloc(n, sizeof *s->in_tail);
     s->send_head = malloc(n * sizeof(int));
     s->send_tail = malloc(n * sizeof(int));
@@ -277,7 +279,7 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
     s->owners = calloc(n, sizeof *s->owners);
   }
   unsigned char *all = malloc(n);
-  if (!s || !s->base || !s->out_head || !s->in_tail || !s->send_head || !s->send_tail ||
+  if (!s || !s->base || !s->out_head || !s->out_tail || !s->in_tail || !s->send_head || !s->send_tail ||
       !s->recv_head || !s->recv_tail || !s->bye || !s->pids ||
       !s->owners || !all) {
     if (s) {
