@@ -273,9 +273,10 @@ void tc__shm_areas(const tc_shm_t *s, tc_shm_areas_t *a) {
 
 static inline size_t al_unit(size_t n) { return (n + SHM_UNIT - 1) & ~(size_t)(SHM_UNIT - 1); }
 
-/* A payload this small travels in its header's unit, after the 16-byte
- * header: one cache line from the producer to the consumer, not two. */
-#define SHM_INLINE (SHM_UNIT - 16u)
+/* A payload this small travels in its header's unit, after the header:
+ * one cache line from the producer to the consumer, not two. */
+#define SHM_HDR 16u
+#define SHM_INLINE (SHM_UNIT - SHM_HDR)
 
 /* Ring footprint of a transfer: header unit (with a payload of at most
  * SHM_INLINE bytes) or header unit + padded payload. */
@@ -283,6 +284,7 @@ static inline size_t xf_total(const tc_xfer_t *x) {
   return x->len <= SHM_INLINE ? SHM_UNIT : SHM_UNIT + al_unit(x->len);
 }
 
+/* {magic, kind and epoch, length}: the first SHM_HDR bytes of a unit */
 static void put_hdr(char *h, uint32_t kind, uint32_t epoch, uint64_t len) {
   uint32_t magic = SHM_MSG_MAGIC, word = TC_XFER_WORD(kind, epoch);
   memcpy(h, &magic, 4);
@@ -345,7 +347,7 @@ static void ring_send(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining
     if (xf->done == 0) {
       char *h = data + (head & mask);
       put_hdr(h, xf->kind, s->epoch, xf->len);
-      if (xf->len && xf->len <= SHM_INLINE) memcpy(h + 16, xf->buf, xf->len);
+      if (xf->len && xf->len <= SHM_INLINE) memcpy(h + SHM_HDR, xf->buf, xf->len);
       head += SHM_UNIT;
       space -= SHM_UNIT;
       xf->done = SHM_UNIT;
@@ -395,7 +397,7 @@ static int ring_recv(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining,
       const char *h = data + (tail & mask);
       if ((err = check_hdr(s, op, xf, h)) != TC_OK) break;
       if (xf->kind == TC_XFER_GOODBYE) tc__mesh_mark_gone(s->mesh, p);
-      if (xf->len && xf->len <= SHM_INLINE) memcpy(xf->buf, h + 16, xf->len);
+      if (xf->len && xf->len <= SHM_INLINE) memcpy(xf->buf, h + SHM_HDR, xf->len);
       tail += SHM_UNIT;
       avail -= SHM_UNIT;
       xf->done = SHM_UNIT;

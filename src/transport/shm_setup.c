@@ -279,9 +279,9 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
     s->owners = calloc(n, sizeof *s->owners);
   }
   unsigned char *all = malloc(n);
-  if (!s || !s->base || !s->out_head || !s->out_tail || !s->in_tail || !s->send_head || !s->send_tail ||
-      !s->recv_head || !s->recv_tail || !s->bye || !s->pids ||
-      !s->owners || !all) {
+  if (!s || !s->base || !s->out_head || !s->out_tail || !s->in_tail || !s->send_head ||
+      !s->send_tail || !s->recv_head || !s->recv_tail || !s->bye || !s->pids || !s->owners ||
+      !all) {
     if (s) {
       s->mesh = t;
       tc__shm_close(s);

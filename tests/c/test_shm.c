@@ -509,7 +509,7 @@ TC_TEST(shm_op_mismatch) { tc_spawn(2, opmismatch_rank, shared_new("shmopmis"), 
  * Point-to-point messages go through the per-pair rings. A payload of at
  * most 48 bytes rides in its header's 64-byte unit; the producer reads the
  * consumer's tail again only when the space it knows of is under half the
- * ring. Sizes around the inline limit (0-49, 64, 65 bytes) and messages
+ * ring. Sizes around the inline limit (0-65 bytes) and messages
  * larger than the ring (the producer waits for space), one way and both
  * ways at once (a batch), many laps of the ring, every byte checked. */
 

@@ -114,9 +114,10 @@ static int tcn_map_red(tcn_comm_t *c, const tc_backend_op_t *op, tcn_red_t *m,
   default: goto no_dtype;
   }
   m->premul = 0;
+  /* the float8 dtype's name; NULL for every other dtype */
   const char *f8 = op->dtype == TC_FLOAT8_E4M3FN ? "float8_e4m3fn"
                    : op->dtype == TC_FLOAT8_E5M2  ? "float8_e5m2"
-                                                  : NULL; /* a float8 dtype */
+                                                  : NULL;
   switch (rt) {
   case TC_SUM: m->op = is_bool ? ncclMax : ncclSum; return TC_OK;
   case TC_PRODUCT: m->op = is_bool ? ncclMin : ncclProd; return TC_OK;
