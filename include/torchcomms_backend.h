@@ -150,6 +150,11 @@ typedef struct tc_backend_op {
    * tc_op_options_t.backend_arg, or NULL (always NULL for the operations
    * the core issues itself, such as split's all_gather_single). */
   const void *backend_arg;
+  /* Appended (read it when `size` covers it): when the core issued the
+   * operation, in seconds of CLOCK_MONOTONIC (0: not known). A backend
+   * that starts the operation inside its post call may take it as the
+   * start of execution instead of reading the clock again. */
+  double issue_time;
 } tc_backend_op_t;
 
 /* The caller holds a work object (asynchronous call); without it the core

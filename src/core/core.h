@@ -139,6 +139,10 @@ struct tc_work {
   _Atomic int fr_start_due; /* started while posting: the recorder's "started"
                 * is written after the post (or with the end, if sooner) */
   _Atomic int finishing; /* the first caller of work_finish set it */
+  pthread_t post_thread; /* the thread in the post call, while posting */
+  int inline_done; /* ended inside its post, on the posting thread (work_inline):
+                * the backend's reference was kept for the caller to drop with
+                * its own, no other thread having seen the work (tc__op_issue) */
   _Atomic int waiters;   /* threads in a wait on cv (under mu): a finisher
                 * with none to wake takes no lock */
   int spare;       /* a communicator's spare work (tc_comm_t.spare_work), outside
@@ -172,6 +176,10 @@ TC_INTERNAL void tc__windows_drop(tc_comm_t *c, const char *why);
  * (no handle table, no handle), else tc__work_alloc's. */
 TC_INTERNAL tc_work_t *tc__work_alloc_sync(tc_comm_t *comm, const char *opname,
                                            double timeout_s);
+/* Drops the caller's reference to a work that ended inline (inline_done),
+ * which no other thread holds: both references at once, no locked
+ * instruction. */
+TC_INTERNAL void tc__work_unref_inline(tc_work_t *w);
 TC_INTERNAL tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
                                       double timeout_s);
 /* Reserves `bytes` of owned array space in the work (aligned 16). */

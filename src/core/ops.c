@@ -268,6 +268,7 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
   }
   tc__op_describe(a, c->rank, c->size, arrays, op);
   op->timeout_s = timeout;
+  op->issue_time = w->issue_time;
   if (work) op->flags |= TC_BACKEND_OP_ASYNC;
   op->backend_arg = NULL;
   if (opts) {
@@ -307,6 +308,8 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
         tc__op_info(w, &info);
         tc__log_op("issue", &info);
       }
+      w->post_thread = pthread_self();
+      w->inline_done = 0;
       atomic_store_explicit(&w->posting, 1, memory_order_relaxed);
       rc = c->ops->post(c->bcomm, op, w, why, sizeof why);
       atomic_store_explicit(&w->posting, 0, memory_order_relaxed);
@@ -321,6 +324,15 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
     tc__work_unref(w); /* the backend never took it */
     tc__work_unref(w);
     return tc__comm_error(c, rc, fn, "%s", why[0] ? why : "the backend refused the operation");
+  }
+  if (w->inline_done) { /* ended inside the post, on this thread: nobody else has it */
+    if (work) { /* the backend's reference goes, the handle's stays */
+      atomic_store_explicit(&w->refs, 1, memory_order_relaxed);
+    } else {
+      rc = w->rc == TC_OK ? TC_OK : tc__work_wait(w); /* the wait sets the error text */
+      tc__work_unref_inline(w);
+      return rc;
+    }
   }
   if (work) {
     *work = tc__work_handle(w);

@@ -99,10 +99,21 @@ void *tc__work_arrays(tc_work_t *w, size_t bytes) {
   return w->arrays;
 }
 
+static void work_last_unref(tc_work_t *w);
+
 /* The last reference: the handle goes stale (if tc_work_release did not
  * already end it), the communicator is let go, the slot is free again. */
 void tc__work_unref(tc_work_t *w) {
   if (atomic_fetch_sub(&w->refs, 1) != 1) return;
+  work_last_unref(w);
+}
+
+void tc__work_unref_inline(tc_work_t *w) {
+  atomic_store_explicit(&w->refs, 0, memory_order_relaxed);
+  work_last_unref(w);
+}
+
+static void work_last_unref(tc_work_t *w) {
   w->magic = TC_WORK_FREED;
   tc_comm_t *c = w->comm;
   w->comm = NULL;
@@ -140,6 +151,20 @@ static int status_terminal(int s) {
   return s == TC_WORK_COMPLETED || s == TC_WORK_TIMEDOUT || s == TC_WORK_ERROR;
 }
 
+/* 1 while w's backend reports to the thread that is posting it (an
+ * operation run inline, on the caller's thread, inside tc__op_issue's post
+ * call): no other thread has seen the work (its handle is not out; the
+ * backend ran it here), so no other thread can finish it, wait on it or
+ * drop a reference, and its status, finishing flag and references need no
+ * locked instruction (five per operation: about a tenth of a small
+ * operation's time, docs/benchmarks.md). A backend's own thread reporting
+ * during the post reads `posting` possibly stale, but is never the
+ * posting thread. */
+static inline int work_inline(const tc_work_t *w) {
+  return atomic_load_explicit(&w->posting, memory_order_relaxed) &&
+         pthread_equal(w->post_thread, pthread_self());
+}
+
 /* 1 for the failures a hang report explains: a deadline, a lost peer. */
 static int explainable(int rc) { return rc == TC_ERR_TIMEOUT || rc == TC_ERR_REMOTE; }
 
@@ -156,7 +181,13 @@ static int work_finish(tc_work_t *w, int rc, const char *msg) {
   if (rc != TC_OK && c && explainable(rc) && !w->win_h &&
       !status_terminal(atomic_load(&w->status)))
     tc__hang_report(c, w, report, sizeof report);
-  if (atomic_exchange(&w->finishing, 1)) return 0; /* another caller finishes it */
+  const int inl = work_inline(w);
+  if (inl) { /* alone with it */
+    if (atomic_load_explicit(&w->finishing, memory_order_relaxed)) return 0;
+    atomic_store_explicit(&w->finishing, 1, memory_order_relaxed);
+  } else if (atomic_exchange(&w->finishing, 1)) {
+    return 0; /* another caller finishes it */
+  }
   w->rc = rc;
   w->end_time = tc__now();
   if (rc == TC_OK)
@@ -178,8 +209,12 @@ static int work_finish(tc_work_t *w, int rc, const char *msg) {
       tc__fr_update(w, TC_FR_COMPLETED);
       tc__board_done(c, w, rc);
     }
-    atomic_store(&w->status, TC_WORK_COMPLETED);
-    if (atomic_load(&w->waiters)) {
+    if (inl) { /* no waiter can exist: nobody else has the work */
+      atomic_store_explicit(&w->status, TC_WORK_COMPLETED, memory_order_release);
+    } else {
+      atomic_store(&w->status, TC_WORK_COMPLETED);
+    }
+    if (!inl && atomic_load(&w->waiters)) {
       pthread_mutex_lock(&w->mu);
       pthread_cond_broadcast(&w->cv);
       pthread_mutex_unlock(&w->mu);
@@ -249,7 +284,12 @@ static void host_work_started(tc_work_t *w) {
      * sooner (an operation run inline: one recorder update, not two) */
     w->start_time = w->issue_time;
     int ns = TC_WORK_NOT_STARTED;
-    atomic_compare_exchange_strong(&w->status, &ns, TC_WORK_INPROGRESS);
+    if (work_inline(w)) { /* the only writer of the status (work_inline) */
+      if (atomic_load_explicit(&w->status, memory_order_relaxed) == ns)
+        atomic_store_explicit(&w->status, TC_WORK_INPROGRESS, memory_order_relaxed);
+    } else {
+      atomic_compare_exchange_strong(&w->status, &ns, TC_WORK_INPROGRESS);
+    }
     atomic_store_explicit(&w->fr_start_due, 1, memory_order_release);
     if (w->comm)
       atomic_store_explicit(&w->comm->last_progress_ns, (int64_t)(w->start_time * 1e9),
@@ -285,6 +325,10 @@ static void host_work_complete(tc_work_t *w, int status, const char *reason) {
     tc__comm_message(w->comm, w->opname, reason && reason[0] ? reason : tc_strerror(status),
                      msg, sizeof msg);
   work_finish(w, status, status != TC_OK ? msg : NULL);
+  if (work_inline(w)) {
+    w->inline_done = 1; /* the caller drops this reference with its own */
+    return;
+  }
   tc__work_unref(w); /* the backend's reference */
 }
 

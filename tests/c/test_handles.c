@@ -232,3 +232,86 @@ static void split_cycles_rank(tc_ctx_t *ctx) {
 }
 
 TC_TEST(handles_split_cycles_rss_flat) { tc_spawn(2, split_cycles_rank, NULL, 110); }
+
+/* ---- operations that end inside their post (work_inline, work.c) ---- */
+
+/* The communicator's spare work after a synchronous operation: back, with
+ * no reference left (both of the inline path's references dropped). */
+static void assert_spare_back(tc_comm_t *cs) {
+  tc_work_t *spare = atomic_load(&cs->spare_work);
+  TC_ASSERT(spare != NULL);
+  TC_ASSERT_EQ(atomic_load(&spare->refs), 0);
+}
+
+/* At world size 1 every operation runs inline, on the caller's thread:
+ * the references, status and slot of its work are handled without locked
+ * instructions; a count left too high keeps the work (and its
+ * communicator) alive, one too low frees it under the caller. */
+TC_TEST(handles_inline_work_refs) {
+  tc_comm_t *c = world1("inline");
+  tc_comm_t *cs = comm_struct(c);
+  const int base = atomic_load(&cs->refs);
+  for (int i = 0; i < 3; i++) {
+    float f[3] = {1.5f, -2, (float)i};
+    TC_ASSERT_OK(tc_all_reduce(c, f, 3, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL));
+    TC_ASSERT(f[0] == 1.5f && f[1] == -2 && f[2] == (float)i);
+    assert_spare_back(cs);
+    TC_ASSERT(atomic_load(&cs->spare_work)->inline_done == 1);
+    TC_ASSERT_EQ(atomic_load(&cs->refs), base);
+  }
+  tc_work_t *first = NULL;
+  for (int i = 0; i < 100; i++) {
+    int32_t v[2] = {i, -i};
+    tc_work_t *w = NULL;
+    TC_ASSERT_OK(tc_all_reduce(c, v, 2, TC_INT32, TC_OP(TC_MAX), NULL, &w));
+    tc_work_t *ws = w;
+    TC_ASSERT_OK(tc__work_enter(&ws, "test"));
+    /* ended inline: only the handle's reference is left */
+    TC_ASSERT_EQ(ws->inline_done, 1);
+    TC_ASSERT_EQ(atomic_load(&ws->refs), 1);
+    TC_ASSERT_EQ(tc_work_status(w), TC_WORK_COMPLETED);
+    TC_ASSERT_EQ(atomic_load(&cs->refs), base + 1); /* the work's */
+    TC_ASSERT_OK(tc_work_wait(w));
+    TC_ASSERT(v[0] == i && v[1] == -i);
+    TC_ASSERT_OK(tc_work_release(w));
+    TC_ASSERT_EQ(atomic_load(&cs->refs), base);
+    /* the slot was freed by the release: the next work takes it again */
+    if (i == 0) first = ws;
+    else TC_ASSERT(ws == first);
+  }
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+/* An operation that fails inside its post (the communicator is broken by
+ * a mismatch): the error and its message reach the caller, synchronous or
+ * not, and the work is let go as after a success. */
+static void inline_failure_rank(tc_ctx_t *ctx) {
+  tc_comm_t *c = tc_ctx_comm(ctx, "inline-fail", NULL);
+  tc_comm_t *cs = comm_struct(c);
+  const int base = atomic_load(&cs->refs);
+  char buf[64] = {0};
+  /* float32 against int32: fails on both ranks */
+  TC_ASSERT_ERR(tc_all_reduce(c, buf, 4, ctx->rank ? TC_INT32 : TC_FLOAT32, TC_OP(TC_SUM),
+                              NULL, NULL),
+                TC_ERR_PROTOCOL, "int32");
+  TC_ASSERT_EQ(atomic_load(&cs->refs), base);
+  TC_ASSERT_ERR(tc_barrier(c, NULL, NULL), TC_ERR_PROTOCOL,
+                "an earlier operation failed (all_reduce #1");
+  assert_spare_back(cs);
+  TC_ASSERT_EQ(atomic_load(&cs->refs), base);
+  tc_work_t *w = NULL;
+  TC_ASSERT_OK(tc_barrier(c, NULL, &w));
+  tc_work_t *ws = w;
+  TC_ASSERT_OK(tc__work_enter(&ws, "test"));
+  /* over shared memory a barrier runs inline even when asynchronous;
+   * over TCP an asynchronous one goes to the backend's thread */
+  if (ws->inline_done) TC_ASSERT_EQ(atomic_load(&ws->refs), 1);
+  TC_ASSERT_ERR(tc_work_wait(w), TC_ERR_PROTOCOL, "the communicator must be aborted");
+  TC_ASSERT_EQ(tc_work_status(w), TC_WORK_ERROR);
+  TC_ASSERT_OK(tc_work_release(w));
+  TC_ASSERT_EQ(atomic_load(&cs->refs), base);
+  TC_ASSERT_OK(tc_comm_abort(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(handles_inline_failure) { tc_spawn(2, inline_failure_rank, NULL, 60); }

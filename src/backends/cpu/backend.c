@@ -279,7 +279,11 @@ static int cpu_exec(cpu_comm_t *c, cpu_qent_t *e, double inline_spin) {
   } else {
     c->host->work_started(e->work);
     e->timeout_s = e->op->timeout_s > 0 ? e->op->timeout_s : c->timeout_s;
-    e->deadline = tc__now_coarse() + e->timeout_s; /* a few ms early at most */
+    /* started inside the post (inline_spin >= 0): the issue is the start,
+     * and its time is known; else a coarse read, a few ms early at most */
+    e->deadline = (inline_spin >= 0 && e->op->issue_time > 0 ? e->op->issue_time
+                                                             : tc__now_coarse()) +
+                  e->timeout_s;
     ctx.timeout_s = e->timeout_s;
     ctx.deadline = e->deadline;
     if (tc_backend_op_is_collective(e->op)) {
