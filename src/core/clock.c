@@ -180,7 +180,8 @@ double tc__now(void) {
     if ((s & 1) || atomic_load_explicit(&tsc_seq, memory_order_relaxed) != s) continue;
     uint64_t d = __rdtsc() - t0; /* a counter behind the anchor: huge, renewed */
     if (__builtin_expect(d >= renew_at, 0)) return renew();
-    return base + (double)d * rate;
+    return base + (double)(int64_t)d * rate; /* d < renew_at: a signed conversion,
+                                                * one instruction */
   }
 }
 

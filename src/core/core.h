@@ -173,7 +173,7 @@ TC_INTERNAL void tc__windows_drop(tc_comm_t *c, const char *why);
 
 /* Work objects (work.c). */
 /* A work for a synchronous operation: the communicator's spare when free
- * (no handle table, no handle), else tc__work_alloc's. */
+ * (no handle table, no handle), else tc__work_alloc's. With comm->mu held. */
 TC_INTERNAL tc_work_t *tc__work_alloc_sync(tc_comm_t *comm, const char *opname,
                                            double timeout_s);
 /* Drops the caller's reference to a work that ended inline (inline_done),

@@ -256,16 +256,19 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
                           (f & TC_OPF_REDUCE) ? (int)a->redop.type : -1));
   if (work) *work = NULL;
   double timeout = opts && opts->timeout_s > 0 ? opts->timeout_s : c->timeout_s;
+  /* the lock first: the spare work of a synchronous operation is then
+   * taken without a locked instruction */
+  pthread_mutex_lock(&c->mu);
   tc_work_t *w = work ? tc__work_alloc(c, tc__op_name(a->type), timeout)
                       : tc__work_alloc_sync(c, tc__op_name(a->type), timeout);
-  if (!w) TC_FAIL(c, fn, TC_ERR_NOMEM, "out of memory");
-  tc_backend_op_t *op = &w->op;
-  size_t need = tc__op_arrays_size(a, c->rank, c->size);
+  size_t need = w ? tc__op_arrays_size(a, c->rank, c->size) : 0;
   void *arrays = need ? tc__work_arrays(w, need) : NULL;
-  if (need && !arrays) {
-    tc__work_unref(w);
+  if (!w || (need && !arrays)) {
+    pthread_mutex_unlock(&c->mu);
+    if (w) tc__work_unref(w);
     TC_FAIL(c, fn, TC_ERR_NOMEM, "out of memory");
   }
+  tc_backend_op_t *op = &w->op;
   tc__op_describe(a, c->rank, c->size, arrays, op);
   op->timeout_s = timeout;
   op->issue_time = w->issue_time;
@@ -285,7 +288,6 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
   atomic_store_explicit(&w->refs, 2, memory_order_relaxed);
   char why[768];
   why[0] = 0; /* not "= {0}": zeroing it all costs ~10% of a small operation */
-  pthread_mutex_lock(&c->mu);
   int rc;
   if (c->state != TC_STATE_ACTIVE) {
     snprintf(why, sizeof why, "%s", tc__comm_state_refusal(c, c->state, &rc));

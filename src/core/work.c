@@ -74,7 +74,11 @@ tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
 }
 
 tc_work_t *tc__work_alloc_sync(tc_comm_t *comm, const char *opname, double timeout_s) {
-  tc_work_t *w = atomic_exchange_explicit(&comm->spare_work, NULL, memory_order_acquire);
+  /* comm->mu is held: no other taker; and no one gives the spare back
+   * while it is there to take (there is one), so a load and a store do
+   * what an exchange would */
+  tc_work_t *w = atomic_load_explicit(&comm->spare_work, memory_order_acquire);
+  if (w) atomic_store_explicit(&comm->spare_work, NULL, memory_order_relaxed);
   if (!w) {
     /* in use (another thread's operation, or the backend has not yet let
      * go of the previous one): the table's pool; the communicator struct
