@@ -112,7 +112,11 @@ struct tc_work {
   uint32_t slot;     /* index in the work table */
   tc_work_t *handle; /* the handle given to the user (slot + generation) */
   _Atomic int refs;
-  tc_comm_t *comm; /* holds a reference (refs) until the work is reused */
+  tc_comm_t *comm; /* holds a reference (refs) until the work is reused, if comm_ref */
+  int comm_ref;    /* 1: the work holds a reference to comm (a synchronous
+                    * operation's work that ends inside its post never
+                    * takes one: the issuing thread holds comm->mu meanwhile,
+                    * which destroy waits for, comm_abort) */
   const char *opname;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -176,6 +180,10 @@ TC_INTERNAL void tc__windows_drop(tc_comm_t *c, const char *why);
  * (no handle table, no handle), else tc__work_alloc's. With comm->mu held. */
 TC_INTERNAL tc_work_t *tc__work_alloc_sync(tc_comm_t *comm, const char *opname,
                                            double timeout_s);
+/* A work of tc__work_alloc_sync that outlives its post (with comm->mu
+ * held, before it is unlocked): it takes its reference to the
+ * communicator. */
+TC_INTERNAL void tc__work_hold_comm(tc_work_t *w);
 /* Drops the caller's reference to a work that ended inline (inline_done),
  * which no other thread holds: both references at once, no locked
  * instruction. */

@@ -319,6 +319,16 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
       else tc__work_posted(w);
     }
   }
+  if (rc == TC_OK && !work && w->inline_done) {
+    /* ended inside the post, on this thread: nobody else has it; let go
+     * of it before the lock, as the work took no reference to c */
+    rc = w->rc;
+    if (rc != TC_OK) tc__set_error_text(rc, w->msg);
+    tc__work_unref_inline(w);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+  }
+  if (rc == TC_OK) tc__work_hold_comm(w); /* it lives on past the post */
   pthread_mutex_unlock(&c->mu);
   /* w->op now belongs to the backend (its thread may be reading it): the
    * hints stay as they were, documented as valid during the post call only */
@@ -327,15 +337,8 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
     tc__work_unref(w);
     return tc__comm_error(c, rc, fn, "%s", why[0] ? why : "the backend refused the operation");
   }
-  if (w->inline_done) { /* ended inside the post, on this thread: nobody else has it */
-    if (work) { /* the backend's reference goes, the handle's stays */
-      atomic_store_explicit(&w->refs, 1, memory_order_relaxed);
-    } else {
-      rc = w->rc == TC_OK ? TC_OK : tc__work_wait(w); /* the wait sets the error text */
-      tc__work_unref_inline(w);
-      return rc;
-    }
-  }
+  if (w->inline_done) /* ended inside the post, on this thread (asynchronous) */
+    atomic_store_explicit(&w->refs, 1, memory_order_relaxed); /* the handle's only */
   if (work) {
     *work = tc__work_handle(w);
     return TC_OK;

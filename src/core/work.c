@@ -30,10 +30,12 @@ static tc_work_t *work_new(void) {
   return w;
 }
 
-static void work_init(tc_work_t *w, tc_comm_t *comm, const char *opname, double timeout_s) {
+static void work_init(tc_work_t *w, tc_comm_t *comm, const char *opname, double timeout_s,
+                      int comm_ref) {
   w->magic = TC_WORK_MAGIC;
   atomic_store_explicit(&w->refs, 1, memory_order_relaxed);
-  if (comm) tc__comm_ref(comm);
+  w->comm_ref = comm && comm_ref;
+  if (w->comm_ref) tc__comm_ref(comm);
   w->comm = comm;
   w->opname = opname;
   atomic_store_explicit(&w->status, TC_WORK_NOT_STARTED, memory_order_relaxed);
@@ -67,7 +69,7 @@ tc_work_t *tc__work_alloc(tc_comm_t *comm, const char *opname,
     w->slot = idx;
     tc__htable_set(&work_table, idx, w);
   }
-  work_init(w, comm, opname, timeout_s);
+  work_init(w, comm, opname, timeout_s, 1);
   memset(&w->op, 0, sizeof w->op);
   w->handle = (tc_work_t *)tc__htable_open(&work_table, idx);
   return w;
@@ -88,7 +90,9 @@ tc_work_t *tc__work_alloc_sync(tc_comm_t *comm, const char *opname, double timeo
     if (!w) return tc__work_alloc(comm, opname, timeout_s);
     w->spare = 1;
   }
-  work_init(w, comm, opname, timeout_s);
+  /* no reference to comm yet: tc__op_issue holds comm->mu until the work
+   * ended inline, or takes one (tc__work_hold_comm) when it did not */
+  work_init(w, comm, opname, timeout_s, 0);
   w->handle = NULL; /* synchronous: never given out; tc__op_describe sets op */
   return w;
 }
@@ -129,7 +133,14 @@ static void work_last_unref(tc_work_t *w) {
     tc__htable_close_slot(&work_table, w->slot);
     tc__htable_put(&work_table, w->slot);
   }
-  if (c) tc__comm_unref(c);
+  if (c && w->comm_ref) tc__comm_unref(c);
+}
+
+void tc__work_hold_comm(tc_work_t *w) {
+  if (w->comm && !w->comm_ref) {
+    tc__comm_ref(w->comm);
+    w->comm_ref = 1;
+  }
 }
 
 tc_work_t *tc__work_handle(const tc_work_t *w) { return w->handle; }
