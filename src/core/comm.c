@@ -3,10 +3,14 @@
 #include "core.h"
 #include "comm_log.h"
 
+#include <linux/futex.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 /* The communicator table: users hold handles (slot + generation, see
  * handles.h), so a destroyed communicator's handle stays an error ("was
@@ -160,6 +164,36 @@ static tc_comm_t *comm_live(const tc_comm_t *h, const char *fn) {
 }
 
 void tc__comm_ref(tc_comm_t *c) { atomic_fetch_add(&c->refs, 1); }
+
+/* tc__lock_t (core.h): taken by someone else. */
+void tc__lock_slow(tc__lock_t *l) {
+  for (int i = 0; i < 100; i++) {
+    int z = 0;
+    if (atomic_load_explicit(&l->state, memory_order_relaxed) == 0 &&
+        atomic_compare_exchange_strong_explicit(&l->state, &z, 1, memory_order_acquire,
+                                                memory_order_relaxed))
+      return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  for (;;) {
+    atomic_fetch_add(&l->sleepers, 1);
+    int z = 0;
+    if (atomic_compare_exchange_strong_explicit(&l->state, &z, 1, memory_order_acquire,
+                                                memory_order_relaxed)) {
+      atomic_fetch_sub(&l->sleepers, 1);
+      return;
+    }
+    struct timespec ts = {0, 1000000}; /* 1 ms: a wake-up missed costs no more */
+    syscall(SYS_futex, (int *)&l->state, FUTEX_WAIT_PRIVATE, 1, &ts, NULL, 0);
+    atomic_fetch_sub(&l->sleepers, 1);
+  }
+}
+
+void tc__lock_wake(tc__lock_t *l) {
+  syscall(SYS_futex, (int *)&l->state, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
 
 /* Held while a handle is made live or closed, and while tc__comm_all takes
  * its references: a communicator it finds live cannot be released under it. */
@@ -350,7 +384,6 @@ static tc_comm_t *comm_new(void) {
   if (tc__htable_take(&comms, &idx, &obj)) return NULL;
   tc_comm_t *c = obj;
   if (c) { /* the slot's earlier communicator is gone: nothing refers to it */
-    pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->err_mu);
     pthread_mutex_destroy(&c->hints_mu);
     pthread_mutex_destroy(&c->win_mu);
@@ -366,7 +399,7 @@ static tc_comm_t *comm_new(void) {
     tc__htable_put(&comms, idx);
     return NULL;
   }
-  pthread_mutex_init(&c->mu, NULL);
+  tc__lock_init(&c->mu);
   pthread_mutex_init(&c->err_mu, NULL);
   pthread_mutex_init(&c->hints_mu, NULL);
   pthread_mutex_init(&c->win_mu, NULL);
@@ -525,12 +558,12 @@ fail:;
 
 int tc_comm_finalize(tc_comm_t *c) {
   TC_CHECK(tc__comm_enter(&c, "tc_comm_finalize"));
-  pthread_mutex_lock(&c->mu);
+  tc__lock(&c->mu);
   int state = c->state;
   if (state == TC_STATE_ACTIVE || state == TC_STATE_UNCONFIGURED ||
       (state == TC_STATE_ABORTED && c->reconfigurable))
     __atomic_store_n(&c->state, TC_STATE_FINALIZED, __ATOMIC_RELEASE);
-  pthread_mutex_unlock(&c->mu);
+  tc__unlock(&c->mu);
   if (state == TC_STATE_RECONFIGURING)
     return tc__comm_error(c, TC_ERR_INVALID_USAGE, "finalize",
                           "the communicator is being reconfigured by another thread; "
@@ -550,13 +583,13 @@ int tc_comm_finalize(tc_comm_t *c) {
 }
 
 static void comm_abort(tc_comm_t *c) {
-  pthread_mutex_lock(&c->mu);
+  tc__lock(&c->mu);
   int state = c->state;
   if (state == TC_STATE_ACTIVE || state == TC_STATE_UNCONFIGURED)
     __atomic_store_n(&c->state, TC_STATE_ABORTED, __ATOMIC_RELEASE);
   else if (state == TC_STATE_RECONFIGURING) /* that thread gives up (reconfig.c) */
     atomic_store(&c->rc_cancel, 1);
-  pthread_mutex_unlock(&c->mu);
+  tc__unlock(&c->mu);
   if (state != TC_STATE_ACTIVE) return;
   c->ops->abort(c->bcomm);
   tc__windows_drop(c, "its communicator was aborted");

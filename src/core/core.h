@@ -28,6 +28,38 @@ enum {
   TC_STATE_RECONFIGURING
 };
 
+/* The communicator's lock (tc_comm_t.mu): a compare-and-swap to take it, a
+ * release store to give it back, with no locked instruction (glibc's
+ * unlock is an exchange, which waits for every store of the operation
+ * before it: about 5 % of a small operation, docs/benchmarks.md). A thread
+ * that finds it taken spins briefly, then sleeps on a futex; the unlocker
+ * wakes it when it sees a sleeper, and as that look has no fence before
+ * it, a sleeper also looks again every millisecond, so a missed wake-up
+ * costs at most that. No condition variable waits on it. */
+typedef struct {
+  _Atomic int state;    /* 0 free, 1 taken */
+  _Atomic int sleepers; /* threads in (or about to enter) the futex wait */
+} tc__lock_t;
+TC_INTERNAL void tc__lock_slow(tc__lock_t *l);
+TC_INTERNAL void tc__lock_wake(tc__lock_t *l);
+static inline void tc__lock_init(tc__lock_t *l) {
+  atomic_store(&l->state, 0);
+  atomic_store(&l->sleepers, 0);
+}
+static inline void tc__lock(tc__lock_t *l) {
+  int z = 0;
+  if (__builtin_expect(atomic_compare_exchange_strong_explicit(
+                           &l->state, &z, 1, memory_order_acquire, memory_order_relaxed),
+                       1))
+    return;
+  tc__lock_slow(l);
+}
+static inline void tc__unlock(tc__lock_t *l) {
+  atomic_store_explicit(&l->state, 0, memory_order_release);
+  if (__builtin_expect(atomic_load_explicit(&l->sleepers, memory_order_relaxed) != 0, 0))
+    tc__lock_wake(l);
+}
+
 /* A communicator lives in a slot of the communicator table (comm.c): users
  * hold the slot's handle (handles.h), the core and the backends' callbacks
  * the struct. The struct is reused by the slot's next communicator once it
@@ -60,7 +92,7 @@ struct tc_comm {
   char prefix[256];
   const tc_backend_ops_t *ops;
   void *bcomm;
-  pthread_mutex_t mu; /* state, seq, last_error; held while posting */
+  tc__lock_t mu; /* state, seq, last_error; held while posting */
   int state;
   uint64_t seq;
   uint64_t split_seq;

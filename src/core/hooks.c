@@ -84,9 +84,9 @@ void tc_hook_refuse(const char *reason) {
 uint64_t tc_comm_next_op_id(const tc_comm_t *h) {
   tc_comm_t *c = (tc_comm_t *)h;
   if (tc__comm_enter(&c, "tc_comm_next_op_id") != TC_OK) return 0;
-  pthread_mutex_lock(&c->mu);
+  tc__lock(&c->mu);
   uint64_t id = c->seq + 1;
-  pthread_mutex_unlock(&c->mu);
+  tc__unlock(&c->mu);
   return id;
 }
 

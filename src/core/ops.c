@@ -258,13 +258,13 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
   double timeout = opts && opts->timeout_s > 0 ? opts->timeout_s : c->timeout_s;
   /* the lock first: the spare work of a synchronous operation is then
    * taken without a locked instruction */
-  pthread_mutex_lock(&c->mu);
+  tc__lock(&c->mu);
   tc_work_t *w = work ? tc__work_alloc(c, tc__op_name(a->type), timeout)
                       : tc__work_alloc_sync(c, tc__op_name(a->type), timeout);
   size_t need = w ? tc__op_arrays_size(a, c->rank, c->size) : 0;
   void *arrays = need ? tc__work_arrays(w, need) : NULL;
   if (!w || (need && !arrays)) {
-    pthread_mutex_unlock(&c->mu);
+    tc__unlock(&c->mu);
     if (w) tc__work_unref(w);
     TC_FAIL(c, fn, TC_ERR_NOMEM, "out of memory");
   }
@@ -325,11 +325,11 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
     rc = w->rc;
     if (rc != TC_OK) tc__set_error_text(rc, w->msg);
     tc__work_unref_inline(w);
-    pthread_mutex_unlock(&c->mu);
+    tc__unlock(&c->mu);
     return rc;
   }
   if (rc == TC_OK) tc__work_hold_comm(w); /* it lives on past the post */
-  pthread_mutex_unlock(&c->mu);
+  tc__unlock(&c->mu);
   /* w->op now belongs to the backend (its thread may be reading it): the
    * hints stay as they were, documented as valid during the post call only */
   if (rc != TC_OK) {

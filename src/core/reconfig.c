@@ -461,13 +461,13 @@ int tc_comm_reconfigure(tc_comm_t *c, const tc_reconfigure_options_t *o, tc_work
   }
   int me = -1;
   TC_CHECK(check_args(c, o, &me));
-  pthread_mutex_lock(&c->mu);
+  tc__lock(&c->mu);
   int was = c->state;
   if (was != TC_STATE_FINALIZED && was != TC_STATE_RECONFIGURING) {
     __atomic_store_n(&c->state, TC_STATE_RECONFIGURING, __ATOMIC_RELEASE);
     atomic_store(&c->rc_cancel, 0);
   }
-  pthread_mutex_unlock(&c->mu);
+  tc__unlock(&c->mu);
   if (was == TC_STATE_FINALIZED)
     return tc__comm_error(c, TC_ERR_INVALID_USAGE, fn_rc,
                           "the communicator was finalized (create a new one)");
@@ -537,11 +537,11 @@ int tc_comm_reconfigure(tc_comm_t *c, const tc_reconfigure_options_t *o, tc_work
   tc_store_release(st);
   if (n > 1) set_intent(c, NULL, o->uuid, &digest);
   atomic_store(&c->last_progress_ns, (int64_t)(tc__now() * 1e9));
-  pthread_mutex_lock(&c->mu);
+  tc__lock(&c->mu);
   int cancelled = atomic_load(&c->rc_cancel);
   __atomic_store_n(&c->state, cancelled ? TC_STATE_ABORTED : TC_STATE_ACTIVE,
                    __ATOMIC_RELEASE);
-  pthread_mutex_unlock(&c->mu);
+  tc__unlock(&c->mu);
   if (cancelled) { /* abort() came while the new group was being built */
     tc__board_state(c, TC_STATE_ABORTED);
     c->ops->abort(c->bcomm);
@@ -576,10 +576,10 @@ fail:;
   c->rank = -1;
   c->size = 0;
   c->epoch = 0;
-  pthread_mutex_lock(&c->mu);
+  tc__lock(&c->mu);
   __atomic_store_n(&c->state,
                    atomic_load(&c->rc_cancel) ? TC_STATE_ABORTED : TC_STATE_UNCONFIGURED,
                    __ATOMIC_RELEASE);
-  pthread_mutex_unlock(&c->mu);
+  tc__unlock(&c->mu);
   return tc__set_error_text(rc, saved);
 }
