@@ -228,11 +228,11 @@ static int work_finish(tc_work_t *w, int rc, const char *msg) {
       atomic_store_explicit(&w->status, TC_WORK_COMPLETED, memory_order_release);
     } else {
       atomic_store(&w->status, TC_WORK_COMPLETED);
-    }
-    if (!inl && atomic_load(&w->waiters)) {
-      pthread_mutex_lock(&w->mu);
-      pthread_cond_broadcast(&w->cv);
-      pthread_mutex_unlock(&w->mu);
+      if (atomic_load(&w->waiters)) {
+        pthread_mutex_lock(&w->mu);
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+      }
     }
     if (c) {
       if (tc__log_on(TC_LOG_TRACE, TC_LOG_COLL | TC_LOG_P2P)) {
