@@ -2,9 +2,10 @@
 backend forced onto TCP (TORCHCOMMS_CPU_TRANSPORT=tcp). The second pass is
 for what the transport changes; the modules below test layers above it and
 run in the shared-memory pass only (each line says why). Collectives,
-point-to-point, failures, DDP/FSDP, the examples, c10d and fault-tolerance
-recovery run in both. tests/py/compat/conftest.py does the same for the
-compatibility areas."""
+point-to-point, failures, DDP/FSDP, c10d and fault-tolerance recovery run in
+both; of the examples the TCP pass launches one of each kind
+(test_examples_py.py, TCP_RUNS). tests/py/compat/conftest.py does the same
+for the compatibility areas."""
 import os
 from pathlib import Path
 
