@@ -31,12 +31,12 @@ LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RAN
               "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
               "TORCHELASTIC_RUN_ID", "TORCHCOMM_RANK", "TORCHCOMM_SIZE")
 # (script, ranks)
-RUNS = [
+ALL_RUNS = [
     ("AllReduceSync.py", 4), ("AllReduceAsync.py", 4), ("SendRecvSync.py", 4),
     ("SendRecvAsync.py", 4), ("AllGather.py", 4), ("Broadcast.py", 4),
     ("ObjectCollectives.py", 4), ("BatchSendRecv.py", 4), ("TrainingLoop.py", 2),
     ("train_ddp.py", 2), ("train_ddp.py", 4), ("train_fsdp.py", 2), ("train_fsdp.py", 4),
-    ("window_put_signal.py", 3), ("window_put_signal.py", 4),
+    ("window_put_signal.py", 3), ("window_put_signal.py", 4), ("compiled_tp.py", 2),
 ]
 # The TCP pass of make test (TORCHCOMMS_CPU_TRANSPORT=tcp) launches one
 # example of each kind: the collectives, point-to-point, batches, DDP / FSDP2
@@ -47,10 +47,8 @@ RUNS = [
 # launches import torch in some 70 processes: about 150 s on 2 cores.
 TCP_RUNS = [("AllReduceAsync.py", 4), ("BatchSendRecv.py", 4), ("train_fsdp.py", 4),
             ("window_put_signal.py", 4)]
-if os.environ.get("TORCHCOMMS_CPU_TRANSPORT") == "tcp":
-    RUNS = [r for r in RUNS if r in TCP_RUNS]
-else:
-    RUNS.append(("compiled_tp.py", 2))
+TCP_PASS = os.environ.get("TORCHCOMMS_CPU_TRANSPORT") == "tcp"
+RUNS = TCP_RUNS if TCP_PASS else ALL_RUNS
 # ours, over torch.distributed (DDP, FSDP2): not upstream's seed examples
 TORCH_TRAINING = {"train_ddp.py", "train_fsdp.py"}
 # ours too: torch.compile over torchcomms.functional; a halo exchange with
@@ -154,10 +152,9 @@ def test_quick_start_output(finished, n):
 
 
 def test_every_example_is_tested():
-    if os.environ.get("TORCHCOMMS_CPU_TRANSPORT") == "tcp":
-        pytest.skip("the TCP pass launches a few (TCP_RUNS); the shared-memory pass all")
+    assert set(TCP_RUNS) <= set(ALL_RUNS), set(TCP_RUNS) - set(ALL_RUNS)
     scripts = {p.name for p in EXAMPLES.glob("*.py")}
-    tested = {s for s, _ in RUNS} | {"compiled_tp.py"} | set(TESTED_ELSEWHERE)
+    tested = {s for s, _ in ALL_RUNS} | set(TESTED_ELSEWHERE)
     assert all((ROOT / t).is_file() for t in TESTED_ELSEWHERE.values()), TESTED_ELSEWHERE
     assert scripts == tested, scripts ^ tested
 
