@@ -437,12 +437,30 @@ struct tc_op_options {
    * Python backend this way). The caller keeps what it points to alive
    * until the operation completes. NULL: none. */
   const void *backend_arg;
+  /* Appended. For a caller that holds a lock other threads of the process
+   * need (the Python extension: the GIL) and would rather keep it over a
+   * call that does not block than let it go and take it back every time.
+   * When both are set, the call runs wait_release(wait_arg) on the calling
+   * thread before it could block: before it waits for the operation (a
+   * synchronous one that did not end inside the call), for another
+   * thread's use of the communicator, or for a backend that blocks in its
+   * post (any backend without TC_BACKEND_CAP_BLOCKING_REPORTED, which then
+   * runs without the lock from the start); and wait_reacquire(wait_arg)
+   * once, just before the call returns, with no lock of the library held.
+   * At most one release per call, always followed by the reacquire. While
+   * the lock is kept the call may still spin briefly (the cpu backend: at
+   * most its spin, TORCHCOMMS_CPU_SPIN_US, five times). Neither may call
+   * into the library. Both NULL: none (the default). */
+  void (*wait_release)(void *wait_arg);
+  void (*wait_reacquire)(void *wait_arg);
+  void *wait_arg;
 };
 #define TC_OP_OPTIONS_INIT                                                     \
   {                                                                            \
     .size = sizeof(tc_op_options_t), .version = TC_OP_OPTIONS_VERSION,         \
     .timeout_s = 0.0, .hints = NULL, .num_hints = 0, .stream = NULL,           \
-    .backend_arg = NULL                                                        \
+    .backend_arg = NULL, .wait_release = NULL, .wait_reacquire = NULL,         \
+    .wait_arg = NULL                                                           \
   }
 
 typedef enum tc_work_status {

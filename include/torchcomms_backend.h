@@ -235,6 +235,13 @@ typedef struct tc_backend_host {
   /* 1 when a line of this level and subsystem would be written: check it
    * before formatting anything costly (a load and a compare). */
   int (*log_on)(int level, int subsys);
+  /* Appended. The backend is about to block the calling thread inside
+   * post, on `work` (an operation it runs there whose peers may keep it
+   * waiting, past a spin of about a millisecond): the caller's lock is let
+   * go (tc_op_options_t.wait_release) until the call returns. A backend
+   * with TC_BACKEND_CAP_BLOCKING_REPORTED calls it before every such wait;
+   * it does nothing for an operation whose caller set no wait hooks. */
+  void (*work_blocking)(tc_work_t *work);
 } tc_backend_host_t;
 
 /* 1 when the host table h has `member` (its size covers it) and it is set. */
@@ -398,6 +405,11 @@ typedef struct tc_backend_win_op {
  * no other rank) instead of failing for want of one, and leaves out what
  * needs a shared store (the hang-report board). */
 #define TC_BACKEND_CAP_BOOTSTRAP 0x2u
+/* post blocks the calling thread only after calling host->work_blocking
+ * (spins of up to about a millisecond apart): the core then lets a caller
+ * keep its lock (tc_op_options_t.wait_release) over a post that does not
+ * block. Without it, a caller's wait hooks run around the whole call. */
+#define TC_BACKEND_CAP_BLOCKING_REPORTED 0x4u
 /* 1 when the table t has the capability bit cap. */
 #define TC_BACKEND_HAS_CAP(t, cap)                                            \
   ((t)->size >= offsetof(tc_backend_ops_t, caps) + sizeof((t)->caps) &&       \

@@ -54,6 +54,12 @@ static inline void tc__lock(tc__lock_t *l) {
     return;
   tc__lock_slow(l);
 }
+/* 1 if taken without waiting, else 0 (not taken). */
+static inline int tc__trylock(tc__lock_t *l) {
+  int z = 0;
+  return atomic_compare_exchange_strong_explicit(&l->state, &z, 1, memory_order_acquire,
+                                                 memory_order_relaxed);
+}
 static inline void tc__unlock(tc__lock_t *l) {
   atomic_store_explicit(&l->state, 0, memory_order_release);
   if (__builtin_expect(atomic_load_explicit(&l->sleepers, memory_order_relaxed) != 0, 0))
@@ -179,6 +185,9 @@ struct tc_work {
   int inline_done; /* ended inside its post, on the posting thread (work_inline):
                 * the backend's reference was kept for the caller to drop with
                 * its own, no other thread having seen the work (tc__op_issue) */
+  /* the posting call's wait hooks (tc_op_options_t.wait_release), set
+   * during the post only: host->work_blocking lets the caller's lock go */
+  struct tc__waith *waith;
   _Atomic int waiters;   /* threads in a wait on cv (under mu): a finisher
                 * with none to wake takes no lock */
   int spare;       /* a communicator's spare work (tc_comm_t.spare_work), outside
@@ -206,6 +215,22 @@ struct tc_batch {
  * window of c (before the backend state goes: finalize, abort, destroy,
  * reconfigure); their handles stay, their operations fail with `why`. */
 TC_INTERNAL void tc__windows_drop(tc_comm_t *c, const char *why);
+
+/* A call's wait hooks (tc_op_options_t.wait_release, wait_reacquire,
+ * wait_arg) and whether they let the caller's lock go (tc__op_issue): at
+ * most once per call, taken back once when it returns. */
+typedef struct tc__waith {
+  void (*release)(void *arg);
+  void (*reacquire)(void *arg);
+  void *arg;
+  int released;
+} tc__waith_t;
+static inline void tc__waith_release(tc__waith_t *h) {
+  if (h && !h->released) {
+    h->released = 1;
+    h->release(h->arg);
+  }
+}
 
 /* Work objects (work.c). */
 /* A work for a synchronous operation: the communicator's spare when free

@@ -36,6 +36,11 @@ int tc__v_comm(tc_comm_t **cp, const char *fn, const tc_op_options_t *o) {
       if (!o->hints[i].key || !o->hints[i].value)
         TC_FAIL(c, fn, TC_ERR_INVALID_ARGUMENT,
                 "option hint %zu has a NULL key or value", i);
+    if (o->size >= offsetof(tc_op_options_t, wait_arg) + sizeof o->wait_arg &&
+        !o->wait_release != !o->wait_reacquire)
+      TC_FAIL(c, fn, TC_ERR_INVALID_ARGUMENT,
+              "options 'wait_release' and 'wait_reacquire' must be set together "
+              "(one is NULL)");
   }
   return TC_OK;
 }
@@ -232,33 +237,24 @@ void tc__op_describe(const tc__op_args_t *a, int rank, int size, void *arrays,
   }
 }
 
-/* Never inlined, cloned or split (noipa), as a guard for the public entry
- * that calls it (tc_all_reduce, ...): the flight recorder's stack frames
- * start at that entry's frame (tc__fr_issue, TORCH_FR_CPP_STACK). Under
- * link-time optimisation GCC otherwise splits this function
- * (tc__op_issue.part.0). Not shown to be needed: the one lost frame seen
- * (flight_recorder_stack_frames_on_request, first LTO build) came from the
- * test program being optimised together with the library, and the Python
- * extension keeps tc_all_reduce's frame without it. It costs about 30
- * instructions per operation on a broadcast root (docs/benchmarks.md,
- * "Link-time optimisation"). Its own callees are still inlined into it. */
-#if defined(__GNUC__) && !defined(__clang__)
-__attribute__((noipa))
-#else
-__attribute__((noinline))
-#endif
-int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
-                 const tc_op_options_t *opts, tc_work_t **work) {
-  const uint32_t f = tc_op_flags(a->type);
-  TC_CHECK(tc__v_supports(c, fn, a->type,
-                          a->type == TC_OP_BARRIER || a->type == TC_OP_BATCH ? TC_DTYPE_COUNT
-                                                                             : a->dtype,
-                          (f & TC_OPF_REDUCE) ? (int)a->redop.type : -1));
+/* tc__op_issue's body, inlined into its two calls there. wh: the call's
+ * wait hooks, NULL when it has none: they let the caller's lock go before
+ * anything here could block (a taken communicator lock, the wait for a
+ * synchronous operation; a backend blocking in its post calls
+ * host->work_blocking). */
+static inline __attribute__((always_inline)) int
+op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a, const tc_op_options_t *opts,
+         tc_work_t **work, tc__waith_t *wh) {
   if (work) *work = NULL;
   double timeout = opts && opts->timeout_s > 0 ? opts->timeout_s : c->timeout_s;
   /* the lock first: the spare work of a synchronous operation is then
    * taken without a locked instruction */
-  tc__lock(&c->mu);
+  if (!wh) {
+    tc__lock(&c->mu);
+  } else if (!tc__trylock(&c->mu)) { /* another thread's operation */
+    tc__waith_release(wh);
+    tc__lock(&c->mu);
+  }
   tc_work_t *w = work ? tc__work_alloc(c, tc__op_name(a->type), timeout)
                       : tc__work_alloc_sync(c, tc__op_name(a->type), timeout);
   size_t need = w ? tc__op_arrays_size(a, c->rank, c->size) : 0;
@@ -312,9 +308,11 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
       }
       w->post_thread = pthread_self();
       w->inline_done = 0;
+      w->waith = wh;
       atomic_store_explicit(&w->posting, 1, memory_order_relaxed);
       rc = c->ops->post(c->bcomm, op, w, why, sizeof why);
       atomic_store_explicit(&w->posting, 0, memory_order_relaxed);
+      w->waith = NULL;
       if (rc != TC_OK) tc__fr_update(w, TC_FR_FAILED);
       else tc__work_posted(w);
     }
@@ -343,8 +341,47 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
     *work = tc__work_handle(w);
     return TC_OK;
   }
+  tc__waith_release(wh); /* not ended inside the post: a wait */
   rc = tc__work_wait(w);
   tc__work_unref(w);
+  return rc;
+}
+
+/* Never inlined, cloned or split (noipa), as a guard for the public entry
+ * that calls it (tc_all_reduce, ...): the flight recorder's stack frames
+ * start at that entry's frame (tc__fr_issue, TORCH_FR_CPP_STACK). Under
+ * link-time optimisation GCC otherwise splits this function
+ * (tc__op_issue.part.0). Not shown to be needed: the one lost frame seen
+ * (flight_recorder_stack_frames_on_request, first LTO build) came from the
+ * test program being optimised together with the library, and the Python
+ * extension keeps tc_all_reduce's frame without it. It costs about 30
+ * instructions per operation on a broadcast root (docs/benchmarks.md,
+ * "Link-time optimisation"). Its own callees are still inlined into it. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((noipa))
+#else
+__attribute__((noinline))
+#endif
+int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
+                 const tc_op_options_t *opts, tc_work_t **work) {
+  const uint32_t f = tc_op_flags(a->type);
+  TC_CHECK(tc__v_supports(c, fn, a->type,
+                          a->type == TC_OP_BARRIER || a->type == TC_OP_BATCH ? TC_DTYPE_COUNT
+                                                                             : a->dtype,
+                          (f & TC_OPF_REDUCE) ? (int)a->redop.type : -1));
+  if (__builtin_expect(!opts || opts->size < offsetof(tc_op_options_t, wait_arg) +
+                                                 sizeof opts->wait_arg ||
+                           !opts->wait_release, 1))
+    return op_issue(c, fn, a, opts, work, NULL);
+  /* wait hooks (tc_op_options_t.wait_release): the caller's lock goes at
+   * once when the backend may block in its post without saying so, else
+   * only when something here is about to block; it comes back last, with
+   * no lock of ours held (a thread holding the caller's lock may take the
+   * communicator's lock) */
+  tc__waith_t h = {opts->wait_release, opts->wait_reacquire, opts->wait_arg, 0};
+  if (!TC_BACKEND_HAS_CAP(c->ops, TC_BACKEND_CAP_BLOCKING_REPORTED)) tc__waith_release(&h);
+  int rc = op_issue(c, fn, a, opts, work, &h);
+  if (h.released) h.reacquire(h.arg);
   return rc;
 }
 

@@ -47,6 +47,7 @@ static void work_init(tc_work_t *w, tc_comm_t *comm, const char *opname, double 
   w->coll_seq = w->p2p_seq = 0;
   w->timeout_s = timeout_s;
   w->drive = NULL;
+  w->waith = NULL;
   atomic_store_explicit(&w->posting, 0, memory_order_relaxed);
   atomic_store_explicit(&w->fr_start_due, 0, memory_order_relaxed);
   atomic_store_explicit(&w->finishing, 0, memory_order_relaxed);
@@ -347,6 +348,13 @@ static void host_work_complete(tc_work_t *w, int status, const char *reason) {
   tc__work_unref(w); /* the backend's reference */
 }
 
+/* The backend is about to block the posting thread on w: the caller's
+ * lock goes (once; taken back when tc__op_issue returns, with no lock of
+ * ours held). From any other thread, or outside the post: nothing. */
+static void host_work_blocking(tc_work_t *w) {
+  if (w->waith && work_inline(w)) tc__waith_release(w->waith);
+}
+
 static void host_log(int level, const char *fmt, ...) {
   char line[1024];
   va_list ap;
@@ -369,6 +377,7 @@ const tc_backend_host_t tc__host = {
     .log = host_log,
     .logs = tc__logs,      /* log.c */
     .log_on = tc__log_check,
+    .work_blocking = host_work_blocking,
 };
 
 /* ---- public work API ---- */

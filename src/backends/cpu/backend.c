@@ -464,7 +464,10 @@ static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work, char *
        * caller waits for it anyway; point-to-point, batches, the rest): run
        * it here, sparing two thread hand-offs; abort still interrupts it
        * (the eventfd in every poll set of TCP, the futex bell of shared
-       * memory) */
+       * memory). Peers may keep it waiting: the caller's lock goes first
+       * (TC_BACKEND_CAP_BLOCKING_REPORTED) */
+      if (c->size > 1 && TC_BACKEND_HOST_HAS(c->host, work_blocking))
+        c->host->work_blocking(work);
       cpu_exec(c, &e, 0.0);
       cpu_lane_give(c);
       return TC_OK;
@@ -821,7 +824,7 @@ const tc_backend_ops_t tc__cpu_backend = {
     .supports = NULL, /* every operation, dtype and reduction */
     .split = NULL,
     .describe = cpu_describe,
-    .caps = TC_BACKEND_CAP_RECONFIGURE,
+    .caps = TC_BACKEND_CAP_RECONFIGURE | TC_BACKEND_CAP_BLOCKING_REPORTED,
     .window_create = tc__cpu_win_create,
     .window_attach = tc__cpu_win_attach,
     .window_ready = tc__cpu_win_ready,
