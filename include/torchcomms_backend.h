@@ -161,6 +161,11 @@ typedef struct tc_backend_op {
  * waits for the operation before returning. A device backend may use it to
  * order the caller's stream after a synchronous operation only. */
 #define TC_BACKEND_OP_ASYNC 0x80000000u
+/* The caller keeps a lock over the call (tc_op_options_t.wait_release): a
+ * backend with TC_BACKEND_CAP_BLOCKING_REPORTED calls host->work_blocking
+ * before blocking inside post. Without the flag it need not (nothing to
+ * let go). */
+#define TC_BACKEND_OP_REPORT_BLOCKING 0x40000000u
 
 /* Shorthands of the descriptor, for backends: */
 static inline int tc_backend_op_reduces(const tc_backend_op_t *op) {
@@ -239,8 +244,8 @@ typedef struct tc_backend_host {
    * post, on `work` (an operation it runs there whose peers may keep it
    * waiting, past a spin of about a millisecond): the caller's lock is let
    * go (tc_op_options_t.wait_release) until the call returns. A backend
-   * with TC_BACKEND_CAP_BLOCKING_REPORTED calls it before every such wait;
-   * it does nothing for an operation whose caller set no wait hooks. */
+   * with TC_BACKEND_CAP_BLOCKING_REPORTED calls it before every such wait
+   * of an operation whose flags have TC_BACKEND_OP_REPORT_BLOCKING. */
   void (*work_blocking)(tc_work_t *work);
 } tc_backend_host_t;
 

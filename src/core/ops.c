@@ -237,13 +237,12 @@ void tc__op_describe(const tc__op_args_t *a, int rank, int size, void *arrays,
   }
 }
 
-/* tc__op_issue's body, inlined into its two calls there. wh: the call's
+/* tc__op_issue's body, inlined into its one call there. wh: the call's
  * wait hooks, NULL when it has none: they let the caller's lock go before
  * anything here could block (a taken communicator lock, the wait for a
  * synchronous operation; a backend blocking in its post calls
  * host->work_blocking). */
-static inline __attribute__((always_inline)) int
-op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a, const tc_op_options_t *opts,
+static inline __attribute__((always_inline)) int op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a, const tc_op_options_t *opts,
          tc_work_t **work, tc__waith_t *wh) {
   if (work) *work = NULL;
   double timeout = opts && opts->timeout_s > 0 ? opts->timeout_s : c->timeout_s;
@@ -269,6 +268,7 @@ op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a, const tc_op_optio
   op->timeout_s = timeout;
   op->issue_time = w->issue_time;
   if (work) op->flags |= TC_BACKEND_OP_ASYNC;
+  if (wh && !wh->released) op->flags |= TC_BACKEND_OP_REPORT_BLOCKING;
   op->backend_arg = NULL;
   if (opts) {
     op->hints = opts->hints; /* borrowed for the post call only */
@@ -369,19 +369,21 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
                           a->type == TC_OP_BARRIER || a->type == TC_OP_BATCH ? TC_DTYPE_COUNT
                                                                              : a->dtype,
                           (f & TC_OPF_REDUCE) ? (int)a->redop.type : -1));
-  if (__builtin_expect(!opts || opts->size < offsetof(tc_op_options_t, wait_arg) +
-                                                 sizeof opts->wait_arg ||
-                           !opts->wait_release, 1))
-    return op_issue(c, fn, a, opts, work, NULL);
   /* wait hooks (tc_op_options_t.wait_release): the caller's lock goes at
    * once when the backend may block in its post without saying so, else
    * only when something here is about to block; it comes back last, with
    * no lock of ours held (a thread holding the caller's lock may take the
    * communicator's lock) */
-  tc__waith_t h = {opts->wait_release, opts->wait_reacquire, opts->wait_arg, 0};
-  if (!TC_BACKEND_HAS_CAP(c->ops, TC_BACKEND_CAP_BLOCKING_REPORTED)) tc__waith_release(&h);
-  int rc = op_issue(c, fn, a, opts, work, &h);
-  if (h.released) h.reacquire(h.arg);
+  tc__waith_t h, *wh = NULL;
+  if (__builtin_expect(opts && opts->size >= offsetof(tc_op_options_t, wait_arg) +
+                                                 sizeof opts->wait_arg &&
+                           opts->wait_release, 0)) {
+    h = (tc__waith_t){opts->wait_release, opts->wait_reacquire, opts->wait_arg, 0};
+    wh = &h;
+    if (!TC_BACKEND_HAS_CAP(c->ops, TC_BACKEND_CAP_BLOCKING_REPORTED)) tc__waith_release(wh);
+  }
+  int rc = op_issue(c, fn, a, opts, work, wh);
+  if (wh && wh->released) wh->reacquire(wh->arg);
   return rc;
 }
 

@@ -466,7 +466,7 @@ static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work, char *
        * (the eventfd in every poll set of TCP, the futex bell of shared
        * memory). Peers may keep it waiting: the caller's lock goes first
        * (TC_BACKEND_CAP_BLOCKING_REPORTED) */
-      if (c->size > 1 && TC_BACKEND_HOST_HAS(c->host, work_blocking))
+      if ((op->flags & TC_BACKEND_OP_REPORT_BLOCKING) && c->size > 1)
         c->host->work_blocking(work);
       cpu_exec(c, &e, 0.0);
       cpu_lane_give(c);
