@@ -126,6 +126,9 @@ static void work_last_unref(tc_work_t *w) {
   w->magic = TC_WORK_FREED;
   tc_comm_t *c = w->comm;
   w->comm = NULL;
+  /* read before the work goes back: from then on its next user's
+   * work_init may rewrite comm_ref (ThreadSanitizer, test_threads) */
+  const int unref = c && w->comm_ref;
   if (w->spare) {
     /* back to its communicator (its only spare) for the next synchronous
      * operation */
@@ -134,7 +137,7 @@ static void work_last_unref(tc_work_t *w) {
     tc__htable_close_slot(&work_table, w->slot);
     tc__htable_put(&work_table, w->slot);
   }
-  if (c && w->comm_ref) tc__comm_unref(c);
+  if (unref) tc__comm_unref(c);
 }
 
 void tc__work_hold_comm(tc_work_t *w) {
