@@ -163,19 +163,20 @@ PyObject *tcpy_issue_opts(TorchCommObject *self, const char *op,
     python_frames(frames, sizeof frames);
     tc__fr_set_caller_frames(frames);
   }
-  if (tcpy_only_thread()) {
-    PyThreadState *saved = NULL;
+  /* alone: the library lets the GIL go only if it must wait (the hooks);
+   * with other Python threads: before the call, as always */
+  const int keep_gil = tcpy_only_thread();
+  PyThreadState *saved = NULL;
+  if (keep_gil) {
     opts->o.wait_release = tcpy_wait_release;
     opts->o.wait_reacquire = tcpy_wait_reacquire;
     opts->o.wait_arg = &saved;
-    rc = tcpy_call_run(c, call, &opts->o, async_op ? &work : NULL);
-    TCPY_SAVE_ERROR(text, rc);
   } else {
-    Py_BEGIN_ALLOW_THREADS
-    rc = tcpy_call_run(c, call, &opts->o, async_op ? &work : NULL);
-    TCPY_SAVE_ERROR(text, rc);
-    Py_END_ALLOW_THREADS
+    saved = PyEval_SaveThread();
   }
+  rc = tcpy_call_run(c, call, &opts->o, async_op ? &work : NULL);
+  TCPY_SAVE_ERROR(text, rc);
+  if (!keep_gil) PyEval_RestoreThread(saved);
   if (self->fr_stack) tc__fr_set_caller_frames(NULL);
   if (rc != TC_OK) {
     /* a synchronous call re-raises what the Python backend raised */

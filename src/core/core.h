@@ -186,7 +186,8 @@ struct tc_work {
                 * the backend's reference was kept for the caller to drop with
                 * its own, no other thread having seen the work (tc__op_issue) */
   /* the posting call's wait hooks (tc_op_options_t.wait_release), set
-   * during the post only: host->work_blocking lets the caller's lock go */
+   * for the post only (tc__op_issue sets it before every post and clears it
+   * after): host->work_blocking lets the caller's lock go */
   struct tc__waith *waith;
   _Atomic int waiters;   /* threads in a wait on cv (under mu): a finisher
                 * with none to wake takes no lock */

@@ -47,7 +47,6 @@ static void work_init(tc_work_t *w, tc_comm_t *comm, const char *opname, double 
   w->coll_seq = w->p2p_seq = 0;
   w->timeout_s = timeout_s;
   w->drive = NULL;
-  w->waith = NULL;
   atomic_store_explicit(&w->posting, 0, memory_order_relaxed);
   atomic_store_explicit(&w->fr_start_due, 0, memory_order_relaxed);
   atomic_store_explicit(&w->finishing, 0, memory_order_relaxed);
