@@ -14,12 +14,13 @@
  * from memory.
  *
  * Usage: tcreduce_bench [--cold] [--all] [--csv] [--ms N] [--reps N]
- *                       [--sizes 8K,64K,1M,16M] [--match SUBSTRING] [--simd 0|1|2]
+ *                       [--sizes 8K,64K,1M,16M] [--match SUBSTRING] [--simd 0|1|2|3]
  *   default: memcpy and SUM reduce/reduce3 for float32, bfloat16, float16;
  *   --all: also PRODUCT, MIN, MAX, scale (PREMUL_SUM) and divide (AVG);
  *   --match: only the kernels whose name contains SUBSTRING;
- *   --simd: the highest tier of 16-bit kernels (0 generic, 1 AVX2, 2 the
- *   default, AVX-512 where the CPU has it), to compare them.
+ *   --simd: the highest tier of 16-bit kernels (0 generic, 1 AVX2, 2
+ *   AVX-512, 3 the default, AVX512-FP16 for float16, each where the CPU
+ *   has it), to compare them.
  * Each figure is the median of --reps (5) timings of >= --ms (20) ms of the
  * thread's CPU time each.
  */
@@ -139,7 +140,7 @@ int main(int argc, char **argv) {
         sizes[nsizes++] = parse_size(t);
     } else {
       fprintf(stderr,
-              "usage: %s [--cold] [--all] [--csv] [--ms N] [--reps N] [--sizes 8K,64K,1M,16M] [--match SUBSTRING] [--simd 0|1|2]\n",
+              "usage: %s [--cold] [--all] [--csv] [--ms N] [--reps N] [--sizes 8K,64K,1M,16M] [--match SUBSTRING] [--simd 0|1|2|3]\n",
               argv[0]);
       return 2;
     }

@@ -179,9 +179,10 @@ TC_INTERNAL void tc__divide(void *buf, size_t n, tc_dtype_t dtype,
                             uint64_t divisor);
 /* The highest tier of bfloat16/float16 kernels (reduce, reduce3, scale,
  * divide) that may run where the CPU has it: 0 the generic code, 1 the
- * AVX2/F16C kernels, 2 (the default) also the AVX-512 ones (reduce and
- * reduce3; scale and divide have AVX2 kernels only). Returns the tier in
- * use before the call (0, 1 or 2). For tests and benchmarks. */
+ * AVX2/F16C kernels, 2 also the AVX-512 ones (reduce and reduce3; scale
+ * and divide have AVX2 kernels only), 3 (the default) also the
+ * AVX512-FP16 float16 ones (reduce and reduce3). Returns the tier in use
+ * before the call (0 to 3). For tests and benchmarks. */
 TC_INTERNAL int tc__reduce_set_simd(int level);
 /* float16 / bfloat16 <-> float32, round to nearest even. */
 TC_INTERNAL float tc__half_to_float(uint16_t h);

@@ -1,4 +1,4 @@
-/* test_reduce_simd.c -- the AVX-512 and AVX2/F16C bfloat16 and float16
+/* test_reduce_simd.c -- the AVX512-FP16, AVX-512 and AVX2/F16C bfloat16 and float16
  * kernels (src/reduce/reduce.c) against the generic ones and against an element by
  * element reference built from the scalar conversions, bit for bit: random
  * bits (NaN of both signs, quiet and signalling, infinities, subnormals),
@@ -93,13 +93,21 @@ static void guards(const uint16_t *p, size_t n, const char *what) {
   }
 }
 
-/* The highest kernel tier the CPU has (0 generic, 1 AVX2, 2 AVX-512). */
+/* The highest kernel tier the CPU has (0 generic, 1 AVX2, 2 AVX-512, 3
+ * AVX512-FP16 for float16). */
 static int simd_present(void) {
-  tc__reduce_set_simd(2);
-  return tc__reduce_set_simd(2);
+  tc__reduce_set_simd(3);
+  return tc__reduce_set_simd(3);
 }
 
-static const char *const tier_name[] = {"generic", "AVX2", "AVX-512"};
+/* GCC 12 and clang 14 compile the AVX512-FP16 kernels (reduce.c). */
+#if (defined(__clang__) && __clang_major__ >= 14) || (!defined(__clang__) && __GNUC__ >= 12)
+#define FP16_KERNELS 1
+#else
+#define FP16_KERNELS 0
+#endif
+
+static const char *const tier_name[] = {"generic", "AVX2", "AVX-512", "AVX512-FP16"};
 
 /* The test data and every call shape for dt x op at n elements, the three
  * buffers at offsets oa, ob, oo; checks the vector kernels (when the CPU
@@ -120,7 +128,7 @@ static void check(tc_dtype_t dt, tc_redop_type_t op, size_t n, size_t oa, size_t
     w[m] = ref(dt, op, a[m], b[m]);
     ww[m] = ref(dt, op, a[m], a[m]);
   }
-  for (int simd = 2; simd >= 0; simd--) {
+  for (int simd = 3; simd >= 0; simd--) {
     tc__reduce_set_simd(simd);
     const char *path = tier_name[simd];
     char what[160];
@@ -155,7 +163,7 @@ static void check(tc_dtype_t dt, tc_redop_type_t op, size_t n, size_t oa, size_t
   memset(o, 0, n * 2);
   tc__reduce3(o, a, b, n, dt, op);
   memcpy(w, o, n * 2);
-  for (int simd = 2; simd >= 1; simd--) {
+  for (int simd = 3; simd >= 1; simd--) {
     tc__reduce_set_simd(simd);
     tc__reduce3(o, a, b, n, dt, op);
     for (size_t i = 0; i < n; i++)
@@ -166,7 +174,7 @@ static void check(tc_dtype_t dt, tc_redop_type_t op, size_t n, size_t oa, size_t
                      tc_dtype_name(dt), tc_redop_name(op), n, i, a[i], b[i], o[i],
                      tier_name[simd], w[i]);
   }
-  tc__reduce_set_simd(2);
+  tc__reduce_set_simd(3);
   free(w);
   free(ww);
   buf_free(a, oa);
@@ -200,7 +208,8 @@ TC_TEST(reduce_simd_present) {
   const int z = avx2 && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx512f") &&
                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
                 __builtin_cpu_supports("avx512vl");
-  const int want = z ? 2 : avx2;
+  const int fp16 = z && FP16_KERNELS && __builtin_cpu_supports("avx512fp16");
+  const int want = fp16 ? 3 : z ? 2 : avx2;
   TC_ASSERT_EQ(simd_present(), want);
   printf("# 16-bit kernels: %s%s\n", tier_name[want],
          z && !__builtin_cpu_supports("avx512bf16") ? " (bfloat16: AVX2, no AVX512_BF16)" : "");
@@ -212,7 +221,8 @@ TC_TEST(reduce_simd_present) {
   TC_ASSERT_EQ(tc__reduce_set_simd(0), 0);
   TC_ASSERT_EQ(tc__reduce_set_simd(1), 0);
   TC_ASSERT_EQ(tc__reduce_set_simd(2), want ? 1 : 0);
-  TC_ASSERT_EQ(tc__reduce_set_simd(2), want);
+  TC_ASSERT_EQ(tc__reduce_set_simd(3), want < 2 ? want : 2);
+  TC_ASSERT_EQ(tc__reduce_set_simd(3), want);
 }
 
 TC_TEST(reduce_simd_bfloat16) { check_dtype(TC_BFLOAT16); }
@@ -231,7 +241,7 @@ static void check_scale_divide(tc_dtype_t dt) {
     for (size_t off = 0; off < 2; off++) {
       uint16_t *s = buf_new(n, off + 3), *d = buf_new(n, off);
       for (size_t i = 0; i < n; i++) s[i] = rnd16(dt);
-      for (int simd = 2; simd >= 0; simd--) {
+      for (int simd = 3; simd >= 0; simd--) {
         tc__reduce_set_simd(simd);
         for (size_t f = 0; f < sizeof factors / sizeof factors[0]; f++) {
           tc__scale(d, s, n, dt, factors[f]);
@@ -266,7 +276,7 @@ static void check_scale_divide(tc_dtype_t dt) {
           guards(d, n, "divide");
         }
       }
-      tc__reduce_set_simd(2);
+      tc__reduce_set_simd(3);
       buf_free(s, off + 3);
       buf_free(d, off);
     }
