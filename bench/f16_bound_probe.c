@@ -1,8 +1,9 @@
-/* f16_bound_probe.c -- how fast this CPU can add two float16 arrays at
- * all, whatever the NaN rules: the bound behind issue 16's point 5 for
- * float16 (docs/benchmarks.md, "16-bit floats and the reduction kernels").
+/* f16_bound_probe.c -- how fast this CPU can add two float16 (and
+ * bfloat16) arrays at all, whatever the NaN rules: the bound behind issue
+ * 16's point 5 (docs/benchmarks.md, "16-bit floats and the reduction
+ * kernels").
  *
- * Four loops of out = a + b over float16 arrays, none of them the
+ * Loops of out = a + b over 16-bit arrays, none of them the
  * library's (src/reduce/reduce.c has the real kernels, with their NaN
  * rules; tcreduce_bench measures those):
  *
@@ -14,7 +15,15 @@
  *              vcvtps2ph for the result: whether moving the widening off
  *              the conversion unit pays;
  *   f32        out = a + b on float32 arrays of the same byte size: the
- *              rate float16 is compared with.
+ *              rate float16 is compared with;
+ *   ph-add     vaddph on 512-bit vectors, where the CPU has AVX512-FP16:
+ *              float16 without conversions (the library's tier 3 kernel
+ *              without its NaN test);
+ *   bf16-full, bf16-nofpc, bf16-noperm, bf16-bare
+ *              bfloat16 out = a + b as the library's AVX-512 step, and
+ *              without its vfpclassps NaN/subnormal test, without its
+ *              vpermw reordering, without both (where the CPU has
+ *              AVX512_BF16): what bounds bfloat16 on a given CPU.
  *
  * GB/s of one input's bytes (as tcreduce_bench), median of 5 timings of
  * >= 20 ms each, one thread, hot buffers.
@@ -79,6 +88,59 @@ static Z void f32_add(void *ov, const void *av, const void *bv, size_t n) {
   for (size_t i = 0; i + 16 <= n; i += 16)
     _mm512_storeu_ps(o + i, _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
 }
+
+/* bfloat16 out = a + b (issue 16, point 5 on Intel CPUs), the library's
+ * AVX-512 step (src/reduce/reduce.c, TC__Z64_BF) taken apart: the even
+ * and odd elements widened by a shift and a mask, vaddps, vcvtne2ps2bf16;
+ * V 0 as the library (vfpclassps per 16 results, vpermw to put the
+ * elements back in order; a step with a special lane only marks it here),
+ * 1 without the vfpclassps, 2 without the vpermw (wrong order), 3 without
+ * either: the widening and the conversion alone. */
+#define BF __attribute__((noinline, target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
+#define BFI static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
+#define BF_EV(x) _mm512_castsi512_ps(_mm512_slli_epi32(x, 16))
+#define BF_OD(x) _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xFFFF0000u)))
+BFI __m512i bf_pack(__m512 ev, __m512 od, int perm) {
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                       8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i r = (__m512i)_mm512_cvtne2ps_pbh(od, ev);
+  return perm ? _mm512_permutexvar_epi16(idx, r) : r;
+}
+BFI void bf_loop(uint16_t *o, const uint16_t *a, const uint16_t *b, size_t n, int fpc, int perm) {
+  for (size_t i = 0; i + 64 <= n; i += 64) {
+    const __m512i xa = _mm512_loadu_si512(a + i), xb = _mm512_loadu_si512(b + i);
+    const __m512i ya = _mm512_loadu_si512(a + i + 32), yb = _mm512_loadu_si512(b + i + 32);
+    const __m512 e0 = _mm512_add_ps(BF_EV(xa), BF_EV(xb)), d0 = _mm512_add_ps(BF_OD(xa), BF_OD(xb));
+    const __m512 e1 = _mm512_add_ps(BF_EV(ya), BF_EV(yb)), d1 = _mm512_add_ps(BF_OD(ya), BF_OD(yb));
+    __mmask16 f = 0;
+    if (fpc)
+      f = (__mmask16)(_mm512_fpclass_ps_mask(e0, 0xA1) | _mm512_fpclass_ps_mask(d0, 0xA1) |
+                      _mm512_fpclass_ps_mask(e1, 0xA1) | _mm512_fpclass_ps_mask(d1, 0xA1));
+    if (__builtin_expect(f == 0, 1)) {
+      _mm512_storeu_si512(o + i, bf_pack(e0, d0, perm));
+      _mm512_storeu_si512(o + i + 32, bf_pack(e1, d1, perm));
+    } else {
+      o[i] = 0x7FC0;
+    }
+  }
+}
+static BF void bf_full(void *o, const void *a, const void *b, size_t n) { bf_loop(o, a, b, n, 1, 1); }
+static BF void bf_nofpc(void *o, const void *a, const void *b, size_t n) { bf_loop(o, a, b, n, 0, 1); }
+static BF void bf_noperm(void *o, const void *a, const void *b, size_t n) { bf_loop(o, a, b, n, 1, 0); }
+static BF void bf_bare(void *o, const void *a, const void *b, size_t n) { bf_loop(o, a, b, n, 0, 0); }
+
+#if (defined(__clang__) && __clang_major__ >= 14) || (!defined(__clang__) && __GNUC__ >= 12)
+#define HAVE_PH 1
+/* float16 out = a + b with AVX512-FP16's vaddph (the library's tier 3
+ * without its NaN test). */
+static __attribute__((noinline, target("avx512fp16,avx512f,avx512bw,avx512vl"))) void
+ph_add(void *ov, const void *av, const void *bv, size_t n) {
+  uint16_t *o = ov;
+  const uint16_t *a = av, *b = bv;
+  for (size_t i = 0; i + 32 <= n; i += 32)
+    _mm512_storeu_ph(o + i, _mm512_add_ph(_mm512_loadu_ph(a + i), _mm512_loadu_ph(b + i)));
+}
+#endif
 
 static double cpu_now(void) {
   struct timespec t;
@@ -147,6 +209,20 @@ int main(int argc, char **argv) {
     printf("zmm-bare %zu %.1f\n", bytes, rate(zmm_bare, o, a, b, n, bytes));
     printf("ymm-bare %zu %.1f\n", bytes, rate(ymm_bare, o, a, b, n, bytes));
     printf("zmm-int %zu %.1f\n", bytes, rate(zmm_int, o, a, b, n, bytes));
+#ifdef HAVE_PH
+    if (__builtin_cpu_supports("avx512fp16"))
+      printf("ph-add %zu %.1f\n", bytes, rate(ph_add, o, a, b, n, bytes));
+#endif
+    if (__builtin_cpu_supports("avx512bf16")) {
+      for (size_t i = 0; i < n; i++) { /* bfloat16 1.0 .. 2.0 and 0.5 .. 1.0 */
+        a[i] = (uint16_t)(0x3F80 + (i * 7) % 128);
+        b[i] = (uint16_t)(0x3F00 + (i * 13) % 128);
+      }
+      printf("bf16-full %zu %.1f\n", bytes, rate(bf_full, o, a, b, n, bytes));
+      printf("bf16-nofpc %zu %.1f\n", bytes, rate(bf_nofpc, o, a, b, n, bytes));
+      printf("bf16-noperm %zu %.1f\n", bytes, rate(bf_noperm, o, a, b, n, bytes));
+      printf("bf16-bare %zu %.1f\n", bytes, rate(bf_bare, o, a, b, n, bytes));
+    }
     memset(m, 0, 3 * bytes); /* float32 zeros */
     printf("f32 %zu %.1f\n", bytes, rate(f32_add, o, a, b, bytes / 4, bytes));
     free(m);
