@@ -715,8 +715,11 @@ TC__GEN_VEC_OPS(tc__z, TC__AVX512, 32, FLOAT16, TC__Y32_H, TC__Y64_H)
 #define TC__P_PRODUCT(a, b) _mm512_mul_ph(a, b)
 #define TC__P_MIN(a, b) _mm512_min_ph(a, b)
 #define TC__P_MAX(a, b) _mm512_max_ph(a, b)
-/* The lanes of a step the NaN rules concern, for x OP y = r (see above). */
-#define TC__P_NAN(r) _mm512_fpclass_ph_mask(r, TC__FPC_NAN)
+/* The lanes of a step the NaN rules concern, for x OP y = r (see above).
+ * vcmpph, not vfpclassph: GCC 12's _mm512_fpclass_ph_mask macro (the form
+ * used without optimisation, as in the sanitizer builds) passes an 8-bit
+ * all-ones mask and so tests only 8 of the 32 lanes. */
+#define TC__P_NAN(r) _mm512_cmp_ph_mask(r, r, _CMP_UNORD_Q)
 #define TC__P_NAN_SUM(x, r) TC__P_NAN(r)
 #define TC__P_NAN_PRODUCT(x, r) TC__P_NAN(r)
 #define TC__P_NAN_MIN(x, r) (TC__P_NAN(x) | TC__P_NAN(r))
