@@ -64,11 +64,11 @@
     "shared-memory segment bytes per rank")                                              \
   X(CPU_CMA, "TORCHCOMMS_CPU_CMA", BOOL, 1, 0, 0, NULL,                                    \
     "single copy with process_vm_readv")                                                 \
-  X(CPU_CMA_BYTES, "TORCHCOMMS_CPU_CMA_BYTES", NUM, 0, 0, TC__BIG, NULL,                   \
+  X(CPU_CMA_BYTES, "TORCHCOMMS_CPU_CMA_BYTES", BYTES, 0, 0, 0, NULL,                        \
     "collectives: single copy from this many bytes (0: never; the same on every rank)")  \
-  X(CPU_INLINE_BYTES, "TORCHCOMMS_CPU_INLINE_BYTES", NUM, 1 << 20, 0, TC__BIG, NULL,       \
+  X(CPU_INLINE_BYTES, "TORCHCOMMS_CPU_INLINE_BYTES", BYTES, 1 << 20, 0, 0, NULL,            \
     "run operations up to this size on the caller's thread")                             \
-  X(CPU_SHM_SMALL_BYTES, "TORCHCOMMS_CPU_SHM_SMALL_BYTES", NUM, 8 << 10, 0, TC__BIG,       \
+  X(CPU_SHM_SMALL_BYTES, "TORCHCOMMS_CPU_SHM_SMALL_BYTES", BYTES, 8 << 10, 0, 0,           \
     NULL, "shm all_reduce through the small slots up to this size (the same on every rank)") \
   X(CPU_SPIN_US, "TORCHCOMMS_CPU_SPIN_US", NUM, 0, 0, 1e9, NULL,                           \
     "busy-wait before sleeping, microseconds (default 200 when ranks <= cores, else 0)")  \

@@ -150,6 +150,26 @@ TC_TEST(settings_read_once_until_reload) {
   TC_ASSERT_EQ(tc__setting_bool(TC_SET_CHECK_MISMATCH), 0);
   TC_ASSERT_EQ(tc__setting_choice(TC_SET_CPU_TRANSPORT), 2); /* auto|shm|tcp */
   TC_ASSERT_EQ(tc__setting_bytes(TC_SET_STORE_MAX_BYTES), 64ull << 20);
+  /* the cpu backend's sizes take suffixes too (docs write
+   * TORCHCOMMS_CPU_CMA_BYTES=64K), and 0 stays 0 (never / always) */
+  setenv("TORCHCOMMS_CPU_CMA_BYTES", "64K", 1);
+  setenv("TORCHCOMMS_CPU_INLINE_BYTES", "0", 1);
+  setenv("TORCHCOMMS_CPU_SHM_SMALL_BYTES", "16384", 1);
+  char err[512] = "";
+  TC_ASSERT_OK(tc__settings_reload(err, sizeof err));
+  TC_ASSERT_EQ(tc__setting_bytes(TC_SET_CPU_CMA_BYTES), 65536);
+  TC_ASSERT_DBL_NEAR(tc__setting_double(TC_SET_CPU_CMA_BYTES), 65536, 0);
+  TC_ASSERT_DBL_NEAR(tc__setting_double(TC_SET_CPU_INLINE_BYTES), 0, 0);
+  TC_ASSERT_DBL_NEAR(tc__setting_double(TC_SET_CPU_SHM_SMALL_BYTES), 16384, 0);
+  setenv("TORCHCOMMS_CPU_CMA_BYTES", "-1", 1);
+  TC_ASSERT_EQ(tc__settings_reload(err, sizeof err), TC_ERR_INVALID_ARGUMENT);
+  TC_ASSERT_CONTAINS(err, "TORCHCOMMS_CPU_CMA_BYTES='-1' is not valid: expected a byte count");
+  TC_ASSERT_DBL_NEAR(tc__setting_double(TC_SET_CPU_CMA_BYTES), 0, 0);
+  unsetenv("TORCHCOMMS_CPU_CMA_BYTES");
+  unsetenv("TORCHCOMMS_CPU_INLINE_BYTES");
+  unsetenv("TORCHCOMMS_CPU_SHM_SMALL_BYTES");
+  TC_ASSERT_OK(tc__settings_reload(err, sizeof err));
+  TC_ASSERT_DBL_NEAR(tc__setting_double(TC_SET_CPU_INLINE_BYTES), 1 << 20, 0);
 }
 
 /* A malformed value is reported, naming the setting, and reads as the
