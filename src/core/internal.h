@@ -184,6 +184,14 @@ TC_INTERNAL void tc__divide(void *buf, size_t n, tc_dtype_t dtype,
  * AVX512-FP16 float16 ones (reduce and reduce3). Returns the tier in use
  * before the call (0 to 3). For tests and benchmarks. */
 TC_INTERNAL int tc__reduce_set_simd(int level);
+/* 1 where the compiler builds tier 3, the AVX512-FP16 kernels (GCC 12 and
+ * clang 14 have the intrinsics). */
+#if (defined(__clang__) && __clang_major__ >= 14) ||                           \
+    (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 12)
+#define TC__CC_AVX512FP16 1
+#else
+#define TC__CC_AVX512FP16 0
+#endif
 /* float16 / bfloat16 <-> float32, round to nearest even. */
 TC_INTERNAL float tc__half_to_float(uint16_t h);
 TC_INTERNAL uint16_t tc__float_to_half(float f);

@@ -100,13 +100,6 @@ static int simd_present(void) {
   return tc__reduce_set_simd(3);
 }
 
-/* GCC 12 and clang 14 compile the AVX512-FP16 kernels (reduce.c). */
-#if (defined(__clang__) && __clang_major__ >= 14) || (!defined(__clang__) && __GNUC__ >= 12)
-#define FP16_KERNELS 1
-#else
-#define FP16_KERNELS 0
-#endif
-
 static const char *const tier_name[] = {"generic", "AVX2", "AVX-512", "AVX512-FP16"};
 
 /* The test data and every call shape for dt x op at n elements, the three
@@ -208,7 +201,7 @@ TC_TEST(reduce_simd_present) {
   const int z = avx2 && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx512f") &&
                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
                 __builtin_cpu_supports("avx512vl");
-  const int fp16 = z && FP16_KERNELS && __builtin_cpu_supports("avx512fp16");
+  const int fp16 = z && TC__CC_AVX512FP16 && __builtin_cpu_supports("avx512fp16");
   const int want = fp16 ? 3 : z ? 2 : avx2;
   TC_ASSERT_EQ(simd_present(), want);
   printf("# 16-bit kernels: %s%s\n", tier_name[want],

@@ -613,7 +613,7 @@ int tc__cpu_open(const tc_backend_init_args_t *a, tc_tp_choice_t choice, int chi
     rc = TC_ERR_NOMEM;
     goto fail;
   }
-  c->inline_max = (size_t)tc__setting_double(TC_SET_CPU_INLINE_BYTES);
+  c->inline_max = (size_t)tc__setting_bytes(TC_SET_CPU_INLINE_BYTES);
   if (c->size > 1) {
     tc_tp_args_t ta = {.host = a->host, .store = a->store, .comm_name = cname,
                        .rank = c->rank, .size = c->size,
@@ -627,12 +627,12 @@ int tc__cpu_open(const tc_backend_init_args_t *a, tc_tp_choice_t choice, int chi
     c->shm = tc__shm_of(c->tp_ops, c->tp);
     if (c->shm) tc__shm_areas(c->shm, &c->areas);
     c->slot_k1 = 0;
-    c->small_ar = (size_t)tc__setting_double(TC_SET_CPU_SHM_SMALL_BYTES);
+    c->small_ar = (size_t)tc__setting_bytes(TC_SET_CPU_SHM_SMALL_BYTES);
     /* off by default: on the machine we measure on, broadcast, all_gather
      * and all_to_all through the slots and halves (two copies, in cache)
      * beat process_vm_readv (one copy, pages pinned per call) 1.3-4x at 2
      * ranks from 16 KiB to 16 MiB, and mostly at 4 (docs/benchmarks.md) */
-    size_t cma_bytes = (size_t)tc__setting_double(TC_SET_CPU_CMA_BYTES);
+    size_t cma_bytes = (size_t)tc__setting_bytes(TC_SET_CPU_CMA_BYTES);
     c->cma_min = c->shm && tc__shm_cma(c->shm) && cma_bytes > 0 ? cma_bytes : SIZE_MAX;
   }
   if (!child && c->tp_ops) {
