@@ -704,9 +704,9 @@ TC__GEN_VEC_OPS(tc__z, TC__AVX512, 32, FLOAT16, TC__Y32_H, TC__Y64_H)
  * operand or result (MIN, MAX: vminph returns the second operand when the
  * first is NaN) has a NaN lane is recomputed by the AVX-512 step above
  * (TC__Y32_H), whose NaN rules are tc__f2h's. tcreduce_bench f16 reduce3 at
- * 8 KiB on a Xeon with AVX512_FP16 (2 vCPUs): 8.5-15.4 GB/s on the AVX-512
- * float16 step, 41-63 on this one in launches of a noisy host (the bare vaddph loop, tcf16_probe
- * ph-add, about float32's rate). */
+ * 8 KiB on a Xeon with AVX512_FP16 (2 vCPUs, noisy): 8.5-15.4 GB/s on the
+ * AVX-512 float16 step, 41-63 on this one (the bare vaddph loop,
+ * tcf16_probe ph-add, about float32's rate). */
 #if TC__CC_AVX512FP16
 #define TC__SIMD16_FP16 1
 #define TC__AVX512FP16                                                         \
