@@ -65,7 +65,7 @@
   X(CPU_CMA, "TORCHCOMMS_CPU_CMA", BOOL, 1, 0, 0, NULL,                                    \
     "single copy with process_vm_readv")                                                 \
   X(CPU_CMA_BYTES, "TORCHCOMMS_CPU_CMA_BYTES", BYTES, 0, 0, 0, NULL,                        \
-    "collectives: single copy from this many bytes (0: never; the same on every rank)")  \
+    "collectives: single copy from this many bytes (0: never; unset: measured at creation; the same on every rank)") \
   X(CPU_INLINE_BYTES, "TORCHCOMMS_CPU_INLINE_BYTES", BYTES, 1 << 20, 0, 0, NULL,            \
     "run operations up to this size on the caller's thread")                             \
   X(CPU_SHM_SMALL_BYTES, "TORCHCOMMS_CPU_SHM_SMALL_BYTES", BYTES, 8 << 10, 0, 0,           \

@@ -407,7 +407,10 @@ static void mix_check(mix_op_t *m, int rank, int n) {
 static void mix_rank(tc_ctx_t *ctx) {
   shm_shared_t *sh = ctx->arg;
   setenv("TORCHCOMMS_SHM_BYTES", "262144", 1); /* 64 KiB halves: many rounds */
-  setenv("TORCHCOMMS_CPU_CMA_BYTES", "16384", 1); /* single copy is off by default */
+  if (sh->flag == 7) /* the choice measured at creation (the default) */
+    unsetenv("TORCHCOMMS_CPU_CMA_BYTES");
+  else /* single copy wherever it can be used */
+    setenv("TORCHCOMMS_CPU_CMA_BYTES", "16384", 1);
   tc_comm_t *c = shm_comm(ctx, sh->name);
   TC_ASSERT(comm_shm(c) != NULL);
   const char *cma_env = getenv("TORCHCOMMS_CPU_CMA");
@@ -454,7 +457,7 @@ static void mix_rank(tc_ctx_t *ctx) {
 
 /* The same mix with single copy (process_vm_readv) turned off: broadcast,
  * all_gather and all_to_all of 16 KiB and more then go through the halves.
- * With it on (TORCHCOMMS_CPU_CMA_BYTES=16K; off by default) the mix checks
+ * With it on (TORCHCOMMS_CPU_CMA_BYTES=16K; unset: measured per host) the mix checks
  * that single copy is in use where the machine allows it. */
 static void mix_rank_nocma(tc_ctx_t *ctx) {
   setenv("TORCHCOMMS_CPU_CMA", "0", 1);
@@ -467,6 +470,66 @@ TC_TEST(shm_mixed_w2) { tc_spawn(2, mix_rank, shared_new("shmmix"), 300); }
 TC_TEST(shm_mixed_w3) { tc_spawn(3, mix_rank, shared_new("shmmix"), 300); }
 TC_TEST(shm_mixed_w4) { tc_spawn(4, mix_rank, shared_new("shmmix"), 300); }
 TC_TEST(shm_mixed_w8) { tc_spawn(8, mix_rank, shared_new("shmmix"), 300); }
+TC_TEST(shm_mixed_auto_w2) {
+  shm_shared_t *sh = shared_new("shmmixa");
+  sh->flag = 7;
+  tc_spawn(2, mix_rank, sh, 300);
+}
+
+/* ---- single copy or the shared segments: measured at creation ---- */
+
+/* Unless TORCHCOMMS_CPU_CMA_BYTES is set, a communicator with no more
+ * ranks than cores times all_gather both ways at creation and takes single
+ * copy from 64 KiB only when it is below 0.9 of the shared segments' time:
+ * the same choice on every rank, from the same (slowest rank's) figures;
+ * the user's collectives keep their numbers from 1 (messages name them). */
+static void cma_auto_rank(tc_ctx_t *ctx) {
+  shm_shared_t *sh = ctx->arg;
+  unsetenv("TORCHCOMMS_CPU_CMA");
+  if (sh->flag == 1) setenv("TORCHCOMMS_CPU_CMA_BYTES", "0", 1);
+  else unsetenv("TORCHCOMMS_CPU_CMA_BYTES");
+  tc_comm_t *c = shm_comm(ctx, sh->name);
+  TC_ASSERT(comm_shm(c) != NULL);
+  tc_comm_t *cs = c;
+  TC_ASSERT_OK(tc__comm_enter(&cs, "cma_auto_rank")); /* the handle's struct */
+  cpu_comm_t *bc = cs->bcomm;
+  const int n = ctx->size;
+  if (!tc__shm_cma(comm_shm(c))) {
+    if (ctx->rank == 0)
+      fprintf(stderr, "  note: process_vm_readv is not allowed here: nothing measured\n");
+    TC_ASSERT_EQ(bc->cma_cal_bytes, 0);
+  } else if (sh->flag == 1 || n > sysconf(_SC_NPROCESSORS_ONLN)) {
+    TC_ASSERT_EQ(bc->cma_cal_bytes, 0); /* set, or more ranks than cores: not measured */
+    TC_ASSERT(bc->cma_min == SIZE_MAX);
+  } else {
+    TC_ASSERT_EQ(bc->cma_cal_bytes, n <= 4 ? CPU_CMA_CAL_BYTES : CPU_CMA_CAL_BYTES / 4);
+    TC_ASSERT(bc->cma_cal_us[0] > 0 && bc->cma_cal_us[1] > 0);
+    int on = bc->cma_cal_us[1] < CPU_CMA_CAL_MARGIN * bc->cma_cal_us[0];
+    TC_ASSERT(bc->cma_min == (on ? (size_t)CPU_CMA_AUTO_BYTES : SIZE_MAX));
+    if (ctx->rank == 0)
+      fprintf(stderr, "  note: single copy %s (all_gather %.1f us, shared segments %.1f us)\n",
+              on ? "on" : "off", bc->cma_cal_us[1], bc->cma_cal_us[0]);
+  }
+  /* every rank's figures and choice are rank 0's */
+  double mine[4] = {bc->cma_cal_us[0], bc->cma_cal_us[1], (double)bc->cma_cal_bytes,
+                    bc->cma_min == SIZE_MAX ? -1.0 : (double)bc->cma_min};
+  double *all = tc_xmalloc(sizeof mine * (size_t)n);
+  TC_ASSERT_OK(tc_all_gather_single(c, all, mine, 4, TC_FLOAT64, NULL, NULL));
+  for (int q = 0; q < n; q++)
+    for (int i = 0; i < 4; i++) TC_ASSERT_DBL_NEAR(all[q * 4 + i], all[i], 0);
+  TC_ASSERT_EQ(bc->coll_seq, 1); /* the all_gather above was collective #1 */
+  free(all);
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(shm_cma_measured_w2) { tc_spawn(2, cma_auto_rank, shared_new("shmcmaa"), 60); }
+TC_TEST(shm_cma_measured_w3) { tc_spawn(3, cma_auto_rank, shared_new("shmcmaa"), 60); }
+TC_TEST(shm_cma_set_not_measured) {
+  shm_shared_t *sh = shared_new("shmcmas");
+  sh->flag = 1;
+  tc_spawn(2, cma_auto_rank, sh, 60);
+}
 
 /* ---- mismatched sizes through the slots are reported, not hung on ---- */
 

@@ -628,12 +628,20 @@ int tc__cpu_open(const tc_backend_init_args_t *a, tc_tp_choice_t choice, int chi
     if (c->shm) tc__shm_areas(c->shm, &c->areas);
     c->slot_k1 = 0;
     c->small_ar = (size_t)tc__setting_bytes(TC_SET_CPU_SHM_SMALL_BYTES);
-    /* off by default: on the machine we measure on, broadcast, all_gather
-     * and all_to_all through the slots and halves (two copies, in cache)
-     * beat process_vm_readv (one copy, pages pinned per call) 1.3-4x at 2
-     * ranks from 16 KiB to 16 MiB, and mostly at 4 (docs/benchmarks.md) */
+    /* single copy (process_vm_readv from the peers' buffers) or two
+     * copies through the shared segments: which is faster depends on the
+     * host (on an AMD one the segments won 1.3-4x at 2 ranks from 16 KiB
+     * to 16 MiB, on an Intel Xeon single copy won 1.2-2x from 64 KiB:
+     * docs/benchmarks.md), so unless set it is measured here, where the
+     * ranks are not more than the cores (else timings say little: off) */
     size_t cma_bytes = (size_t)tc__setting_bytes(TC_SET_CPU_CMA_BYTES);
-    c->cma_min = c->shm && tc__shm_cma(c->shm) && cma_bytes > 0 ? cma_bytes : SIZE_MAX;
+    int can_cma = c->shm && tc__shm_cma(c->shm);
+    c->cma_min = can_cma && cma_bytes > 0 ? cma_bytes : SIZE_MAX;
+    if (can_cma && !tc__setting_is_set(TC_SET_CPU_CMA_BYTES) &&
+        c->size <= sysconf(_SC_NPROCESSORS_ONLN)) {
+      rc = tc__cpu_cma_calibrate(c, err, errlen);
+      if (rc != TC_OK) goto fail;
+    }
   }
   if (!child && c->tp_ops) {
     rc = tc__cpu_hier_setup(c, a, choice, err, errlen);
@@ -797,10 +805,15 @@ static void cpu_describe(void *bc, char *buf, size_t len) {
   char b1[32], b2[32], b3[32], b4[32], b5[32];
   PUT("\nthresholds: caller's thread when idle up to %s",
       cpu_bytes(c->inline_max, b1, sizeof b1));
-  if (c->shm)
+  if (c->shm) {
     PUT("; shm all_reduce through the small slots up to %s; single copy %s%s",
         cpu_bytes(c->small_ar, b2, sizeof b2), c->cma_min == SIZE_MAX ? "off" : "from ",
         c->cma_min == SIZE_MAX ? "" : cpu_bytes(c->cma_min, b3, sizeof b3));
+    if (c->cma_cal_bytes)
+      PUT(" (measured: all_gather of %s per rank %.1f us with it, %.1f us through the "
+          "shared segments)", cpu_bytes(c->cma_cal_bytes, b3, sizeof b3), c->cma_cal_us[1],
+          c->cma_cal_us[0]);
+  }
   if (c->tp_ops)
     PUT("; exchange algorithms: tree or recursive doubling below %s, ring above, "
         "one-round all_gather below %s, all_to_all below %s",

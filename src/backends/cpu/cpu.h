@@ -68,6 +68,19 @@
  * overlap, which measured faster on a 2-core machine than one reader
  * streaming the root's buffer from memory. */
 #define CPU_CMA_MAX_BCAST (1024u * 1024u)
+/* Where single copy measured faster at creation (tc__cpu_cma_calibrate):
+ * from this many bytes. On the Intel Xeon host of 2026-12-02 single copy
+ * won from 64 KiB for all_gather and all_to_all and from 64 KiB to 256 KiB
+ * for broadcast (docs/benchmarks.md, "Single copy chosen per host"). */
+#define CPU_CMA_AUTO_BYTES (64u * 1024u)
+/* ...measured with an all_gather of this many bytes per rank (up to 4 ranks;
+ * a quarter of it above), the best of CPU_CMA_CAL_REPS each way after one
+ * warm-up each; single copy is taken when it is below CPU_CMA_CAL_MARGIN of
+ * the shared segments' time, so that two paths within the noise keep the
+ * shared segments (the faster one on the AMD host, measured) */
+#define CPU_CMA_CAL_BYTES (256u * 1024u)
+#define CPU_CMA_CAL_REPS 3
+#define CPU_CMA_CAL_MARGIN 0.9
 /* ...and above this with more than two ranks: several readers pulling the
  * root's buffer at once lost to the halves' pipeline (4 ranks, 2 cores:
  * 256 KiB 55 vs 30 us, 1 MiB 290 vs 170 us). */
@@ -173,6 +186,12 @@ typedef struct cpu_comm {
   size_t small_ar;    /* TORCHCOMMS_CPU_SHM_SMALL_BYTES */
   size_t inline_max;  /* TORCHCOMMS_CPU_INLINE_BYTES */
   size_t cma_min;     /* TORCHCOMMS_CPU_CMA_BYTES; SIZE_MAX: off */
+  /* the measurement that chose cma_min when that setting is unset
+   * (tc__cpu_cma_calibrate): all_gather of cma_cal_bytes per rank, the
+   * slowest rank's best time in us through the shared segments [0] and
+   * with single copy [1]; cma_cal_bytes 0: not measured */
+  size_t cma_cal_bytes;
+  double cma_cal_us[2];
 
   /* mismatch detection (TORCHCOMMS_CHECK_MISMATCH, default on): every
    * collective's fingerprint is compared with every peer's before a result
@@ -298,6 +317,12 @@ TC_INTERNAL int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op
  * algorithms): one sync point whose slot headers carry every rank's
  * fingerprint, checked before the algorithm runs. */
 TC_INTERNAL int tc__cpu_fast_fpsync(cpu_ctx_t *ctx);
+/* TORCHCOMMS_CPU_CMA_BYTES unset, single copy possible, no more ranks than
+ * cores: times all_gather both ways on every rank (creation, before the
+ * progress thread starts) and sets c->cma_min to CPU_CMA_AUTO_BYTES when
+ * single copy is clearly faster, else leaves it off; the same choice on
+ * every rank (the slowest rank's times decide). */
+TC_INTERNAL int tc__cpu_cma_calibrate(cpu_comm_t *c, char *err, size_t errlen);
 /* Runs or resumes a shared-memory operation (st->kind set). spin >= 0:
  * never sleep; give up with CPU_PENDING at a wait that spun that long;
  * spin < 0: wait until done. */

@@ -45,6 +45,7 @@
  */
 #include "backends/cpu/cpu.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 
@@ -990,4 +991,92 @@ int tc__cpu_fast_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   default:
     return tc__cpu_fail(ctx, TC_ERR_INTERNAL, "internal error: no shared-memory path");
   }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Single copy or the shared segments: measured per host at creation         */
+/* ------------------------------------------------------------------------ */
+
+/* One all_gather of `bytes` per rank (cma 1: single copy; 0: the shared
+ * segments), or, with vals, an all_reduce MAX of two doubles through the
+ * slots; *us: this rank's time. Run like a step of the hierarchy (hier.c):
+ * synchronously, fingerprinted, under the creation's deadline; a failure's
+ * text goes to err. */
+static int cal_op(cpu_comm_t *c, int cma, const char *send, char *recv, tc_block_t *blk,
+                  size_t bytes, double *vals, double deadline, double *us, char *err,
+                  size_t errlen) {
+  tc_backend_op_t op;
+  memset(&op, 0, sizeof op);
+  op.size = sizeof op;
+  op.root = -1;
+  op.type = vals ? TC_OP_ALL_REDUCE : TC_OP_ALL_GATHER_SINGLE;
+  op.kind = tc_backend_op_kind(op.type);
+  op.flags = tc_op_flags(op.type);
+  op.dtype = vals ? TC_FLOAT64 : TC_UINT8;
+  op.redop = TC_OP(TC_MAX);
+  op.count = vals ? 2 : bytes;
+  op.sendbuf = vals ? (const void *)vals : send;
+  op.recvbuf = vals ? (void *)vals : recv;
+  op.recv = vals ? NULL : blk;
+  cpu_ctx_t ctx;
+  tc__cpu_ctx_init(&ctx, c, "creation (timing single copy)");
+  ctx.op = &op;
+  ctx.es = tc__dtype_size(op.dtype);
+  ctx.timeout_s = c->timeout_s;
+  ctx.deadline = deadline;
+  /* numbered apart from the user's collectives (messages name those by
+   * number): 0, the same on every rank */
+  tc__cpu_fingerprint(c, &op, 0, &ctx.fp);
+  c->cma_min = cma ? 1 : SIZE_MAX;
+  cpu_fast_t st;
+  memset(&st, 0, sizeof st);
+  const int want = vals ? CPU_FAST_SMALL : cma ? CPU_FAST_CMA : CPU_FAST_BIG;
+  double t0 = tc__now();
+  int rc = tc__cpu_fast_kind(c, &op, &st) == want
+               ? tc__cpu_fast_run(&ctx, &st, -1.0)
+               : tc__cpu_fail(&ctx, TC_ERR_INTERNAL,
+                              "internal error: path %d instead of %d", st.kind, want);
+  *us = (tc__now() - t0) * 1e6;
+  if (rc != TC_OK) snprintf(err, errlen, "%s", ctx.msg);
+  return rc;
+}
+
+int tc__cpu_cma_calibrate(cpu_comm_t *c, char *err, size_t errlen) {
+  const int n = c->size;
+  const size_t b = n <= 4 ? CPU_CMA_CAL_BYTES : CPU_CMA_CAL_BYTES / 4;
+  char *send = aligned_alloc(4096, b), *recv = aligned_alloc(4096, (size_t)n * b);
+  tc_block_t *blk = malloc((size_t)n * sizeof *blk);
+  int rc = TC_OK;
+  if (!send || !recv || !blk) {
+    snprintf(err, errlen, "out of memory");
+    rc = TC_ERR_NOMEM;
+  }
+  for (int q = 0; q < n && rc == TC_OK; q++) blk[q] = (tc_block_t){recv + (size_t)q * b, b};
+  if (rc == TC_OK) memset(send, c->rank + 1, b);
+  const double deadline = tc__now() + c->timeout_s;
+  double best[2] = {1e30, 1e30}, us;
+  /* interleaved, so that a slow stretch of the machine hits both */
+  for (int i = 0; i <= CPU_CMA_CAL_REPS && rc == TC_OK; i++)
+    for (int cma = 0; cma < 2 && rc == TC_OK; cma++) {
+      rc = cal_op(c, cma, send, recv, blk, b, NULL, deadline, &us, err, errlen);
+      if (rc == TC_OK && i > 0 && us < best[cma]) best[cma] = us;
+    }
+  /* a wrong copy here would be a broken path: say so rather than choose it */
+  for (int q = 0; q < n && rc == TC_OK; q++)
+    if (((unsigned char *)recv)[(size_t)q * b] != (unsigned char)(q + 1) ||
+        ((unsigned char *)recv)[(size_t)q * b + b - 1] != (unsigned char)(q + 1)) {
+      snprintf(err, errlen, "internal error: timing single copy: rank %d's block arrived wrong", q);
+      rc = TC_ERR_INTERNAL;
+    }
+  if (rc == TC_OK) rc = cal_op(c, 0, NULL, NULL, NULL, 0, best, deadline, &us, err, errlen);
+  free(send);
+  free(recv);
+  free(blk);
+  c->cma_min = SIZE_MAX;
+  if (rc != TC_OK) return rc;
+  c->cma_cal_bytes = b;
+  c->cma_cal_us[0] = best[0];
+  c->cma_cal_us[1] = best[1];
+  if (best[1] < CPU_CMA_CAL_MARGIN * best[0]) c->cma_min = CPU_CMA_AUTO_BYTES;
+  return TC_OK;
 }
