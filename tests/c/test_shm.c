@@ -470,11 +470,14 @@ TC_TEST(shm_mixed_w2) { tc_spawn(2, mix_rank, shared_new("shmmix"), 300); }
 TC_TEST(shm_mixed_w3) { tc_spawn(3, mix_rank, shared_new("shmmix"), 300); }
 TC_TEST(shm_mixed_w4) { tc_spawn(4, mix_rank, shared_new("shmmix"), 300); }
 TC_TEST(shm_mixed_w8) { tc_spawn(8, mix_rank, shared_new("shmmix"), 300); }
-TC_TEST(shm_mixed_auto_w2) {
-  shm_shared_t *sh = shared_new("shmmixa");
-  sh->flag = 7;
-  tc_spawn(2, mix_rank, sh, 300);
+/* tc_spawn with the shared block's flag set first. */
+static void spawn_flag(int n, tc_rank_fn fn, const char *stem, int flag, int timeout) {
+  shm_shared_t *sh = shared_new(stem);
+  sh->flag = flag;
+  tc_spawn(n, fn, sh, timeout);
 }
+
+TC_TEST(shm_mixed_auto_w2) { spawn_flag(2, mix_rank, "shmmixa", 7, 300); }
 
 /* ---- single copy or the shared segments: measured at creation ---- */
 
@@ -525,11 +528,7 @@ static void cma_auto_rank(tc_ctx_t *ctx) {
 
 TC_TEST(shm_cma_measured_w2) { tc_spawn(2, cma_auto_rank, shared_new("shmcmaa"), 60); }
 TC_TEST(shm_cma_measured_w3) { tc_spawn(3, cma_auto_rank, shared_new("shmcmaa"), 60); }
-TC_TEST(shm_cma_set_not_measured) {
-  shm_shared_t *sh = shared_new("shmcmas");
-  sh->flag = 1;
-  tc_spawn(2, cma_auto_rank, sh, 60);
-}
+TC_TEST(shm_cma_set_not_measured) { spawn_flag(2, cma_auto_rank, "shmcmas", 1, 60); }
 
 /* ---- mismatched sizes through the slots are reported, not hung on ---- */
 
