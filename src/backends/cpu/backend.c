@@ -632,13 +632,12 @@ int tc__cpu_open(const tc_backend_init_args_t *a, tc_tp_choice_t choice, int chi
      * copies through the shared segments: which is faster depends on the
      * host (on an AMD one the segments won 1.3-4x at 2 ranks from 16 KiB
      * to 16 MiB, on an Intel Xeon single copy won 1.2-2x from 64 KiB:
-     * docs/benchmarks.md), so unless set it is measured here, where the
-     * ranks are not more than the cores (else timings say little: off) */
+     * docs/benchmarks.md), so unless set it is measured here (where the
+     * ranks are not more than the cores, else timings say little: off) */
     size_t cma_bytes = (size_t)tc__setting_bytes(TC_SET_CPU_CMA_BYTES);
     int can_cma = c->shm && tc__shm_cma(c->shm);
     c->cma_min = can_cma && cma_bytes > 0 ? cma_bytes : SIZE_MAX;
-    if (can_cma && !tc__setting_is_set(TC_SET_CPU_CMA_BYTES) &&
-        c->size <= sysconf(_SC_NPROCESSORS_ONLN)) {
+    if (can_cma && !tc__setting_is_set(TC_SET_CPU_CMA_BYTES)) {
       rc = tc__cpu_cma_calibrate(c, err, errlen);
       if (rc != TC_OK) goto fail;
     }

@@ -317,11 +317,12 @@ TC_INTERNAL int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op
  * algorithms): one sync point whose slot headers carry every rank's
  * fingerprint, checked before the algorithm runs. */
 TC_INTERNAL int tc__cpu_fast_fpsync(cpu_ctx_t *ctx);
-/* TORCHCOMMS_CPU_CMA_BYTES unset, single copy possible, no more ranks than
- * cores: times all_gather both ways on every rank (creation, before the
- * progress thread starts) and sets c->cma_min to CPU_CMA_AUTO_BYTES when
- * single copy is clearly faster, else leaves it off; the same choice on
- * every rank (the slowest rank's times decide). */
+/* TORCHCOMMS_CPU_CMA_BYTES unset, single copy possible: unless some rank
+ * counts more ranks than cores (a vote, the first operation), times
+ * all_gather both ways on every rank (creation, before the progress thread
+ * starts) and sets c->cma_min to CPU_CMA_AUTO_BYTES when single copy is
+ * clearly faster, else leaves it off; the same choice on every rank (the
+ * slowest rank's times decide). */
 TC_INTERNAL int tc__cpu_cma_calibrate(cpu_comm_t *c, char *err, size_t errlen);
 /* Runs or resumes a shared-memory operation (st->kind set). spin >= 0:
  * never sleep; give up with CPU_PENDING at a wait that spun that long;
