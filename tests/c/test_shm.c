@@ -530,6 +530,56 @@ TC_TEST(shm_cma_measured_w2) { tc_spawn(2, cma_auto_rank, shared_new("shmcmaa"),
 TC_TEST(shm_cma_measured_w3) { tc_spawn(3, cma_auto_rank, shared_new("shmcmaa"), 60); }
 TC_TEST(shm_cma_set_not_measured) { spawn_flag(2, cma_auto_rank, "shmcmas", 1, 60); }
 
+/* The setting must be the same on every rank: when rank 1 sets it and rank
+ * 0 does not, rank 0's creation (timing) meets rank 1's first collective,
+ * and both fail at once with the mismatch named, rather than hanging. */
+static void cma_differs_rank(tc_ctx_t *ctx) {
+  setenv("TORCHCOMMS_CPU_TRANSPORT", "shm", 1);
+  /* the hang board's setup after init waits up to 10 s for a late rank
+   * (rank 0, still timing): not what is tested here */
+  setenv("TORCHCOMMS_HANG_REPORT_BOARD", "0", 1);
+  unsetenv("TORCHCOMMS_CPU_CMA");
+  if (ctx->rank == 1) setenv("TORCHCOMMS_CPU_CMA_BYTES", "0", 1);
+  else unsetenv("TORCHCOMMS_CPU_CMA_BYTES");
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  o.rank = ctx->rank;
+  o.world_size = ctx->size;
+  o.name = "cmadiff";
+  o.store = tc_ctx_store(ctx);
+  o.timeout_s = 30;
+  tc_comm_t *c = NULL;
+  double t0 = tc__now();
+  int rc = tc_comm_create("cpu", "cpu", &o, &c);
+  if (getenv("TC_TEST_VERBOSE")) fprintf(stderr, "  rank %d: created %.3f s\n", ctx->rank, tc__now() - t0);
+  tc_store_release(o.store);
+  if (ctx->rank == 0) {
+    if (getenv("TC_TEST_VERBOSE")) fprintf(stderr, "  rank 0: %s\n", tc_last_error());
+    TC_ASSERT_EQ(rc, TC_ERR_PROTOCOL);
+    TC_ASSERT_CONTAINS(tc_last_error(), "timing single copy at creation: mismatched collectives");
+    TC_ASSERT_CONTAINS(tc_last_error(), "(TORCHCOMMS_CPU_CMA_BYTES set on some ranks only?");
+  } else {
+    TC_ASSERT_OK(rc);
+    float x = 1;
+    rc = tc_all_reduce(c, &x, 1, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL);
+    if (getenv("TC_TEST_VERBOSE")) fprintf(stderr, "  rank 1: all_reduce %.3f s: %s\n", tc__now() - t0, tc_last_error());
+    TC_ASSERT_EQ(rc, TC_ERR_PROTOCOL);
+    TC_ASSERT_CONTAINS(tc_last_error(), "mismatched collectives: rank 0 calls all_reduce #0");
+    TC_ASSERT_CONTAINS(tc_last_error(), "rank 1 calls all_reduce #1 of 1 float32");
+    tc_comm_abort(c);
+    tc_comm_destroy(c);
+  }
+  if (getenv("TC_TEST_VERBOSE")) fprintf(stderr, "  rank %d: %.3f s\n", ctx->rank, tc__now() - t0);
+  TC_ASSERT(tc__now() - t0 < 10); /* at once, not at the 30 s deadline */
+}
+
+TC_TEST(shm_cma_setting_differs_fails) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+    fprintf(stderr, "  note: one core: nothing is timed, nothing to differ\n");
+    return;
+  }
+  tc_spawn(2, cma_differs_rank, NULL, 60);
+}
+
 /* ---- mismatched sizes through the slots are reported, not hung on ---- */
 
 static void mismatch_rank(tc_ctx_t *ctx) {

@@ -1020,7 +1020,7 @@ static int cal_op(cpu_comm_t *c, int cma, const char *send, char *recv, tc_block
   op.recvbuf = vals ? (void *)vals : recv;
   op.recv = vals ? NULL : blk;
   cpu_ctx_t ctx;
-  tc__cpu_ctx_init(&ctx, c, "creation (timing single copy)");
+  tc__cpu_ctx_init(&ctx, c, "tc_comm_create");
   ctx.op = &op;
   ctx.es = tc__dtype_size(op.dtype);
   ctx.timeout_s = c->timeout_s;
@@ -1038,7 +1038,13 @@ static int cal_op(cpu_comm_t *c, int cma, const char *send, char *recv, tc_block
                : tc__cpu_fail(&ctx, TC_ERR_INTERNAL,
                               "internal error: path %d instead of %d", st.kind, want);
   *us = (tc__now() - t0) * 1e6;
-  if (rc != TC_OK) snprintf(err, errlen, "%s", ctx.msg);
+  if (rc != TC_OK) { /* the caller words the start ("tc_comm_create on ...") */
+    const char *t = strncmp(ctx.msg, "torchcomms: ", 12) ? NULL : strstr(ctx.msg, "): ");
+    snprintf(err, errlen, "timing single copy at creation: %s%s", t ? t + 3 : ctx.msg,
+             rc == TC_ERR_PROTOCOL ? " (TORCHCOMMS_CPU_CMA_BYTES set on some ranks only? "
+                                     "unset, every rank times it here)"
+                                   : "");
+  }
   return rc;
 }
 
