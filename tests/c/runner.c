@@ -3,8 +3,12 @@
 #include "runner.h"
 
 #include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -247,6 +251,37 @@ tc_comm_t *tc_ctx_comm(tc_ctx_t *ctx, const char *name,
   TC_ASSERT_OK(tc_comm_create("cpu", "cpu", &o, &c));
   if (s) tc_store_release(s); /* the communicator holds its own reference */
   return c;
+}
+
+int tc_free_port(void) {
+  int lo = 32768, hi = 60999;
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (f) {
+    if (fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768;
+    fclose(f);
+  }
+  const int base = 10000;
+  unsigned seed = (unsigned)getpid() * 2654435761u ^ (unsigned)(tc__now() * 1e6);
+  for (int i = 0; i < 1000; i++) {
+    int port = 0;
+    if (lo - base >= 1000) {
+      seed = seed * 1103515245u + 12345u;
+      port = base + (int)((seed >> 8) % (unsigned)(lo - base));
+    }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    TC_ASSERT(fd >= 0);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t al = sizeof a;
+    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+             getsockname(fd, (struct sockaddr *)&a, &al) == 0;
+    close(fd);
+    if (ok) return ntohs(a.sin_port); /* port 0 (no room below the range): the kernel's */
+  }
+  tc_test_fail(__FILE__, __LINE__, "no free TCP port found below %d", lo);
+  return -1;
 }
 
 /* ---- data ---- */

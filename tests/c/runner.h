@@ -113,6 +113,13 @@ void tc_spawn_status(int n, tc_rank_fn fn, void *arg, double timeout_s,
                      int *statuses);
 /* A store client for this rank (connected to the test's server). */
 tc_store_t *tc_ctx_store(tc_ctx_t *ctx);
+/* A TCP port nothing listens on or is bound to, for a test's store server
+ * (MASTER_PORT, tcrun --port): below the kernel's ephemeral range
+ * (ip_local_port_range), where no outgoing connection takes its local
+ * port between this call and the server's listen, as one did with a port
+ * read back from bind(0) ("Address already in use"); checked free on
+ * 0.0.0.0 (the default store listens there). */
+int tc_free_port(void);
 /* A communicator on backend "cpu" named `name` for this rank; opts may be
  * NULL (its rank, world_size and store are filled in). Asserts success. */
 tc_comm_t *tc_ctx_comm(tc_ctx_t *ctx, const char *name, tc_comm_options_t *opts);

@@ -490,20 +490,9 @@ TC_TEST(store_server_stop_with_connected_clients) {
   tc_store_release(s);
 }
 
-/* A port on 127.0.0.1 with nothing listening (bound, then closed). */
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  TC_ASSERT(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
-  socklen_t l = sizeof a;
-  getsockname(fd, (struct sockaddr *)&a, &l);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 TC_TEST(store_tcp_connect_timeout_and_retry) {
-  int port = free_port();
+  int port = tc_free_port();
   tc_store_t *s = NULL;
   double t0 = tc__now();
   TC_ASSERT_ERR(tc_store_tcp_connect("127.0.0.1", port, 0.5, &s),

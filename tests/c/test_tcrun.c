@@ -611,17 +611,6 @@ TC_TEST(tcrun_help_and_bad_usage) {
   }
 }
 
-/* A free TCP port on 127.0.0.1 (bound, read back, released). */
-static int tcrun_free_port(void) {
-  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t alen = sizeof a;
-  TC_ASSERT(bind(s, (struct sockaddr *)&a, sizeof a) == 0);
-  TC_ASSERT(getsockname(s, (struct sockaddr *)&a, &alen) == 0);
-  close(s);
-  return ntohs(a.sin_port);
-}
 
 #define TCRUN_ENV_LINE                                                         \
   "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK "        \
@@ -633,7 +622,7 @@ static int tcrun_free_port(void) {
  * with nproc (node 0, node 1) ranks per node. Node 1 is started first: it
  * waits for node 0's store. */
 static void tcrun_two_nodes(int n0, int n1) {
-  int port = tcrun_free_port();
+  int port = tc_free_port();
   char portarg[32], n0arg[16], n1arg[16];
   snprintf(portarg, sizeof portarg, "--port=%d", port);
   snprintf(n0arg, sizeof n0arg, "-n%d", n0);
@@ -683,7 +672,7 @@ TC_TEST(tcrun_two_nodes_on_loopback) {
 /* A C program's ranks of both nodes form one communicator through node 0's
  * store: the quick start's all_reduce of rank + 1 over 2 + 1 ranks. */
 TC_TEST(tcrun_two_nodes_one_communicator) {
-  int port = tcrun_free_port();
+  int port = tc_free_port();
   char portarg[32];
   snprintf(portarg, sizeof portarg, "--port=%d", port);
   tcrun_proc_t p0, p1;
@@ -732,7 +721,7 @@ TC_TEST(tcrun_node_takes_a_shorter_run_id_whole) {
 /* Joining fails with a clear message and status 1: node 0's store never
  * comes (join timeout), or two tcruns claim the same node rank. */
 TC_TEST(tcrun_two_nodes_join_failures) {
-  int port = tcrun_free_port();
+  int port = tc_free_port();
   char portarg[32];
   snprintf(portarg, sizeof portarg, "--port=%d", port);
   tcrun_proc_t p;
