@@ -254,10 +254,10 @@ tc_comm_t *tc_ctx_comm(tc_ctx_t *ctx, const char *name,
 }
 
 int tc_free_port(void) {
-  int lo = 32768, hi = 60999;
+  int lo = 32768; /* the range's first port; Linux's default */
   FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
   if (f) {
-    if (fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768;
+    if (fscanf(f, "%d", &lo) != 1) lo = 32768;
     fclose(f);
   }
   const int base = 10000;

@@ -490,7 +490,6 @@ TC_TEST(store_server_stop_with_connected_clients) {
   tc_store_release(s);
 }
 
-
 TC_TEST(store_tcp_connect_timeout_and_retry) {
   int port = tc_free_port();
   tc_store_t *s = NULL;

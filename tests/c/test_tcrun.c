@@ -611,7 +611,6 @@ TC_TEST(tcrun_help_and_bad_usage) {
   }
 }
 
-
 #define TCRUN_ENV_LINE                                                         \
   "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK "        \
   "$GROUP_WORLD_SIZE $ROLE_RANK $ROLE_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "   \

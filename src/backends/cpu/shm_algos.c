@@ -1028,7 +1028,7 @@ static int cal_op(cpu_comm_t *c, int cma, const char *send, char *recv, tc_block
   /* numbered apart from the user's collectives (messages name those by
    * number): 0, the same on every rank */
   tc__cpu_fingerprint(c, &op, 0, &ctx.fp);
-  c->cma_min = cma ? 1 : SIZE_MAX;
+  if (!vals) c->cma_min = cma ? 1 : SIZE_MAX; /* the path fast_kind picks */
   cpu_fast_t st;
   memset(&st, 0, sizeof st);
   const int want = vals ? CPU_FAST_SMALL : cma ? CPU_FAST_CMA : CPU_FAST_BIG;
@@ -1055,8 +1055,7 @@ int tc__cpu_cma_calibrate(cpu_comm_t *c, char *err, size_t errlen) {
   /* more ranks than cores on any rank's count (the same host: the same
    * count, unless a container shows each its own): nobody measures */
   TC_CHECK(cal_op(c, 0, NULL, NULL, NULL, 0, vote, deadline, &us, err, errlen));
-  c->cma_min = SIZE_MAX;
-  if (vote[0] > 0) return TC_OK;
+  if (vote[0] > 0) return TC_OK; /* cma_min stays off */
   const size_t b = n <= 4 ? CPU_CMA_CAL_BYTES : CPU_CMA_CAL_BYTES / 4;
   char *send = aligned_alloc(4096, b), *recv = aligned_alloc(4096, (size_t)n * b);
   tc_block_t *blk = malloc((size_t)n * sizeof *blk);
