@@ -85,6 +85,15 @@
  * root's buffer at once lost to the halves' pipeline (4 ranks, 2 cores:
  * 256 KiB 55 vs 30 us, 1 MiB 290 vs 170 us). */
 #define CPU_CMA_MAX_BCAST_MANY (64u * 1024u)
+/* ...and all_gather* and all_to_all_single only while what one rank reads
+ * of one peer is below this: larger blocks go through the halves, whose
+ * copies out use streaming stores from CPU_STREAM_COPY_BYTES (the kernel's
+ * copy for process_vm_readv reads every line it writes). 2 ranks, Intel
+ * Xeon, 3 interleaved launches each, us: all_gather of 64 MiB 15457-18153
+ * single copy -> 12453-13422 halves, all_to_all 16113-17802 -> 12357-13408;
+ * 16 MiB (8 MiB blocks) the same both ways (docs/benchmarks.md, "Single
+ * copy chosen per host"). */
+#define CPU_CMA_MAX_BLOCK CPU_STREAM_COPY_BYTES
 /* ...run on the caller's thread when the communicator is idle up to this
  * many bytes (larger ones are handed to the thread at once, so that an
  * asynchronous call returns at once); TORCHCOMMS_CPU_INLINE_BYTES

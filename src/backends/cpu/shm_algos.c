@@ -318,8 +318,9 @@ static int fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, int fam, si
   if (!c->shm || c->size < 2) return 0;
   if (b == SIZE_MAX || (b == 0 && op->kind != TC_KIND_BARRIER)) return 0;
   size_t bcast_max = c->size > 2 ? CPU_CMA_MAX_BCAST_MANY : CPU_CMA_MAX_BCAST;
+  size_t blk = fam == FAM_A2A ? op->count * es : b; /* what one peer reads of one rank */
   if ((fam == FAM_AG || fam == FAM_A2A || (fam == FAM_BCAST && b <= bcast_max)) &&
-      b >= c->cma_min)
+      b >= c->cma_min && blk < CPU_CMA_MAX_BLOCK)
     return CPU_FAST_CMA;
   if (b + FP_HDR <= c->areas.slot_bytes && (fam != FAM_AR || b <= c->small_ar) &&
       (fam != FAM_BCAST ||
