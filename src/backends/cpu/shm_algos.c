@@ -910,7 +910,9 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
  * root's buffer; the own block of the output; the send buffer); each reader
  * copies what it needs from there into its output; sync k+1 says "done
  * reading": only after every peer posted it may a rank return, because
- * until then its buffers are being read. */
+ * until then its buffers are being read. Taken from c->cma_min bytes,
+ * broadcasts up to CPU_CMA_MAX_BCAST(_MANY), all_gather / all_to_all blocks
+ * below CPU_CMA_MAX_BLOCK (fast_kind). */
 static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   cpu_comm_t *c = ctx->c;
   tc_shm_t *s = c->shm;
