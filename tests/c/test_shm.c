@@ -482,9 +482,10 @@ TC_TEST(shm_mixed_auto_w2) { spawn_flag(2, mix_rank, "shmmixa", 7, 300); }
 /* ---- single copy or the shared segments: measured at creation ---- */
 
 /* Unless TORCHCOMMS_CPU_CMA_BYTES is set, a communicator with no more
- * ranks than cores times all_gather both ways at creation and takes single
- * copy from 64 KiB only when it is below 0.9 of the shared segments' time:
- * the same choice on every rank, from the same (slowest rank's) figures;
+ * than CPU_CMA_CAL_OVERSUB ranks per core times all_gather and
+ * all_to_all_single both ways at creation and takes single copy from
+ * 64 KiB for each only when it is below 0.9 of the shared segments' time:
+ * the same choices on every rank, from the same (slowest rank's) figures;
  * the user's collectives keep their numbers from 1 (messages name them). */
 static void cma_auto_rank(tc_ctx_t *ctx) {
   shm_shared_t *sh = ctx->arg;
@@ -501,25 +502,32 @@ static void cma_auto_rank(tc_ctx_t *ctx) {
     if (ctx->rank == 0)
       fprintf(stderr, "  note: process_vm_readv is not allowed here: nothing measured\n");
     TC_ASSERT_EQ(bc->cma_cal_bytes, 0);
-  } else if (sh->flag == 1 || n > sysconf(_SC_NPROCESSORS_ONLN)) {
-    TC_ASSERT_EQ(bc->cma_cal_bytes, 0); /* set, or more ranks than cores: not measured */
-    TC_ASSERT(bc->cma_min == SIZE_MAX);
+  } else if (sh->flag == 1 || n > CPU_CMA_CAL_OVERSUB * sysconf(_SC_NPROCESSORS_ONLN)) {
+    TC_ASSERT_EQ(bc->cma_cal_bytes, 0); /* set, or too many ranks per core: not measured */
+    TC_ASSERT(bc->cma_min == SIZE_MAX && bc->cma_min_a2a == SIZE_MAX);
   } else {
     TC_ASSERT_EQ(bc->cma_cal_bytes, n <= 4 ? CPU_CMA_CAL_BYTES : CPU_CMA_CAL_BYTES / 4);
     TC_ASSERT(bc->cma_cal_us[0] > 0 && bc->cma_cal_us[1] > 0);
+    TC_ASSERT(bc->cma_cal_a2a_us[0] > 0 && bc->cma_cal_a2a_us[1] > 0);
     int on = bc->cma_cal_us[1] < CPU_CMA_CAL_MARGIN * bc->cma_cal_us[0];
+    int on_a2a = bc->cma_cal_a2a_us[1] < CPU_CMA_CAL_MARGIN * bc->cma_cal_a2a_us[0];
     TC_ASSERT(bc->cma_min == (on ? (size_t)CPU_CMA_AUTO_BYTES : SIZE_MAX));
+    TC_ASSERT(bc->cma_min_a2a == (on_a2a ? (size_t)CPU_CMA_AUTO_BYTES : SIZE_MAX));
     if (ctx->rank == 0)
-      fprintf(stderr, "  note: single copy %s (all_gather %.1f us, shared segments %.1f us)\n",
-              on ? "on" : "off", bc->cma_cal_us[1], bc->cma_cal_us[0]);
+      fprintf(stderr, "  note: %d ranks: single copy %s for all_gather (%.1f us, shared "
+              "segments %.1f us), %s for all_to_all (%.1f us against %.1f us)\n", n,
+              on ? "on" : "off", bc->cma_cal_us[1], bc->cma_cal_us[0], on_a2a ? "on" : "off",
+              bc->cma_cal_a2a_us[1], bc->cma_cal_a2a_us[0]);
   }
-  /* every rank's figures and choice are rank 0's */
-  double mine[4] = {bc->cma_cal_us[0], bc->cma_cal_us[1], (double)bc->cma_cal_bytes,
-                    bc->cma_min == SIZE_MAX ? -1.0 : (double)bc->cma_min};
+  /* every rank's figures and choices are rank 0's */
+  double mine[7] = {bc->cma_cal_us[0], bc->cma_cal_us[1], bc->cma_cal_a2a_us[0],
+                    bc->cma_cal_a2a_us[1], (double)bc->cma_cal_bytes,
+                    bc->cma_min == SIZE_MAX ? -1.0 : (double)bc->cma_min,
+                    bc->cma_min_a2a == SIZE_MAX ? -1.0 : (double)bc->cma_min_a2a};
   double *all = tc_xmalloc(sizeof mine * (size_t)n);
-  TC_ASSERT_OK(tc_all_gather_single(c, all, mine, 4, TC_FLOAT64, NULL, NULL));
+  TC_ASSERT_OK(tc_all_gather_single(c, all, mine, 7, TC_FLOAT64, NULL, NULL));
   for (int q = 0; q < n; q++)
-    for (int i = 0; i < 4; i++) TC_ASSERT_DBL_NEAR(all[q * 4 + i], all[i], 0);
+    for (int i = 0; i < 7; i++) TC_ASSERT_DBL_NEAR(all[q * 7 + i], all[i], 0);
   TC_ASSERT_EQ(bc->coll_seq, 1); /* the all_gather above was collective #1 */
   free(all);
   TC_ASSERT_OK(tc_comm_finalize(c));
@@ -528,6 +536,7 @@ static void cma_auto_rank(tc_ctx_t *ctx) {
 
 TC_TEST(shm_cma_measured_w2) { tc_spawn(2, cma_auto_rank, shared_new("shmcmaa"), 60); }
 TC_TEST(shm_cma_measured_w3) { tc_spawn(3, cma_auto_rank, shared_new("shmcmaa"), 60); }
+TC_TEST(shm_cma_measured_w5) { tc_spawn(5, cma_auto_rank, shared_new("shmcmaa"), 60); }
 TC_TEST(shm_cma_set_not_measured) { spawn_flag(2, cma_auto_rank, "shmcmas", 1, 60); }
 
 /* The setting must be the same on every rank: when rank 1 sets it and rank

@@ -637,6 +637,7 @@ int tc__cpu_open(const tc_backend_init_args_t *a, tc_tp_choice_t choice, int chi
     size_t cma_bytes = (size_t)tc__setting_bytes(TC_SET_CPU_CMA_BYTES);
     int can_cma = c->shm && tc__shm_cma(c->shm);
     c->cma_min = can_cma && cma_bytes > 0 ? cma_bytes : SIZE_MAX;
+    c->cma_min_a2a = c->cma_min;
     if (can_cma && !tc__setting_is_set(TC_SET_CPU_CMA_BYTES)) {
       rc = tc__cpu_cma_calibrate(c, err, errlen);
       if (rc != TC_OK) goto fail;
@@ -808,10 +809,14 @@ static void cpu_describe(void *bc, char *buf, size_t len) {
     PUT("; shm all_reduce through the small slots up to %s; single copy %s%s",
         cpu_bytes(c->small_ar, b2, sizeof b2), c->cma_min == SIZE_MAX ? "off" : "from ",
         c->cma_min == SIZE_MAX ? "" : cpu_bytes(c->cma_min, b3, sizeof b3));
+    if (c->cma_min_a2a != c->cma_min)
+      PUT(", for all_to_all %s%s", c->cma_min_a2a == SIZE_MAX ? "off" : "from ",
+          c->cma_min_a2a == SIZE_MAX ? "" : cpu_bytes(c->cma_min_a2a, b3, sizeof b3));
     if (c->cma_cal_bytes)
       PUT(" (measured: all_gather of %s per rank %.1f us with it, %.1f us through the "
-          "shared segments)", cpu_bytes(c->cma_cal_bytes, b3, sizeof b3), c->cma_cal_us[1],
-          c->cma_cal_us[0]);
+          "shared segments; all_to_all %.1f us with it, %.1f us through them)",
+          cpu_bytes(c->cma_cal_bytes, b3, sizeof b3), c->cma_cal_us[1], c->cma_cal_us[0],
+          c->cma_cal_a2a_us[1], c->cma_cal_a2a_us[0]);
   }
   if (c->tp_ops)
     PUT("; exchange algorithms: tree or recursive doubling below %s, ring above, "

@@ -81,6 +81,14 @@
 #define CPU_CMA_CAL_BYTES (256u * 1024u)
 #define CPU_CMA_CAL_REPS 3
 #define CPU_CMA_CAL_MARGIN 0.9
+/* ...unless some rank counts more than this many ranks per core: beyond
+ * it the timings are mostly time slices. Up to it they still tell the two
+ * ways apart where it matters: 4 ranks on the 2-core Intel Xeon host,
+ * 3 launches each way, us: all_to_all 256 KiB 54-94 single copy against
+ * 88-110, 4 MiB 1323-1345 against 1546-1641, 16 MiB 7310-8246 against
+ * 9089-9929 (one block per reader); all_gather 256 KiB 106-520 against
+ * 54-62 (three readers pin the same pages of one block at once). */
+#define CPU_CMA_CAL_OVERSUB 2
 /* ...and above this with more than two ranks: several readers pulling the
  * root's buffer at once lost to the halves' pipeline (4 ranks, 2 cores:
  * 256 KiB 55 vs 30 us, 1 MiB 290 vs 170 us). */
@@ -195,12 +203,15 @@ typedef struct cpu_comm {
   size_t small_ar;    /* TORCHCOMMS_CPU_SHM_SMALL_BYTES */
   size_t inline_max;  /* TORCHCOMMS_CPU_INLINE_BYTES */
   size_t cma_min;     /* TORCHCOMMS_CPU_CMA_BYTES; SIZE_MAX: off */
-  /* the measurement that chose cma_min when that setting is unset
-   * (tc__cpu_cma_calibrate): all_gather of cma_cal_bytes per rank, the
-   * slowest rank's best time in us through the shared segments [0] and
-   * with single copy [1]; cma_cal_bytes 0: not measured */
+  size_t cma_min_a2a; /* the same for all_to_all_single (measured apart) */
+  /* the measurements that chose them when that setting is unset
+   * (tc__cpu_cma_calibrate): all_gather of cma_cal_bytes per rank and
+   * all_to_all_single of cma_cal_bytes per rank, the slowest rank's best
+   * times in us through the shared segments [0] and with single copy [1];
+   * cma_cal_bytes 0: not measured */
   size_t cma_cal_bytes;
   double cma_cal_us[2];
+  double cma_cal_a2a_us[2];
 
   /* mismatch detection (TORCHCOMMS_CHECK_MISMATCH, default on): every
    * collective's fingerprint is compared with every peer's before a result
@@ -327,11 +338,12 @@ TC_INTERNAL int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op
  * fingerprint, checked before the algorithm runs. */
 TC_INTERNAL int tc__cpu_fast_fpsync(cpu_ctx_t *ctx);
 /* TORCHCOMMS_CPU_CMA_BYTES unset, single copy possible: unless some rank
- * counts more ranks than cores (a vote, the first operation), times
- * all_gather both ways on every rank (creation, before the progress thread
- * starts) and sets c->cma_min to CPU_CMA_AUTO_BYTES when single copy is
- * clearly faster, else leaves it off; the same choice on every rank (the
- * slowest rank's times decide). */
+ * counts more than CPU_CMA_CAL_OVERSUB ranks per core (a vote, the first
+ * operation), times all_gather and all_to_all_single both ways on every
+ * rank (creation, before the progress thread starts) and sets c->cma_min
+ * (all_gather, broadcast) and c->cma_min_a2a to CPU_CMA_AUTO_BYTES where
+ * single copy is clearly faster, else leaves them off; the same choices on
+ * every rank (the slowest rank's times decide). */
 TC_INTERNAL int tc__cpu_cma_calibrate(cpu_comm_t *c, char *err, size_t errlen);
 /* Runs or resumes a shared-memory operation (st->kind set). spin >= 0:
  * never sleep; give up with CPU_PENDING at a wait that spun that long;

@@ -319,8 +319,10 @@ static int fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, int fam, si
   if (b == SIZE_MAX || (b == 0 && op->kind != TC_KIND_BARRIER)) return 0;
   size_t bcast_max = c->size > 2 ? CPU_CMA_MAX_BCAST_MANY : CPU_CMA_MAX_BCAST;
   size_t blk = fam == FAM_A2A ? op->count * es : b; /* what one peer reads of one rank */
-  if ((fam == FAM_AG || fam == FAM_A2A || (fam == FAM_BCAST && b <= bcast_max)) &&
-      b >= c->cma_min && blk < CPU_CMA_MAX_BLOCK)
+  if ((fam == FAM_AG || (fam == FAM_BCAST && b <= bcast_max)) && b >= c->cma_min &&
+      blk < CPU_CMA_MAX_BLOCK)
+    return CPU_FAST_CMA;
+  if (fam == FAM_A2A && b >= c->cma_min_a2a && blk < CPU_CMA_MAX_BLOCK)
     return CPU_FAST_CMA;
   if (b + FP_HDR <= c->areas.slot_bytes && (fam != FAM_AR || b <= c->small_ar) &&
       (fam != FAM_BCAST ||
@@ -1001,27 +1003,27 @@ int tc__cpu_fast_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
 /* Single copy or the shared segments: measured per host at creation         */
 /* ------------------------------------------------------------------------ */
 
-/* One all_gather of `bytes` per rank (cma 1: single copy; 0: the shared
- * segments), or, with vals, an all_reduce MAX of two doubles through the
- * slots; *us: this rank's time. Run like a step of the hierarchy (hier.c):
- * synchronously, fingerprinted, under the creation's deadline; a failure's
- * text goes to err. */
-static int cal_op(cpu_comm_t *c, int cma, const char *send, char *recv, tc_block_t *blk,
-                  size_t bytes, double *vals, double deadline, double *us, char *err,
-                  size_t errlen) {
+/* One all_gather (a2a 0) or all_to_all_single (a2a 1) of `bytes` per rank
+ * (cma 1: single copy; 0: the shared segments), or, with vals, an
+ * all_reduce MAX of nvals doubles through the slots; *us: this rank's time.
+ * Run like a step of the hierarchy (hier.c): synchronously, fingerprinted,
+ * under the creation's deadline; a failure's text goes to err. */
+static int cal_op(cpu_comm_t *c, int a2a, int cma, const char *send, char *recv,
+                  tc_block_t *blk, size_t bytes, double *vals, size_t nvals, double deadline,
+                  double *us, char *err, size_t errlen) {
   tc_backend_op_t op;
   memset(&op, 0, sizeof op);
   op.size = sizeof op;
   op.root = -1;
-  op.type = vals ? TC_OP_ALL_REDUCE : TC_OP_ALL_GATHER_SINGLE;
+  op.type = vals ? TC_OP_ALL_REDUCE : a2a ? TC_OP_ALL_TO_ALL_SINGLE : TC_OP_ALL_GATHER_SINGLE;
   op.kind = tc_backend_op_kind(op.type);
   op.flags = tc_op_flags(op.type);
   op.dtype = vals ? TC_FLOAT64 : TC_UINT8;
   op.redop = TC_OP(TC_MAX);
-  op.count = vals ? 2 : bytes;
+  op.count = vals ? nvals : a2a ? bytes / (size_t)c->size : bytes;
   op.sendbuf = vals ? (const void *)vals : send;
   op.recvbuf = vals ? (void *)vals : recv;
-  op.recv = vals ? NULL : blk;
+  op.recv = vals || a2a ? NULL : blk;
   cpu_ctx_t ctx;
   tc__cpu_ctx_init(&ctx, c, "tc_comm_create");
   ctx.op = &op;
@@ -1031,7 +1033,10 @@ static int cal_op(cpu_comm_t *c, int cma, const char *send, char *recv, tc_block
   /* numbered apart from the user's collectives (messages name those by
    * number): 0, the same on every rank */
   tc__cpu_fingerprint(c, &op, 0, &ctx.fp);
-  if (!vals) c->cma_min = cma ? 1 : SIZE_MAX; /* the path fast_kind picks */
+  if (!vals) { /* the path fast_kind picks */
+    if (a2a) c->cma_min_a2a = cma ? 1 : SIZE_MAX;
+    else c->cma_min = cma ? 1 : SIZE_MAX;
+  }
   cpu_fast_t st;
   memset(&st, 0, sizeof st);
   const int want = vals ? CPU_FAST_SMALL : cma ? CPU_FAST_CMA : CPU_FAST_BIG;
@@ -1051,47 +1056,73 @@ static int cal_op(cpu_comm_t *c, int cma, const char *send, char *recv, tc_block
   return rc;
 }
 
+/* 1 if every block of an all_gather (a2a 0) or all_to_all (a2a 1) of the
+ * calibration arrived as sent: rank q's bytes are q + 1, rank q's block for
+ * rank r (all_to_all) (q + 1) * 16 + r + 1. */
+static int cal_check(const cpu_comm_t *c, int a2a, const unsigned char *recv, size_t b) {
+  const int n = c->size;
+  const size_t per = a2a ? b / (size_t)n : b;
+  for (int q = 0; q < n; q++) {
+    const unsigned char v = (unsigned char)(a2a ? (q + 1) * 16 + c->rank + 1 : q + 1);
+    if (recv[(size_t)q * per] != v || recv[(size_t)q * per + per - 1] != v) return 0;
+  }
+  return 1;
+}
+
 int tc__cpu_cma_calibrate(cpu_comm_t *c, char *err, size_t errlen) {
   const int n = c->size;
   const double deadline = tc__now() + c->timeout_s;
-  double us, vote[2] = {n > sysconf(_SC_NPROCESSORS_ONLN), 0};
-  /* more ranks than cores on any rank's count (the same host: the same
+  double us, vote[2] = {n > CPU_CMA_CAL_OVERSUB * sysconf(_SC_NPROCESSORS_ONLN), 0};
+  /* too many ranks per core on any rank's count (the same host: the same
    * count, unless a container shows each its own): nobody measures */
-  TC_CHECK(cal_op(c, 0, NULL, NULL, NULL, 0, vote, deadline, &us, err, errlen));
-  if (vote[0] > 0) return TC_OK; /* cma_min stays off */
+  TC_CHECK(cal_op(c, 0, 0, NULL, NULL, NULL, 0, vote, 2, deadline, &us, err, errlen));
+  if (vote[0] > 0) return TC_OK; /* both stay off */
+  /* all_gather: b per rank; all_to_all: ba per rank, n blocks of ba / n
+   * (at least b, so that neither fits the small slots) */
   const size_t b = n <= 4 ? CPU_CMA_CAL_BYTES : CPU_CMA_CAL_BYTES / 4;
-  char *send = aligned_alloc(4096, b), *recv = aligned_alloc(4096, (size_t)n * b);
+  const size_t ba = (b + (size_t)n - 1) / (size_t)n * (size_t)n;
+  char *send = aligned_alloc(4096, b), *sa = aligned_alloc(4096, ba),
+       *recv = aligned_alloc(4096, (size_t)n * b);
   tc_block_t *blk = malloc((size_t)n * sizeof *blk);
   int rc = TC_OK;
-  if (!send || !recv || !blk) {
+  if (!send || !sa || !recv || !blk) {
     snprintf(err, errlen, "out of memory");
     rc = TC_ERR_NOMEM;
   }
-  for (int q = 0; q < n && rc == TC_OK; q++) blk[q] = (tc_block_t){recv + (size_t)q * b, b};
+  for (int q = 0; q < n && rc == TC_OK; q++) {
+    blk[q] = (tc_block_t){recv + (size_t)q * b, b};
+    memset(sa + (size_t)q * (ba / (size_t)n), (c->rank + 1) * 16 + q + 1, ba / (size_t)n);
+  }
   if (rc == TC_OK) memset(send, c->rank + 1, b);
-  double best[2] = {1e30, 1e30};
-  /* interleaved, so that a slow stretch of the machine hits both */
+  /* best[a2a * 2 + cma]: all_gather / all_to_all, segments / single copy */
+  double best[4] = {1e30, 1e30, 1e30, 1e30};
+  /* interleaved, so that a slow stretch of the machine hits every way */
   for (int i = 0; i <= CPU_CMA_CAL_REPS && rc == TC_OK; i++)
-    for (int cma = 0; cma < 2 && rc == TC_OK; cma++) {
-      rc = cal_op(c, cma, send, recv, blk, b, NULL, deadline, &us, err, errlen);
-      if (rc == TC_OK && i > 0 && us < best[cma]) best[cma] = us;
+    for (int k = 0; k < 4 && rc == TC_OK; k++) {
+      const int a2a = k / 2, cma = k % 2;
+      rc = cal_op(c, a2a, cma, a2a ? sa : send, recv, blk, a2a ? ba : b, NULL, 0, deadline,
+                  &us, err, errlen);
+      /* a wrong copy here would be a broken path: say so rather than choose it */
+      if (rc == TC_OK && !cal_check(c, a2a, (const unsigned char *)recv, a2a ? ba : b)) {
+        snprintf(err, errlen, "internal error: timing single copy: a block of %s arrived wrong",
+                 a2a ? "all_to_all" : "all_gather");
+        rc = TC_ERR_INTERNAL;
+      }
+      if (rc == TC_OK && i > 0 && us < best[k]) best[k] = us;
     }
-  /* a wrong copy here would be a broken path: say so rather than choose it */
-  for (int q = 0; q < n && rc == TC_OK; q++)
-    if (((unsigned char *)recv)[(size_t)q * b] != (unsigned char)(q + 1) ||
-        ((unsigned char *)recv)[(size_t)q * b + b - 1] != (unsigned char)(q + 1)) {
-      snprintf(err, errlen, "internal error: timing single copy: rank %d's block arrived wrong", q);
-      rc = TC_ERR_INTERNAL;
-    }
-  if (rc == TC_OK) rc = cal_op(c, 0, NULL, NULL, NULL, 0, best, deadline, &us, err, errlen);
+  if (rc == TC_OK) rc = cal_op(c, 0, 0, NULL, NULL, NULL, 0, best, 4, deadline, &us, err, errlen);
   free(send);
+  free(sa);
   free(recv);
   free(blk);
-  c->cma_min = SIZE_MAX;
+  c->cma_min = c->cma_min_a2a = SIZE_MAX;
   if (rc != TC_OK) return rc;
   c->cma_cal_bytes = b;
   c->cma_cal_us[0] = best[0];
   c->cma_cal_us[1] = best[1];
+  c->cma_cal_a2a_us[0] = best[2];
+  c->cma_cal_a2a_us[1] = best[3];
   if (best[1] < CPU_CMA_CAL_MARGIN * best[0]) c->cma_min = CPU_CMA_AUTO_BYTES;
+  if (best[3] < CPU_CMA_CAL_MARGIN * best[2]) c->cma_min_a2a = CPU_CMA_AUTO_BYTES;
   return TC_OK;
 }
