@@ -73,6 +73,14 @@
  * won from 64 KiB for all_gather and all_to_all and from 64 KiB to 256 KiB
  * for broadcast (docs/benchmarks.md, "Single copy chosen per host"). */
 #define CPU_CMA_AUTO_BYTES (64u * 1024u)
+/* ...and all_to_all_single from blocks of this many bytes per peer (64 KiB
+ * per rank at 2 ranks, 128 KiB at 4): smaller blocks are one system call
+ * each for little data. 4 ranks on 2 cores, 3 launches alternating, us:
+ * 64 KiB per rank (16 KiB blocks) 20.5-34.9 single copy against 20.9-23.6
+ * through the segments, 128 KiB 29.4-53.5 against 28.7-39.8, 256 KiB
+ * 49.7-114 against 61.6-71.5 (docs/benchmarks.md, "Single copy chosen per
+ * host"). */
+#define CPU_CMA_AUTO_A2A_BLOCK (32u * 1024u)
 /* ...measured with an all_gather of this many bytes per rank (up to 4 ranks;
  * a quarter of it above), the best of CPU_CMA_CAL_REPS each way after one
  * warm-up each; single copy is taken when it is below CPU_CMA_CAL_MARGIN of
@@ -341,9 +349,10 @@ TC_INTERNAL int tc__cpu_fast_fpsync(cpu_ctx_t *ctx);
  * counts more than CPU_CMA_CAL_OVERSUB ranks per core (a vote, the first
  * operation), times all_gather and all_to_all_single both ways on every
  * rank (creation, before the progress thread starts) and sets c->cma_min
- * (all_gather, broadcast) and c->cma_min_a2a to CPU_CMA_AUTO_BYTES where
- * single copy is clearly faster, else leaves them off; the same choices on
- * every rank (the slowest rank's times decide). */
+ * (all_gather, broadcast) to CPU_CMA_AUTO_BYTES and c->cma_min_a2a to n
+ * blocks of CPU_CMA_AUTO_A2A_BLOCK where single copy is clearly faster,
+ * else leaves them off; the same choices on every rank (the slowest rank's
+ * times decide). */
 TC_INTERNAL int tc__cpu_cma_calibrate(cpu_comm_t *c, char *err, size_t errlen);
 /* Runs or resumes a shared-memory operation (st->kind set). spin >= 0:
  * never sleep; give up with CPU_PENDING at a wait that spun that long;

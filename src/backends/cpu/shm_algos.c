@@ -1123,6 +1123,6 @@ int tc__cpu_cma_calibrate(cpu_comm_t *c, char *err, size_t errlen) {
   c->cma_cal_a2a_us[0] = best[2];
   c->cma_cal_a2a_us[1] = best[3];
   if (best[1] < CPU_CMA_CAL_MARGIN * best[0]) c->cma_min = CPU_CMA_AUTO_BYTES;
-  if (best[3] < CPU_CMA_CAL_MARGIN * best[2]) c->cma_min_a2a = CPU_CMA_AUTO_BYTES;
+  if (best[3] < CPU_CMA_CAL_MARGIN * best[2]) c->cma_min_a2a = (size_t)CPU_CMA_AUTO_A2A_BLOCK * (size_t)n;
   return TC_OK;
 }
