@@ -1081,8 +1081,11 @@ int tc__cpu_cma_calibrate(cpu_comm_t *c, char *err, size_t errlen) {
    * (at least b, so that neither fits the small slots) */
   const size_t b = n <= 4 ? CPU_CMA_CAL_BYTES : CPU_CMA_CAL_BYTES / 4;
   const size_t ba = (b + (size_t)n - 1) / (size_t)n * (size_t)n;
-  char *send = aligned_alloc(4096, b), *sa = aligned_alloc(4096, ba),
-       *recv = aligned_alloc(4096, (size_t)n * b);
+  /* aligned_alloc's size: a multiple of the alignment (C11) */
+#define CAL_PAGES(x) (((x) + 4095) & ~(size_t)4095)
+  char *send = aligned_alloc(4096, CAL_PAGES(b)), *sa = aligned_alloc(4096, CAL_PAGES(ba)),
+       *recv = aligned_alloc(4096, CAL_PAGES((size_t)n * b));
+#undef CAL_PAGES
   tc_block_t *blk = malloc((size_t)n * sizeof *blk);
   int rc = TC_OK;
   if (!send || !sa || !recv || !blk) {
