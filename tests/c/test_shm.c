@@ -485,8 +485,8 @@ TC_TEST(shm_mixed_auto_w2) { spawn_flag(2, mix_rank, "shmmixa", 7, 300); }
  * than CPU_CMA_CAL_OVERSUB ranks per core times all_gather and
  * all_to_all_single both ways at creation and takes single copy (from
  * 64 KiB per rank, all_to_all from 32 KiB blocks) for each only when it is
- * below 0.9 of the shared segments' time:
- * the same choices on every rank, from the same (slowest rank's) figures;
+ * below 0.9 of the shared segments' time: the same choices on every rank,
+ * from the same (slowest rank's) figures;
  * the user's collectives keep their numbers from 1 (messages name them). */
 static void cma_auto_rank(tc_ctx_t *ctx) {
   shm_shared_t *sh = ctx->arg;
@@ -513,7 +513,8 @@ static void cma_auto_rank(tc_ctx_t *ctx) {
     int on = bc->cma_cal_us[1] < CPU_CMA_CAL_MARGIN * bc->cma_cal_us[0];
     int on_a2a = bc->cma_cal_a2a_us[1] < CPU_CMA_CAL_MARGIN * bc->cma_cal_a2a_us[0];
     TC_ASSERT(bc->cma_min == (on ? (size_t)CPU_CMA_AUTO_BYTES : SIZE_MAX));
-    TC_ASSERT(bc->cma_min_a2a == (on_a2a ? (size_t)CPU_CMA_AUTO_A2A_BLOCK * (size_t)n : SIZE_MAX));
+    TC_ASSERT(bc->cma_min_a2a ==
+              (on_a2a ? (size_t)CPU_CMA_AUTO_A2A_BLOCK * (size_t)n : SIZE_MAX));
     if (ctx->rank == 0)
       fprintf(stderr, "  note: %d ranks: single copy %s for all_gather (%.1f us, shared "
               "segments %.1f us), %s for all_to_all (%.1f us against %.1f us)\n", n,

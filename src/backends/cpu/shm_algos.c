@@ -319,10 +319,9 @@ static int fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, int fam, si
   if (b == SIZE_MAX || (b == 0 && op->kind != TC_KIND_BARRIER)) return 0;
   size_t bcast_max = c->size > 2 ? CPU_CMA_MAX_BCAST_MANY : CPU_CMA_MAX_BCAST;
   size_t blk = fam == FAM_A2A ? op->count * es : b; /* what one peer reads of one rank */
-  if ((fam == FAM_AG || (fam == FAM_BCAST && b <= bcast_max)) && b >= c->cma_min &&
-      blk < CPU_CMA_MAX_BLOCK)
-    return CPU_FAST_CMA;
-  if (fam == FAM_A2A && b >= c->cma_min_a2a && blk < CPU_CMA_MAX_BLOCK)
+  size_t cma_min = fam == FAM_A2A ? c->cma_min_a2a : c->cma_min;
+  if ((fam == FAM_AG || fam == FAM_A2A || (fam == FAM_BCAST && b <= bcast_max)) &&
+      b >= cma_min && blk < CPU_CMA_MAX_BLOCK)
     return CPU_FAST_CMA;
   if (b + FP_HDR <= c->areas.slot_bytes && (fam != FAM_AR || b <= c->small_ar) &&
       (fam != FAM_BCAST ||
@@ -1126,6 +1125,7 @@ int tc__cpu_cma_calibrate(cpu_comm_t *c, char *err, size_t errlen) {
   c->cma_cal_a2a_us[0] = best[2];
   c->cma_cal_a2a_us[1] = best[3];
   if (best[1] < CPU_CMA_CAL_MARGIN * best[0]) c->cma_min = CPU_CMA_AUTO_BYTES;
-  if (best[3] < CPU_CMA_CAL_MARGIN * best[2]) c->cma_min_a2a = (size_t)CPU_CMA_AUTO_A2A_BLOCK * (size_t)n;
+  if (best[3] < CPU_CMA_CAL_MARGIN * best[2])
+    c->cma_min_a2a = (size_t)CPU_CMA_AUTO_A2A_BLOCK * (size_t)n;
   return TC_OK;
 }
