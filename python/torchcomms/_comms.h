@@ -216,6 +216,11 @@ typedef struct tcpy_tensor {
   tc_dtype_t dtype;
 } tcpy_tensor_t;
 
+/* How torch.Tensor / nn.Parameter objects on a CPU communicator are read:
+ * "shim" (torch's C shim), "dlpack" (its DLPack exchange table),
+ * "attributes" (their accessors), or "unset" before the first tensor. */
+TCPY_HIDDEN const char *tcpy_tensor_reader(void);
+
 /* Reads and validates a tensor argument; arg names it in messages, idx >= 0
  * appends "[idx]". Returns 0 or -1 with an exception set. */
 TCPY_HIDDEN int tcpy_tensor(const tcpy_device_t *dev, const char *op,

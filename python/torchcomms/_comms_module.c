@@ -352,6 +352,10 @@ PyDoc_STRVAR(tcpy_new_comm_doc,
 "c10d backend names \"gloo\" and \"torchcomms\" select the native \"cpu\"\n"
 "backend (torch.distributed's use_torchcomms path passes them).");
 
+static PyObject *tcpy_tensor_reader_py(PyObject *m, PyObject *u) {
+  return PyUnicode_FromString(tcpy_tensor_reader());
+}
+
 static PyMethodDef tcpy_module_methods[] = {
     {"new_comm", (PyCFunction)(void (*)(void))tcpy_new_comm,
      METH_VARARGS | METH_KEYWORDS, tcpy_new_comm_doc},
@@ -386,6 +390,11 @@ static PyMethodDef tcpy_module_methods[] = {
      "every live communicator of the process (torch's pickled dump) to path "
      "(None: <TORCH_FR_DUMP_TEMP_FILE><global rank>); returns the path "
      "written."},
+    {"_tensor_reader", tcpy_tensor_reader_py, METH_NOARGS,
+     "_tensor_reader() -> str: how torch.Tensor and nn.Parameter arguments "
+     "of CPU communicators are read: 'shim' (torch's C shim functions), "
+     "'dlpack' (torch's DLPack exchange table), 'attributes', or 'unset' "
+     "before the first tensor (docs/python_api.md, \"Reading tensors\")."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -20,15 +20,22 @@
  * this) fills a DLTensor (data, device, dtype, shape, strides) in one C call
  * without Python objects; numel and contiguity (torch's rule: size-1 dims
  * ignored, empty tensors contiguous) are computed from shape and strides.
- * DLPack does not carry torch's negative bit, so is_neg() is still asked,
- * once per tensor object: see "Tensors known not to be negative views".
- * Like upstream torchcomms (pybind11's tensor caster), this read does not
- * pass through __torch_function__ modes. Whatever the table cannot describe
- * (other devices, dtypes, errors) and every refusal go through the generic
- * path, which words the error. */
+ * Fastest, on the torch releases checked (see "torch's C shim" below):
+ * six of torch's own C functions of the tensor's at::Tensor (device,
+ * layout, dtype, contiguity, numel, data pointer), about 120 instructions a
+ * tensor against DLPack's 553, most of which is pybind11 taking the GIL the
+ * caller already holds and a reference count taken and dropped. Neither
+ * carries torch's negative bit, so is_neg() is still asked, once per
+ * tensor object: see "Tensors known not to be negative views". Like
+ * upstream torchcomms (pybind11's tensor caster), this read does not pass
+ * through __torch_function__ modes. Whatever these cannot describe (other
+ * devices, layouts, dtypes, errors) and every refusal go through the
+ * generic path, which words the error. */
 #include "_comms.h"
 
+#include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static PyObject *tcpy_torch;           /* the torch module */
@@ -122,6 +129,185 @@ static int tcpy_dl_dtype(tcpy_dl_dtype_t t) {
   }
 }
 
+/* DLPack's reading of obj: 1 with the data address, element count and our
+ * dtype of a contiguous CPU tensor of a supported dtype, 0 for anything
+ * else (the generic path decides and words the error). Never fails. */
+static int tcpy_read_dl(PyObject *obj, void **ptr, int64_t *numel_out,
+                        int *dt_out) {
+  tcpy_dl_tensor_t d;
+  int dt;
+  if (!tcpy_dl_read) return 0;
+  if (tcpy_dl_read(obj, &d) < 0) {
+    PyErr_Clear();
+    return 0;
+  }
+  if (d.device.device_type != TCPY_KDLCPU || d.ndim < 0 ||
+      (dt = tcpy_dl_dtype(d.dtype)) < 0)
+    return 0;
+  /* numel, and torch's contiguity rule */
+  int64_t numel = 1, expect = 1;
+  int contiguous = 1;
+  for (int32_t k = d.ndim - 1; k >= 0; k--) {
+    int64_t size = d.shape[k];
+    numel *= size;
+    if (size != 1) {
+      if (d.strides[k] != expect) contiguous = 0;
+      expect *= size;
+    }
+  }
+  if (numel == 0) contiguous = 1;
+  if (!contiguous || numel < 0 || (numel && !d.data)) return 0;
+  *ptr = numel ? (char *)d.data + d.byte_offset : d.data;
+  *numel_out = numel;
+  *dt_out = dt;
+  return 1;
+}
+
+/* ---- torch's C shim (see the top of the file) ----
+ * AOTInductor's C ABI (torch/csrc/inductor/aoti_torch/c/shim.h, exported
+ * by libtorch_cpu.so): functions of an AtenTensorHandle, each returning 0
+ * on success; behind the handle is an at::Tensor. A torch.Tensor object
+ * (THPVariable, torch/csrc/autograd/python_variable.h) holds its at::Tensor
+ * right after the object header: the handle is that field's address
+ * (THPVariable_Unpack in C). Neither is part of torch's promises, so this
+ * reading is used only on the torch releases whose headers were checked
+ * (TCPY_AT_TORCH) and only after it read a set of probe tensors exactly
+ * as DLPack does (tcpy_at_init); otherwise DLPack is the fast path. */
+#define TCPY_AT_TORCH "2.13."
+#define TCPY_AT_CODES 64 /* torch's ScalarType codes mapped (< 64) */
+static struct {
+  int state; /* 0 unset, 1 in use, -1 not */
+  int32_t (*device_type)(void *, int32_t *);
+  int32_t (*layout)(void *, int32_t *);
+  int32_t (*dtype)(void *, int32_t *);
+  int32_t (*is_contiguous)(void *, _Bool *);
+  int32_t (*numel)(void *, int64_t *);
+  int32_t (*data_ptr)(void *, void **);
+  int32_t cpu, strided;
+  int8_t ours[TCPY_AT_CODES]; /* torch's dtype code -> our dtype, or -1 */
+} tcpy_at;
+
+/* tcpy_read_dl through the shim. */
+static int tcpy_read_at(PyObject *obj, void **ptr, int64_t *numel, int *dt) {
+  void *h = (char *)obj + sizeof(PyObject); /* &THPVariable::cdata */
+  int32_t v;
+  _Bool contiguous;
+  int64_t n;
+  void *p;
+  if (tcpy_at.device_type(h, &v) || v != tcpy_at.cpu ||
+      tcpy_at.layout(h, &v) || v != tcpy_at.strided || tcpy_at.dtype(h, &v) ||
+      (uint32_t)v >= TCPY_AT_CODES || tcpy_at.ours[v] < 0 ||
+      tcpy_at.is_contiguous(h, &contiguous) || !contiguous ||
+      tcpy_at.numel(h, &n) || n < 0 || tcpy_at.data_ptr(h, &p) || (n && !p))
+    return 0;
+  *ptr = p;
+  *numel = n;
+  *dt = tcpy_at.ours[v];
+  return 1;
+}
+
+/* The shim's and DLPack's readings of probe tensor t agree (the address
+ * where there are elements) and say `expect` (1: read, 0: refused). */
+static int tcpy_at_probe(PyObject *t, int expect) {
+  void *p1 = NULL, *p2 = NULL;
+  int64_t n1 = -1, n2 = -1;
+  int d1 = -1, d2 = -1;
+  if (!t || (!Py_IS_TYPE(t, tcpy_Tensor) && !Py_IS_TYPE(t, tcpy_Parameter)))
+    return 0;
+  int a = tcpy_read_at(t, &p1, &n1, &d1), b = tcpy_read_dl(t, &p2, &n2, &d2);
+  return a == expect && b == expect && (p1 == p2 || !n1) && n1 == n2 &&
+         d1 == d2;
+}
+
+/* Decides whether tcpy_read_c uses the shim. Never fails. */
+static void tcpy_at_init(void) {
+  static const struct { const char *fn; int dt; } codes[] = {
+      {"aoti_torch_dtype_float32", TC_FLOAT32},
+      {"aoti_torch_dtype_float64", TC_FLOAT64},
+      {"aoti_torch_dtype_float16", TC_FLOAT16},
+      {"aoti_torch_dtype_bfloat16", TC_BFLOAT16},
+      {"aoti_torch_dtype_int8", TC_INT8},
+      {"aoti_torch_dtype_uint8", TC_UINT8},
+      {"aoti_torch_dtype_int16", TC_INT16},
+      {"aoti_torch_dtype_int32", TC_INT32},
+      {"aoti_torch_dtype_int64", TC_INT64},
+      {"aoti_torch_dtype_bool", TC_BOOL},
+      {"aoti_torch_dtype_float8_e4m3fn", TC_FLOAT8_E4M3FN},
+      {"aoti_torch_dtype_float8_e5m2", TC_FLOAT8_E5M2},
+  };
+  tcpy_at.state = -1;
+  const char *env = getenv("TORCHCOMMS_PY_TENSOR_SHIM");
+  if ((env && !strcmp(env, "0")) || !tcpy_dl_read ||
+      tcpy_Tensor->tp_basicsize < (Py_ssize_t)(sizeof(PyObject) + sizeof(void *)))
+    return;
+  PyObject *ver = PyObject_GetAttrString(tcpy_torch, "__version__");
+  const char *v = ver && PyUnicode_Check(ver) ? PyUnicode_AsUTF8(ver) : NULL;
+  int known = v && !strncmp(v, TCPY_AT_TORCH, strlen(TCPY_AT_TORCH));
+  Py_XDECREF(ver);
+  PyErr_Clear();
+  void *lib = known ? dlopen("libtorch_cpu.so", RTLD_NOLOAD | RTLD_LAZY) : NULL;
+  if (!lib) return;
+#define TCPY_AT_SYM(field, name)                                               \
+  (*(void **)&tcpy_at.field = dlsym(lib, name))
+  int32_t (*cpu)(void) = NULL, (*strided)(void) = NULL;
+  if (!TCPY_AT_SYM(device_type, "aoti_torch_get_device_type") ||
+      !TCPY_AT_SYM(layout, "aoti_torch_get_layout") ||
+      !TCPY_AT_SYM(dtype, "aoti_torch_get_dtype") ||
+      !TCPY_AT_SYM(is_contiguous, "aoti_torch_is_contiguous") ||
+      !TCPY_AT_SYM(numel, "aoti_torch_get_numel") ||
+      !TCPY_AT_SYM(data_ptr, "aoti_torch_get_data_ptr") ||
+      !(*(void **)&cpu = dlsym(lib, "aoti_torch_device_type_cpu")) ||
+      !(*(void **)&strided = dlsym(lib, "aoti_torch_layout_strided")))
+    return;
+#undef TCPY_AT_SYM
+  tcpy_at.cpu = cpu();
+  tcpy_at.strided = strided();
+  memset(tcpy_at.ours, -1, sizeof tcpy_at.ours);
+  for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
+    int32_t (*f)(void) = NULL;
+    *(void **)&f = dlsym(lib, codes[i].fn);
+    int32_t c = f ? f() : -1;
+    if (c >= 0 && c < TCPY_AT_CODES) tcpy_at.ours[c] = (int8_t)codes[i].dt;
+  }
+  /* the probes: a view at an offset, a 2-d view, its transpose (refused),
+   * an empty tensor, bfloat16, int64, a Parameter */
+  PyObject *base = PyObject_CallMethod(tcpy_torch, "arange", "i", 24);
+  PyObject *f32 = base ? PyObject_CallMethod(base, "float", NULL) : NULL;
+  PyObject *sl = f32 ? PySequence_GetSlice(f32, 5, 17) : NULL;
+  PyObject *m = sl ? PyObject_CallMethod(sl, "view", "ii", 3, 4) : NULL;
+  PyObject *mt = m ? PyObject_CallMethod(m, "t", NULL) : NULL;
+  PyObject *e = base ? PySequence_GetSlice(base, 3, 3) : NULL;
+  PyObject *bf = PyObject_GetAttrString(tcpy_torch, "bfloat16");
+  PyObject *b16 = bf && sl ? PyObject_CallMethod(sl, "to", "O", bf) : NULL;
+  PyObject *par = tcpy_Parameter && f32
+                      ? PyObject_CallFunctionObjArgs((PyObject *)tcpy_Parameter,
+                                                     f32, NULL)
+                      : NULL;
+  tcpy_at.state = 1; /* for the probes */
+  int ok = tcpy_at_probe(base, 1) && tcpy_at_probe(sl, 1) &&
+           tcpy_at_probe(m, 1) && tcpy_at_probe(mt, 0) &&
+           tcpy_at_probe(e, 1) && tcpy_at_probe(b16, 1) &&
+           tcpy_at_probe(par, 1);
+  tcpy_at.state = ok ? 1 : -1;
+  Py_XDECREF(base);
+  Py_XDECREF(f32);
+  Py_XDECREF(sl);
+  Py_XDECREF(m);
+  Py_XDECREF(mt);
+  Py_XDECREF(e);
+  Py_XDECREF(bf);
+  Py_XDECREF(b16);
+  Py_XDECREF(par);
+  PyErr_Clear();
+}
+
+/* A torch.Tensor or nn.Parameter read in C: the shim where it is in use,
+ * else DLPack (tcpy_read_dl). */
+static int tcpy_read_c(PyObject *obj, void **ptr, int64_t *numel, int *dt) {
+  if (tcpy_at.state > 0) return tcpy_read_at(obj, ptr, numel, dt);
+  return tcpy_read_dl(obj, ptr, numel, dt);
+}
+
 /* ---- direct accessors (see the top of the file) ---- */
 
 enum { TCPY_F_DTYPE, TCPY_F_IS_CPU, TCPY_F_IS_CONTIGUOUS, TCPY_F_IS_NEG,
@@ -189,6 +375,12 @@ static void tcpy_fast_init(void) {
 #undef TCPY_METH
   tcpy_fast.state = 1;
   tcpy_dl_init();
+  tcpy_at_init();
+}
+
+const char *tcpy_tensor_reader(void) {
+  if (tcpy_fast.state == 0) return "unset";
+  return tcpy_at.state > 0 ? "shim" : tcpy_dl_read ? "dlpack" : "attributes";
 }
 
 /* 1 if obj's type resolves every accessor to torch.Tensor's descriptors
@@ -405,13 +597,9 @@ static struct {
   PyObject *obj;   /* the tensor's address, for a quick compare */
   void *data;
   int64_t numel;
-  tcpy_dl_dtype_t dtype;
+  int dtype;       /* tc_dtype_t */
 } tcpy_notneg[TCPY_NOTNEG];
 static int tcpy_notneg_next; /* the entry replaced next */
-
-static int tcpy_dl_dtype_eq(tcpy_dl_dtype_t a, tcpy_dl_dtype_t b) {
-  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
-}
 
 /* 1 if entry i's object is obj and alive. */
 static int tcpy_notneg_alive(int i, PyObject *obj) {
@@ -437,10 +625,10 @@ static int tcpy_notneg_find(PyObject *obj) {
 
 /* 1 if obj was seen with this data, count and dtype and was no negative
  * view then. */
-static int tcpy_notneg_known(PyObject *obj, void *data, int64_t numel, tcpy_dl_dtype_t dt) {
+static int tcpy_notneg_known(PyObject *obj, void *data, int64_t numel, int dt) {
   const int i = tcpy_notneg_find(obj);
   return i >= 0 && tcpy_notneg[i].data == data && tcpy_notneg[i].numel == numel &&
-         tcpy_dl_dtype_eq(tcpy_notneg[i].dtype, dt) && tcpy_notneg_alive(i, obj);
+         tcpy_notneg[i].dtype == dt && tcpy_notneg_alive(i, obj);
 }
 
 /* Remembers obj (just asked: no negative view): in its own entry if it has
@@ -449,7 +637,7 @@ static int tcpy_notneg_known(PyObject *obj, void *data, int64_t numel, tcpy_dl_d
  * entry, not one after another, and the live tensors keep theirs), else in
  * the next one. Never fails (a tensor that cannot be weakly referenced is asked
  * every time). */
-static void tcpy_notneg_add(PyObject *obj, void *data, int64_t numel, tcpy_dl_dtype_t dt) {
+static void tcpy_notneg_add(PyObject *obj, void *data, int64_t numel, int dt) {
   int i = tcpy_notneg_find(obj);
   if (i < 0 || !tcpy_notneg_alive(i, obj)) {
     PyObject *ref = PyWeakref_NewRef(obj, NULL);
@@ -480,43 +668,26 @@ int tcpy_tensor(const tcpy_device_t *dev, const char *op, const char *arg,
     return -1;
   }
   int fast = tcpy_fast_ok(obj);
-  if (fast && tcpy_dl_read && dev->is_cpu &&
+  if (fast && dev->is_cpu &&
       (Py_IS_TYPE(obj, tcpy_Tensor) || Py_IS_TYPE(obj, tcpy_Parameter))) {
-    tcpy_dl_tensor_t d;
-    int dt = -1;
-    if (tcpy_dl_read(obj, &d) < 0) PyErr_Clear(); /* the generic path words it */
-    else if (d.device.device_type == TCPY_KDLCPU && d.ndim >= 0 &&
-             (dt = tcpy_dl_dtype(d.dtype)) >= 0) {
-      /* numel, and torch's contiguity rule */
-      int64_t numel = 1, expect = 1;
-      int contiguous = 1;
-      for (int32_t k = d.ndim - 1; k >= 0; k--) {
-        int64_t size = d.shape[k];
-        numel *= size;
-        if (size != 1) {
-          if (d.strides[k] != expect) contiguous = 0;
-          expect *= size;
-        }
+    void *ptr;
+    int64_t numel;
+    int dt, neg = 0;
+    if (tcpy_read_c(obj, &ptr, &numel, &dt)) {
+      if (!tcpy_notneg_known(obj, ptr, numel, dt)) {
+        neg = tcpy_bool_result(tcpy_fast.is_neg(obj, NULL));
+        if (neg < 0) return -1;
+        if (!neg) tcpy_notneg_add(obj, ptr, numel, dt);
       }
-      if (numel == 0) contiguous = 1;
-      if (contiguous && numel >= 0 && (numel == 0 || d.data)) {
-        void *addr = (char *)d.data + d.byte_offset;
-        int neg = 0;
-        if (!tcpy_notneg_known(obj, addr, numel, d.dtype)) {
-          neg = tcpy_bool_result(tcpy_fast.is_neg(obj, NULL));
-          if (neg < 0) return -1;
-          if (!neg) tcpy_notneg_add(obj, addr, numel, d.dtype);
-        }
-        if (!neg) {
-          out->obj = obj;
-          out->ptr = numel ? (char *)d.data + d.byte_offset : d.data;
-          out->numel = (size_t)numel;
-          out->dtype = (tc_dtype_t)dt;
-          return 0;
-        }
+      if (!neg) {
+        out->obj = obj;
+        out->ptr = ptr;
+        out->numel = (size_t)numel;
+        out->dtype = (tc_dtype_t)dt;
+        return 0;
       }
     }
-    /* anything refused: the generic path below raises the error */
+    /* refused, or a negative view: the generic path below words it */
   }
   arg = tcpy_argname(nbuf, sizeof nbuf, arg, idx); /* for the errors below */
   /* dtype */

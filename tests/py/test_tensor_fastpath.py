@@ -1,13 +1,25 @@
 """The per-operation path of the extension (issue 16, point 6): METH_FASTCALL
-argument binding (tcpy_parse) and the tensor reads (torch's DLPack C exchange
-table for torch.Tensor / nn.Parameter, the accessor descriptors' C functions
-for other tensor types). Each case compares with what the generic path
-(attribute lookups) must give: exact values at 1 rank, the same errors."""
+argument binding (tcpy_parse) and the tensor reads (torch's C shim functions,
+else its DLPack C exchange table, for torch.Tensor / nn.Parameter; the
+accessor descriptors' C functions for other tensor types). Each case compares
+with what the generic path (attribute lookups) must give: exact values at 1
+rank, the same errors."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import torchcomms
+import torchcomms._comms as _comms
 from torchcomms import ReduceOp
+
+HERE = pathlib.Path(__file__).resolve().parent
+# the torch releases whose THPVariable layout the shim reading was checked on
+SHIM_TORCH = torch.__version__.startswith("2.13.")
 
 
 @pytest.fixture(scope="module")
@@ -250,3 +262,61 @@ def test_batch_kept_between_issues_follows_every_change(comm):
     for w in works:
         w.wait()
     assert torch.equal(z, torch.arange(4.0) + 11)
+
+
+def test_torch_tensors_are_read_through_the_shim(comm):
+    comm.all_reduce(torch.ones(2))
+    assert _comms._tensor_reader() == ("shim" if SHIM_TORCH else "dlpack")
+
+
+def _run_reads(env=None, code=None):
+    cmd = [sys.executable, "-W", "ignore"]
+    cmd += ["-c", code] if code else [str(HERE / "tensor_reads.py")]
+    r = subprocess.run(cmd, env={**os.environ, **(env or {})},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.strip().splitlines()[-1]
+
+
+def _le_bytes(t):
+    return t.reshape(-1).view(torch.uint8).tolist()
+
+
+def test_shim_and_dlpack_read_every_case_alike():
+    shim = json.loads(_run_reads())
+    dl = json.loads(_run_reads({"TORCHCOMMS_PY_TENSOR_SHIM": "0"}))
+    assert shim["reader"] == ("shim" if SHIM_TORCH else "dlpack")
+    assert dl["reader"] == "dlpack"
+    assert shim["cases"] == dl["cases"]
+    c = shim["cases"]
+    # and right, not only alike
+    assert c["offset-view"] == ["ok", _le_bytes(torch.arange(7.0, 13.0))]
+    assert c["offset-2d"] == ["ok", _le_bytes(torch.arange(6.0, 18.0))]
+    assert c["dtype-torch.bfloat16"] == ["ok", _le_bytes(torch.arange(6).to(torch.bfloat16))]
+    assert c["zero-dim"] == ["ok", _le_bytes(torch.tensor([3.5]))]
+    assert c["empty-offset"] == ["ok", []]
+    grown = torch.full((64,), 7.0)
+    grown[:4] = torch.arange(4.0)
+    assert c["grown"] == ["ok", _le_bytes(grown)]
+    # a lazy clone written by the operation is copied first: the source stays
+    assert c["cow"] == ["ok", _le_bytes(torch.arange(4.0)), [0] * 16]
+    for name in ("transposed", "expanded", "stepped", "channels-last",
+                 "size-1-odd-stride", "sparse"):
+        assert c[name][0] == "ValueError" and "must be contiguous" in c[name][1], name
+    assert c["negative-view"][0] == "ValueError" and "negative view" in c["negative-view"][1]
+    assert c["uint16"][0] == "TypeError" and "does not support" in c["uint16"][1]
+    assert c["quantized"][0] == "TypeError" and "qint8" in c["quantized"][1]
+    assert c["meta"][0] == "ValueError" and "'meta'" in c["meta"][1]
+    assert c["no-storage"][0] == "ValueError" and "no storage" in c["no-storage"][1]
+
+
+def test_shim_only_on_the_checked_torch_release():
+    # another release's THPVariable layout is not known: DLPack is used
+    code = ("import torch, torchcomms, torchcomms._comms as m\n"
+            "torch.__version__ = '2.12.0'\n"
+            "c = torchcomms.new_comm('cpu', torch.device('cpu'), name='v')\n"
+            "x = torch.arange(3.0)[1:]\n"
+            "c.all_reduce(x)\n"
+            "print(m._tensor_reader(), x.tolist())\n"
+            "c.finalize()\n")
+    assert _run_reads(code=code) == "dlpack [1.0, 2.0]"
