@@ -36,6 +36,10 @@ TC__PRIVATE void tc__log(int level, const char *fmt, ...)
 /* Prints every declared setting, its help and its value when set
  * (tcrun --help-env). */
 TC__PRIVATE void tc__settings_print(FILE *f);
+/* A BOOL setting of the table (src/core/settings.h) by its variable's
+ * name: 0 or 1, or -1 when the table has no BOOL setting of that name.
+ * For the clients' own settings, read through the table as all others. */
+TC__PRIVATE int tc__setting_bool_named(const char *name);
 
 /* ---- flight recorder (src/core/flight.c) ---- */
 

@@ -32,10 +32,10 @@
  * devices, layouts, dtypes, errors) and every refusal go through the
  * generic path, which words the error. */
 #include "_comms.h"
+#include "private_api.h" /* tc__setting_bool_named */
 
 #include <dlfcn.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 static PyObject *tcpy_torch;           /* the torch module */
@@ -236,8 +236,7 @@ static void tcpy_at_init(void) {
       {"aoti_torch_dtype_float8_e5m2", TC_FLOAT8_E5M2},
   };
   tcpy_at.state = -1;
-  const char *env = getenv("TORCHCOMMS_PY_TENSOR_SHIM");
-  if ((env && !strcmp(env, "0")) || !tcpy_dl_read ||
+  if (tc__setting_bool_named("TORCHCOMMS_PY_TENSOR_SHIM") != 1 || !tcpy_dl_read ||
       tcpy_Tensor->tp_basicsize < (Py_ssize_t)(sizeof(PyObject) + sizeof(void *)))
     return;
   PyObject *ver = PyObject_GetAttrString(tcpy_torch, "__version__");

@@ -308,6 +308,13 @@ int tc__setting_is_set(tc_setting_id_t id) { return atomic_load(&slot_of(id)->te
 int tc__setting_malformed(tc_setting_id_t id) { return atomic_load(&slot_of(id)->bad); }
 const char *tc__setting_name(tc_setting_id_t id) { return settings[id].name; }
 
+int tc__setting_bool_named(const char *name) {
+  for (size_t i = 0; i < TC_SET_COUNT; i++)
+    if (settings[i].kind == ST_BOOL && !strcmp(settings[i].name, name))
+      return tc__setting_bool((tc_setting_id_t)i);
+  return -1;
+}
+
 int tc__setting_differs(tc_setting_id_t id) {
   const slot_t *sl = slot_of(id);
   if (!atomic_load(&sl->text)) return 0;

@@ -126,7 +126,9 @@
   X(HANG_REPORT_BOARD, "TORCHCOMMS_HANG_REPORT_BOARD", BOOL, 1, 0, 0, NULL,               \
     "hang report: read peers on this host from shared memory (0: ask the store, as across hosts)") \
   X(HANG_REPORT_S, "TORCHCOMMS_HANG_REPORT_S", NUM, 2, 0, 60, NULL,                        \
-    "hang report: longest wait for ranks on other hosts, seconds")
+    "hang report: longest wait for ranks on other hosts, seconds")                       \
+  X(PY_TENSOR_SHIM, "TORCHCOMMS_PY_TENSOR_SHIM", BOOL, 1, 0, 0, NULL,                      \
+    "Python package: read torch tensors through torch's C shim where checked (0: DLPack)")
 
 /* For BYTES, MIN is the least useful value: a smaller one is raised to it
  * (logged), MAX is unused. */
