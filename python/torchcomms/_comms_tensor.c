@@ -32,7 +32,7 @@
  * devices, layouts, dtypes, errors) and every refusal go through the
  * generic path, which words the error. */
 #include "_comms.h"
-#include "private_api.h" /* tc__setting_bool_named */
+#include "private_api.h" /* tc__setting_bool_named, tc__log */
 
 #include <dlfcn.h>
 #include <stdio.h>
@@ -236,16 +236,28 @@ static void tcpy_at_init(void) {
       {"aoti_torch_dtype_float8_e5m2", TC_FLOAT8_E5M2},
   };
   tcpy_at.state = -1;
-  if (tc__setting_bool_named("TORCHCOMMS_PY_TENSOR_SHIM") != 1 || !tcpy_dl_read ||
-      tcpy_Tensor->tp_basicsize < (Py_ssize_t)(sizeof(PyObject) + sizeof(void *)))
-    return;
-  PyObject *ver = PyObject_GetAttrString(tcpy_torch, "__version__");
-  const char *v = ver && PyUnicode_Check(ver) ? PyUnicode_AsUTF8(ver) : NULL;
-  int known = v && !strncmp(v, TCPY_AT_TORCH, strlen(TCPY_AT_TORCH));
+  const char *why = NULL; /* why not, for TORCHCOMMS_LOG=info */
+  void *lib = NULL;
+  PyObject *ver = NULL;
+  if (tc__setting_bool_named("TORCHCOMMS_PY_TENSOR_SHIM") != 1) {
+    why = "TORCHCOMMS_PY_TENSOR_SHIM=0";
+  } else if (!tcpy_dl_read) {
+    why = "no DLPack exchange table to check the shim against";
+  } else if (tcpy_Tensor->tp_basicsize <
+             (Py_ssize_t)(sizeof(PyObject) + sizeof(void *))) {
+    why = "torch.Tensor objects have no room for an at::Tensor";
+  } else {
+    ver = PyObject_GetAttrString(tcpy_torch, "__version__");
+    const char *v = ver && PyUnicode_Check(ver) ? PyUnicode_AsUTF8(ver) : NULL;
+    if (!v || strncmp(v, TCPY_AT_TORCH, strlen(TCPY_AT_TORCH)))
+      why = "a torch release whose headers were not checked";
+    /* held for the process's life: the functions are called until exit */
+    else if (!(lib = dlopen("libtorch_cpu.so", RTLD_NOLOAD | RTLD_LAZY)))
+      why = "libtorch_cpu.so is not loaded under that name";
+  }
   Py_XDECREF(ver);
   PyErr_Clear();
-  void *lib = known ? dlopen("libtorch_cpu.so", RTLD_NOLOAD | RTLD_LAZY) : NULL;
-  if (!lib) return;
+  if (why) goto out;
 #define TCPY_AT_SYM(field, name)                                               \
   (*(void **)&tcpy_at.field = dlsym(lib, name))
   int32_t (*cpu)(void) = NULL, (*strided)(void) = NULL;
@@ -256,8 +268,10 @@ static void tcpy_at_init(void) {
       !TCPY_AT_SYM(numel, "aoti_torch_get_numel") ||
       !TCPY_AT_SYM(data_ptr, "aoti_torch_get_data_ptr") ||
       !(*(void **)&cpu = dlsym(lib, "aoti_torch_device_type_cpu")) ||
-      !(*(void **)&strided = dlsym(lib, "aoti_torch_layout_strided")))
-    return;
+      !(*(void **)&strided = dlsym(lib, "aoti_torch_layout_strided"))) {
+    why = "a shim function is missing";
+    goto out;
+  }
 #undef TCPY_AT_SYM
   tcpy_at.cpu = cpu();
   tcpy_at.strided = strided();
@@ -282,12 +296,12 @@ static void tcpy_at_init(void) {
                       ? PyObject_CallFunctionObjArgs((PyObject *)tcpy_Parameter,
                                                      f32, NULL)
                       : NULL;
-  tcpy_at.state = 1; /* for the probes */
   int ok = tcpy_at_probe(base, 1) && tcpy_at_probe(sl, 1) &&
            tcpy_at_probe(m, 1) && tcpy_at_probe(mt, 0) &&
            tcpy_at_probe(e, 1) && tcpy_at_probe(b16, 1) &&
            tcpy_at_probe(par, 1);
-  tcpy_at.state = ok ? 1 : -1;
+  if (ok) tcpy_at.state = 1;
+  else why = "a probe tensor read otherwise than through DLPack";
   Py_XDECREF(base);
   Py_XDECREF(f32);
   Py_XDECREF(sl);
@@ -298,6 +312,12 @@ static void tcpy_at_init(void) {
   Py_XDECREF(b16);
   Py_XDECREF(par);
   PyErr_Clear();
+out:
+  if (why)
+    tc__log(2, "python: torch tensors read through %s, not torch's C shim: %s",
+            tcpy_dl_read ? "DLPack" : "their attributes", why);
+  else
+    tc__log(2, "python: torch tensors read through torch's C shim");
 }
 
 /* A torch.Tensor or nn.Parameter read in C: the shim where it is in use,
