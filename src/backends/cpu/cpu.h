@@ -106,10 +106,14 @@
  * copies out use streaming stores from CPU_STREAM_COPY_BYTES (the kernel's
  * copy for process_vm_readv reads every line it writes). 2 ranks, Intel
  * Xeon, 3 interleaved launches each, us: all_gather of 64 MiB 15457-18153
- * single copy -> 12453-13422 halves, all_to_all 16113-17802 -> 12357-13408;
- * 16 MiB (8 MiB blocks) the same both ways (docs/benchmarks.md, "Single
- * copy chosen per host"). */
-#define CPU_CMA_MAX_BLOCK CPU_STREAM_COPY_BYTES
+ * single copy -> 12453-13422 halves, all_to_all 16113-17802 -> 12357-13408
+ * (2026-12-02, with 8 MiB blocks the same both ways); on an Intel Xeon with
+ * a 480 MiB L3 (2026-12-04) single copy won up to 12 MiB blocks (all_gather
+ * of 16 MiB 1353-1367 against 1829-1900 through the halves, 24 MiB
+ * 2018-2105 against 2645-2711) and not from 16 MiB (32 MiB: 3630-4399
+ * against 3608-3623; 64 MiB: 10064-10675 against 7739-7951)
+ * (docs/benchmarks.md, "Single copy chosen per host"). */
+#define CPU_CMA_MAX_BLOCK (16u * 1024u * 1024u)
 /* ...run on the caller's thread when the communicator is idle up to this
  * many bytes (larger ones are handed to the thread at once, so that an
  * asynchronous call returns at once); TORCHCOMMS_CPU_INLINE_BYTES
