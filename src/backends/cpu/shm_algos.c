@@ -163,12 +163,18 @@ static int fp_wait(cpu_comm_t *c, int q, uint64_t v, double spin, int inop,
   int sleep = spin < 0;
   if (q >= 0) return tc__shm_wait_flag(c->shm, q, v, sp, sleep, top);
   if (c->known_all >= v) return TC_OK;
+  /* what the flags were seen at, not only v: a broadcast root, which asks
+   * for a point some way behind, then looks at its receivers' flags (whose
+   * lines they post next) once per several broadcasts, not once per one */
+  uint64_t lo = UINT64_MAX;
   for (int p = 0; p < c->size; p++) {
     if (p == c->rank) continue;
     int rc = tc__shm_wait_flag(c->shm, p, v, sp, sleep, top);
     if (rc != TC_OK) return rc;
+    uint64_t f = tc__shm_flag(c->shm, p);
+    if (f < lo) lo = f;
   }
-  c->known_all = v;
+  c->known_all = lo == UINT64_MAX ? v : lo;
   return TC_OK;
 }
 
@@ -200,7 +206,12 @@ static int fp_begin_root(cpu_ctx_t *ctx, double spin, const tc_tp_op_t *top, uin
   const uint64_t need = u >= k ? u - k + 1 : 0;
   int rc = fp_wait(c, -1, need, spin, 0, top);
   if (rc != TC_OK) return rc;
-  if (c->known_all < u - 1 && u > k)
+  /* at 2 ranks the slot written at u held the peer's header of u - k
+   * (fp_seg), which only this rank checks (a root checks its receivers'
+   * headers), and this rank's own header of u - k is overwritten by the
+   * peer itself: no peer's pending check to wait for (nor its flag line
+   * to read, which it posts next, once per broadcast) */
+  if (c->size > 2 && c->known_all < u - 1 && u > k)
     for (int p = 0; p < c->size; p++) {
       if (p == c->rank || tc__shm_flag(c->shm, p) >= u - 1) continue;
       uint64_t lp = atomic_load_explicit(tc__shm_aux(c->shm, p), memory_order_acquire);
@@ -209,7 +220,11 @@ static int fp_begin_root(cpu_ctx_t *ctx, double spin, const tc_tp_op_t *top, uin
         if (rc != TC_OK) return rc;
       }
     }
-  if (c->lazy_lo) TC_CHECK(fp_lazy_check(ctx, need));
+  /* the checks are due before a receiver may overwrite a header, which is
+   * once this rank posts u >= t + TC_SHM_SLOTS - 1: then every header there
+   * is, at once (its loads overlap), not one per broadcast */
+  if (c->lazy_lo && c->lazy_lo <= need)
+    TC_CHECK(fp_lazy_check(ctx, c->known_all > need ? c->known_all : need));
   if (c->check_fp && c->size > 1) { /* checked later, by fp_lazy_check */
     c->lazy[u % k].s = u;
     c->lazy[u % k].fp = ctx->fp;
