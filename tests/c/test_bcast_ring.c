@@ -11,7 +11,12 @@
  *    with all_reduces, receivers lagging by uneven work: exact values.
  *  - two_roots_finalize: two ranks each broadcast as root (a mismatch that
  *    no receiver sees); finalize finds it and fails, naming both sides
- *    (over TCP the broadcast itself fails). */
+ *    (over TCP the broadcast itself fails).
+ *  - deep_mismatch: the receivers' 50th broadcast has another count, while
+ *    the root runs ahead of them (they lag by uneven work): the receivers
+ *    fail at it, the root at its next operation (its checks of their
+ *    headers are batched and its reads of their flags are sparse: shm_algos.c,
+ *    fp_begin_root), every rank naming both sides. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,3 +110,43 @@ static void two_roots_rank(tc_ctx_t *ctx) {
 }
 
 TC_TEST(bcast_ring_two_roots_finalize_w2) { tc_spawn(2, two_roots_rank, NULL, 60); }
+
+static void deep_mismatch_rank(tc_ctx_t *ctx) {
+  _Atomic int *reported = ctx->arg;
+  setenv("TORCHCOMMS_CPU_TRANSPORT", "shm", 1); /* the ring, even in the TCP pass */
+  tc_comm_t *c = shm_comm(ctx, "ring-deep-mismatch");
+  volatile uint64_t sink = 0;
+  int rc = TC_OK;
+  for (int i = 1; i <= 50 && rc == TC_OK; i++) {
+    int v[5];
+    size_t n = ctx->rank != 0 && i == 50 ? 5 : 4;
+    for (int j = 0; j < 5; j++) v[j] = ctx->rank == 0 ? 10 * i + j : -1;
+    rc = tc_broadcast(c, v, n, TC_INT32, 0, NULL, NULL);
+    if (rc == TC_OK && i < 50)
+      for (int j = 0; j < 4; j++) TC_ASSERT_EQ(v[j], 10 * i + j);
+    if (ctx->rank != 0) /* receivers lag by uneven work, no sleeping */
+      for (int k = 0; k < ((i * 31 + ctx->rank * 17) % 97) * 40; k++) sink += (uint64_t)k;
+  }
+  if (rc == TC_OK && ctx->rank == 0) { /* returned without its receivers */
+    float y = 1;
+    rc = tc_all_reduce(c, &y, 1, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL);
+  }
+  char why[1024];
+  snprintf(why, sizeof why, "%s", tc_last_error());
+  /* no rank leaves before every rank has its error (test_mismatch.c) */
+  atomic_fetch_add(reported, 1);
+  tc_wait_flag(reported, ctx->size, 30);
+  TC_ASSERT_EQ(rc, TC_ERR_PROTOCOL);
+  TC_ASSERT_CONTAINS(why, "mismatched collectives");
+  TC_ASSERT_CONTAINS(why, "broadcast #50 of 4 int32 from root 0");
+  TC_ASSERT_CONTAINS(why, "broadcast #50 of 5 int32 from root 0");
+  tc_comm_abort(c);
+  tc_comm_destroy(c);
+}
+
+TC_TEST(bcast_ring_deep_mismatch_w2) {
+  tc_spawn(2, deep_mismatch_rank, tc_shared_zalloc(sizeof(_Atomic int)), 60);
+}
+TC_TEST(bcast_ring_deep_mismatch_w3) {
+  tc_spawn(3, deep_mismatch_rank, tc_shared_zalloc(sizeof(_Atomic int)), 60);
+}
