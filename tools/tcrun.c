@@ -56,11 +56,14 @@
  * then exits 128+S); --timeout stops all ranks the same way and exits 124.
  * Exit status 127/126: the program cannot be found/executed; 2: bad usage.
  *
- * --bind-to auto (the default) pins rank r to the r-th core of tcrun's own
- * CPU affinity mask when 2 <= N <= that many cores, as mpirun does: a rank
- * that owns a core is not moved onto its peer's core by the scheduler, and
- * under a foreign CPU load each rank keeps its own core's share (issue 16,
- * docs/benchmarks.md). More ranks than cores, or one rank: not bound.
+ * --bind-to auto (the default) pins rank r to core r % C of tcrun's own
+ * CPU affinity mask (C cores) when N >= 2: with N <= C each rank owns a
+ * core, as mpirun binds, so the scheduler never moves it onto its peer's
+ * core and under a foreign CPU load each rank keeps its own core's share;
+ * with more ranks than cores they are dealt round-robin, which keeps the
+ * scheduler from stacking three ranks of a 4-rank job on one core (the
+ * slow launches of an unbound oversubscribed job; docs/benchmarks.md,
+ * "Binding more ranks than cores"). One rank: not bound.
  *
  * When the job ends, tcrun removes the shared-memory segments of ranks that
  * died before unlinking them (src/transport/shm_sweep.c).
@@ -103,10 +106,11 @@
 #define TCRUN_MAX_LINE (64 * 1024)
 #define TCRUN_BIND_HOST "127.0.0.1"
 
-/* --bind-to: auto binds rank r to the r-th core tcrun may run on when there
- * are 2 to that many ranks (Open MPI's mpirun binds to cores by default for
- * 2 ranks, and so keeps a spinning rank off its peer's core); core binds
- * always (round-robin when the ranks outnumber the cores); none never. */
+/* --bind-to: auto binds rank r to core r % C of the C cores tcrun may run
+ * on when there are 2 ranks or more (Open MPI's mpirun binds to cores by
+ * default for 2 ranks, and so keeps a spinning rank off its peer's core;
+ * round-robin beyond C ranks); core binds always, one rank too; none
+ * never. */
 enum { TCRUN_BIND_AUTO, TCRUN_BIND_CORE, TCRUN_BIND_NONE };
 
 extern char **environ;
@@ -233,11 +237,11 @@ static void tcrun_usage(FILE *f) {
       "                          required with --nnodes > 1)\n"
       "  --join-timeout SECONDS  how long to wait for every node to join, and\n"
       "                          node 0 for every node to finish (default 300)\n"
-      "  --bind-to WHAT          auto (default): bind rank r to the r-th core\n"
-      "                          tcrun may run on when 2 <= N <= cores (like\n"
-      "                          mpirun; ranks that each own a core keep it\n"
-      "                          under a foreign CPU load); core: always,\n"
-      "                          round-robin; none: never\n"
+      "  --bind-to WHAT          auto (default): with N >= 2, bind rank r to\n"
+      "                          core r % C of the C cores tcrun may run on\n"
+      "                          (like mpirun up to C ranks; round-robin\n"
+      "                          beyond); core: always, one rank too; none:\n"
+      "                          never\n"
       "  -h, --help              print this help and exit\n"
       "  --help-env              print every TORCHCOMMS_* setting and exit\n"
       "\n"
@@ -595,7 +599,7 @@ static void tcrun_plan_binding(tcrun_t *t) {
   for (int k = 0; k < CPU_SETSIZE; k++)
     if (CPU_ISSET(k, &set)) cpus[ncpu++] = k;
   if (ncpu == 0) return;
-  if (t->o.bind == TCRUN_BIND_AUTO && (t->o.nranks < 2 || t->o.nranks > ncpu)) return;
+  if (t->o.bind == TCRUN_BIND_AUTO && t->o.nranks < 2) return;
   for (int r = 0; r < t->o.nranks; r++) t->ranks[r].cpu = cpus[r % ncpu];
 }
 

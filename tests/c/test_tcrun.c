@@ -540,8 +540,9 @@ TC_TEST(tcrun_binds_ranks_to_cores) {
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     int n = cases[c].n ? cases[c].n : many;
     const char *b = cases[c].bind;
-    /* auto: one core each for 2..ncpu ranks; core: round-robin, always */
-    int bound = !strcmp(b, "core") || (!strcmp(b, "auto") && n >= 2 && n <= ncpu);
+    /* auto: round-robin from 2 ranks (one core each up to ncpu); core:
+     * round-robin, always */
+    int bound = !strcmp(b, "core") || (!strcmp(b, "auto") && n >= 2);
     want[0] = 0;
     for (int r = 0; r < n; r++) {
       if (bound) snprintf(line, sizeof line, "%d %d\n", r, cpus[r % ncpu]);
