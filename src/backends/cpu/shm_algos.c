@@ -978,8 +978,15 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       FP_TRY(fp_wait(c, chk, k, spin, 0, &top));
       TC_CHECK(fp_check_hdrs(ctx, k, chk));
     }
-    for (int q = 0; q < n; q++) {
-      if (q == r || (only >= 0 && q != only) || (fam == FAM_BCAST && r == op->root)) continue;
+    /* rank r reads from peer r+1 on, so that the readers do not all start
+     * on the same peer (whose pages they would then pin at once): 4 ranks
+     * on 2 cores, all_to_all, medians of 5 alternating launches: 256 KiB
+     * 40.7 -> 33.7 us, 1 MiB 263 -> 225, 4 MiB 1049 -> 915 (reading each
+     * peer as soon as it has published, instead of after every header is
+     * checked, measured the same; docs/benchmarks.md, run 31) */
+    for (int j = 1; j < n; j++) {
+      int q = r + j < n ? r + j : r + j - n;
+      if ((only >= 0 && q != only) || (fam == FAM_BCAST && r == op->root)) continue;
       uint64_t a = ((const fp_hdr_t *)fp_slot(c, q, k))->addr;
       char *dst;
       size_t len = bb;
