@@ -63,7 +63,7 @@
  * with more ranks than cores they are dealt round-robin, which keeps the
  * scheduler from stacking three ranks of a 4-rank job on one core (the
  * slow launches of an unbound oversubscribed job; docs/benchmarks.md,
- * "Binding more ranks than cores"). One rank: not bound.
+ * "Runs 31 and 32"). One rank: not bound.
  *
  * When the job ends, tcrun removes the shared-memory segments of ranks that
  * died before unlinking them (src/transport/shm_sweep.c).

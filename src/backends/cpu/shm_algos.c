@@ -983,7 +983,7 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
      * on 2 cores, all_to_all, medians of 5 alternating launches: 256 KiB
      * 40.7 -> 33.7 us, 1 MiB 263 -> 225, 4 MiB 1049 -> 915 (reading each
      * peer as soon as it has published, instead of after every header is
-     * checked, measured the same; docs/benchmarks.md, run 31) */
+     * checked, measured the same; docs/benchmarks.md, runs 31 and 32) */
     for (int j = 1; j < n; j++) {
       int q = r + j < n ? r + j : r + j - n;
       if ((only >= 0 && q != only) || (fam == FAM_BCAST && r == op->root)) continue;
