@@ -763,13 +763,19 @@ static int setup_token(tcp_cx_t *cx, const tc_tp_args_t *a, double deadline, cha
  * when this rank's own mask has fewer cores than there are local ranks:
  * each rank bound to a core of its own by tcrun, mpirun or srun is not
  * oversubscribed, which its own one-core mask would suggest). The masks are
- * read only then, and only when the own mask is not all the machine's. */
+ * read only then, only when the own mask is not all the machine's, and
+ * only when there are no more local ranks than the machine has cores:
+ * beyond that no union can give each rank a core (tcrun deals such ranks
+ * round-robin over the cores, one core each, and reading every peer's
+ * mask would cost each rank one store request per local rank). */
 static int setup_spin(tcp_cx_t *cx, const tc_tp_args_t *a, uint64_t *cpus, double deadline,
                       char *err, size_t errlen) {
   tcp_t *t = cx->t;
   int ncpu = tc__mesh_cpu_count(cpus);
   long online = sysconf(_SC_NPROCESSORS_ONLN);
-  if (t->local > ncpu && ncpu < online) {
+  if (t->local > ncpu && ncpu < online && t->local > online) {
+    ncpu = (int)online; /* the most any union could count: still fewer */
+  } else if (t->local > ncpu && ncpu < online) {
     for (int r = 0; r < t->size; r++) {
       if (r == t->rank || t->host_id[r] != t->host_id[t->rank]) continue;
       void *v = NULL;
