@@ -773,9 +773,7 @@ static int setup_spin(tcp_cx_t *cx, const tc_tp_args_t *a, uint64_t *cpus, doubl
   tcp_t *t = cx->t;
   int ncpu = tc__mesh_cpu_count(cpus);
   long online = sysconf(_SC_NPROCESSORS_ONLN);
-  if (t->local > ncpu && ncpu < online && t->local > online) {
-    ncpu = (int)online; /* the most any union could count: still fewer */
-  } else if (t->local > ncpu && ncpu < online) {
+  if (t->local > ncpu && ncpu < online && t->local <= online) {
     for (int r = 0; r < t->size; r++) {
       if (r == t->rank || t->host_id[r] != t->host_id[t->rank]) continue;
       void *v = NULL;
