@@ -163,18 +163,28 @@ void tc__shm_post(tc_shm_t *s, uint64_t v) {
     if (q != s->rank) shm_ring_bell(shm_ctl(s, q));
 }
 
-typedef struct { int r; uint64_t v; const _Atomic uint64_t *w; } flag_arg_t;
+typedef struct {
+  int r;
+  uint64_t v;
+  const _Atomic uint64_t *w;
+  int or_flag;   /* also done once r's flag is >= v (tc__shm_wait_word) */
+  int flag_seen; /* ... which flag_check found */
+} flag_arg_t;
 
 static int flag_ready(struct tc_shm *s, void *arg) {
   (void)s;
   flag_arg_t *a = arg;
-  return atomic_load_explicit(a->w, memory_order_acquire) >= a->v;
+  return a->flag_seen || atomic_load_explicit(a->w, memory_order_acquire) >= a->v;
 }
 
 /* The peer we wait for is in finalize (its goodbye is the next message). */
 static int flag_check(struct tc_shm *s, void *arg, const tc_tp_op_t *op) {
   flag_arg_t *a = arg;
   int p = a->r;
+  if (a->or_flag && atomic_load_explicit(&shm_ctl(s, p)->flag, memory_order_acquire) >= a->v) {
+    a->flag_seen = 1;
+    return TC_OK;
+  }
   if (tc__mesh_left(s->mesh, p)) return tc__shm_left(s, op, p);
   uint32_t head = atomic_load_explicit(&shm_rctl(s, p, s->rank)->head, memory_order_acquire);
   if (head == s->in_tail[p]) return TC_OK;
@@ -190,8 +200,8 @@ static int flag_check(struct tc_shm *s, void *arg, const tc_tp_op_t *op) {
 }
 
 int tc__shm_wait_word(tc_shm_t *s, int r, const _Atomic uint64_t *word, uint64_t v,
-                      double spin_s, int may_sleep, const tc_tp_op_t *op) {
-  flag_arg_t a = {r, v, word};
+                      double spin_s, int may_sleep, int or_flag, const tc_tp_op_t *op) {
+  flag_arg_t a = {r, v, word, or_flag, 0};
   if (flag_ready(s, &a)) return TC_OK;
   /* a peer a fraction of a microsecond behind (the common case of a small
    * operation) is seen here without a clock read; with more ranks than
@@ -217,7 +227,7 @@ int tc__shm_wait_word(tc_shm_t *s, int r, const _Atomic uint64_t *word, uint64_t
 
 int tc__shm_wait_flag(tc_shm_t *s, int r, uint64_t v, double spin_s, int may_sleep,
                       const tc_tp_op_t *op) {
-  return tc__shm_wait_word(s, r, &shm_ctl(s, r)->flag, v, spin_s, may_sleep, op);
+  return tc__shm_wait_word(s, r, &shm_ctl(s, r)->flag, v, spin_s, may_sleep, 0, op);
 }
 
 double tc__shm_spin_s(const tc_shm_t *s) { return s->spin_s; }
@@ -264,7 +274,8 @@ int tc__shm_write_peer(tc_shm_t *s, int q, uint64_t remote, const void *src, siz
 }
 void tc__shm_areas(const tc_shm_t *s, tc_shm_areas_t *a) {
   *a = (tc_shm_areas_t){.base = s->base, .off_slot = s->off_slot, .off_half = s->off_half,
-                        .slot_bytes = s->slot_bytes, .half_bytes = s->half_bytes};
+                        .slot_bytes = s->slot_bytes, .half_bytes = s->half_bytes,
+                        .off_line = s->off_line};
 }
 
 /* ------------------------------------------------------------------------ */

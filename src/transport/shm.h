@@ -54,15 +54,33 @@ TC_INTERNAL tc_shm_t *tc__shm_of(const tc_transport_ops_t *ops, void *tp);
  * k % TC_SHM_SLOTS (a ring, so that a broadcast root may run up to
  * TC_SHM_SLOTS - 1 operations ahead of its receivers). */
 #define TC_SHM_SLOTS 4
-/* Where the slots and halves lie (the geometry is identical on every
+/* Header lines per rank: a second, deeper ring, of single cache lines, for
+ * operations whose header and data fit in one line (8-byte collectives,
+ * barriers): the k-th sync point of such an operation uses line k %
+ * TC_SHM_LINES, so that the root of an 8-byte broadcast may run up to
+ * TC_SHM_LINES - 1 operations ahead (its receivers then find the root's
+ * next lines written and fetch them ahead: 2 ranks, 0.26 -> 0.19 us per
+ * broadcast; docs/benchmarks.md, "Broadcast 8 B: a ring of header lines").
+ * A deeper ring of the 64 KiB slots would cost operations of 4-64 KiB
+ * their caches (a lap no longer fits; 16 slots: 4 KiB all_reduce 1.1 -> 1.3
+ * us). The
+ * lines lie as far apart as the slots: packed into one page, or 8-16 KiB
+ * apart, they made the 8-byte all_reduce 0.28 -> 0.34 us on the machine we
+ * measure (32 KiB apart and more: no difference); address space and
+ * /dev/shm cost 2 MiB per segment, of which 32 pages are ever touched. */
+#define TC_SHM_LINES 32
+#define TC_SHM_LINE_STRIDE (64u * 1024u)
+/* Where the slots, lines and halves lie (the geometry is identical on every
  * rank), for callers that address them on every operation (the cpu
  * backend's fast paths): small slot i (0 ..
  * TC_SHM_SLOTS-1) of rank r's segment at base[r] + off_slot + i *
- * slot_bytes, big half i (0 or 1) at base[r] + off_half + i * half_bytes,
- * each 4 KiB aligned; base[r] is valid until the transport closes. */
+ * slot_bytes, header line i (0 .. TC_SHM_LINES-1) at base[r] + off_line +
+ * i * TC_SHM_LINE_STRIDE, big half i (0 or 1) at base[r] + off_half + i *
+ * half_bytes, each area 4 KiB aligned; base[r] is valid until the
+ * transport closes. */
 typedef struct tc_shm_areas {
   char *const *base;
-  size_t off_slot, off_half, slot_bytes, half_bytes;
+  size_t off_slot, off_half, slot_bytes, half_bytes, off_line;
 } tc_shm_areas_t;
 TC_INTERNAL void tc__shm_areas(const tc_shm_t *s, tc_shm_areas_t *a);
 
@@ -97,9 +115,12 @@ TC_INTERNAL int tc__shm_write_peer(tc_shm_t *s, int q, uint64_t remote, const vo
                                    size_t len, char *why, size_t wl);
 /* tc__shm_wait_flag on any word of rank r's segment that r writes before it
  * posts (release) its flag: a waiter that sees the word need not fetch the
- * flag's cache line too. The word must not decrease. */
+ * flag's cache line too. The word must not decrease. or_flag 1: also done
+ * (TC_OK) once r's flag is >= v, looked at only once the wait has turned
+ * to sleeping (for a word that r may have written elsewhere instead: the
+ * caller then finds out where). */
 TC_INTERNAL int tc__shm_wait_word(tc_shm_t *s, int r, const _Atomic uint64_t *word,
-                                  uint64_t v, double spin_s, int may_sleep,
+                                  uint64_t v, double spin_s, int may_sleep, int or_flag,
                                   const tc_tp_op_t *op);
 /* The spin time the transport uses before sleeping (0 when oversubscribed). */
 TC_INTERNAL double tc__shm_spin_s(const tc_shm_t *s);

@@ -9,7 +9,7 @@
 #include "transport/shm.h"
 
 #define SHM_MAGIC 0x314d48535443ull /* "CTSHM1" */
-#define SHM_VERSION 2u /* 2: TC_SHM_SLOTS small slots, the aux word */
+#define SHM_VERSION 3u /* 2: TC_SHM_SLOTS small slots, the aux word; 3: the lines */
 #define SHM_LINE 64u
 #define SHM_PAGE 4096u
 #define SHM_NAME_PREFIX "torchcomms-"
@@ -70,7 +70,7 @@ struct tc_shm {
   double spin_s;    /* polling budget before sleeping (seconds) */
   int yield_poll;   /* oversubscribed: poll with sched_yield only, at most spin_s */
   size_t total, ring_bytes, slot_bytes, half_bytes;
-  size_t off_rctl, off_ring, off_slot, off_half; /* layout of every segment */
+  size_t off_rctl, off_line, off_ring, off_slot, off_half; /* layout of every segment */
   char **base;      /* [size] every rank's segment, mapped here */
   shm_ctl_t *me;    /* == (shm_ctl_t *)base[rank] */
   uint32_t *out_head; /* [size] our head of the ring to each peer */

@@ -64,7 +64,8 @@ static void shm_geometry(struct tc_shm *s, size_t budget) {
   if (ring > ((size_t)1 << 30)) ring = (size_t)1 << 30;
   s->ring_bytes = ring;
   s->off_rctl = SHM_PAGE;
-  s->off_ring = s->off_rctl + round_up((size_t)n * sizeof(shm_ring_ctl_t), SHM_PAGE);
+  s->off_line = s->off_rctl + round_up((size_t)n * sizeof(shm_ring_ctl_t), SHM_PAGE);
+  s->off_ring = s->off_line + round_up((size_t)TC_SHM_LINES * TC_SHM_LINE_STRIDE, SHM_PAGE);
   s->off_slot = s->off_ring + (size_t)(n - 1) * ring;
   s->off_half = s->off_slot + TC_SHM_SLOTS * s->slot_bytes;
   s->total = s->off_half + 2 * s->half_bytes;

@@ -1,12 +1,17 @@
 /* test_bcast_ring.c -- the root of a small broadcast over shared memory
- * runs ahead of its receivers (a ring of TC_SHM_SLOTS slots per rank,
- * shm_algos.c), and the mismatch check it skips is made later.
+ * runs ahead of its receivers (a ring of TC_SHM_LINES header lines per
+ * rank for data that fits beside the header in one line, of TC_SHM_SLOTS
+ * slots for more; shm_algos.c), and the mismatch check it skips is made
+ * later.
  *
- *  - runs_ahead: the root completes TC_SHM_SLOTS - 1 broadcasts before any
+ *  - runs_ahead: the root completes TC_SHM_LINES - 1 broadcasts of 16
+ *    bytes (runs_ahead_slots: TC_SHM_SLOTS - 1 of 64 bytes) before any
  *    receiver has issued one (a receiver waits on a flag the root sets
  *    after them); a root that waited for its receivers would never set it
  *    and the test would fail at its deadline. Every receiver then gets
  *    every value, in order.
+ *  - mixed: line and slot broadcasts interleaved while the root runs ahead
+ *    (the checks due in either ring at their own depth): exact values.
  *  - stream: 3000 broadcasts of changing data from changing roots, mixed
  *    with all_reduces, receivers lagging by uneven work: exact values.
  *  - two_roots_finalize: two ranks each broadcast as root (a mismatch that
@@ -22,7 +27,14 @@
 
 #include "coll_util.h"
 
-#define SLOTS 4 /* TC_SHM_SLOTS (transport/shm.h) */
+#define SLOTS 4  /* TC_SHM_SLOTS (transport/shm.h) */
+#define LINES 32 /* TC_SHM_LINES */
+#define MAXC 16  /* int32 per broadcast at most */
+
+typedef struct {
+  _Atomic int flag;
+  int count; /* int32 per broadcast: 4 (the lines) or 16 (the slots) */
+} ahead_t;
 
 static tc_comm_t *shm_comm(tc_ctx_t *ctx, const char *name) {
   tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
@@ -31,24 +43,26 @@ static tc_comm_t *shm_comm(tc_ctx_t *ctx, const char *name) {
 }
 
 static void ahead_rank(tc_ctx_t *ctx) {
-  _Atomic int *flag = ctx->arg;
+  ahead_t *a = ctx->arg;
+  _Atomic int *flag = &a->flag;
+  const int cnt = a->count, ahead = (cnt == 4 ? LINES : SLOTS) - 1;
   /* shared memory even in the suite's TCP pass (a forked rank: its own
    * environment): over TCP a broadcast root waits for its receivers */
   setenv("TORCHCOMMS_CPU_TRANSPORT", "shm", 1);
   tc_comm_t *c = shm_comm(ctx, "ring-ahead");
-  int v[4];
+  int v[MAXC];
   if (ctx->rank == 0) {
-    for (int i = 0; i < SLOTS - 1; i++) {
-      for (int j = 0; j < 4; j++) v[j] = 100 * i + j;
-      TC_ASSERT_OK(tc_broadcast(c, v, 4, TC_INT32, 0, NULL, NULL));
+    for (int i = 0; i < ahead; i++) {
+      for (int j = 0; j < cnt; j++) v[j] = 100 * i + j;
+      TC_ASSERT_OK(tc_broadcast(c, v, (size_t)cnt, TC_INT32, 0, NULL, NULL));
     }
     atomic_store(flag, 1); /* only now may the receivers begin */
   } else {
     tc_wait_flag(flag, 1, 20);
-    for (int i = 0; i < SLOTS - 1; i++) {
+    for (int i = 0; i < ahead; i++) {
       memset(v, 0, sizeof v);
-      TC_ASSERT_OK(tc_broadcast(c, v, 4, TC_INT32, 0, NULL, NULL));
-      for (int j = 0; j < 4; j++) TC_ASSERT_EQ(v[j], 100 * i + j);
+      TC_ASSERT_OK(tc_broadcast(c, v, (size_t)cnt, TC_INT32, 0, NULL, NULL));
+      for (int j = 0; j < cnt; j++) TC_ASSERT_EQ(v[j], 100 * i + j);
     }
   }
   float x = 1;
@@ -58,12 +72,36 @@ static void ahead_rank(tc_ctx_t *ctx) {
   tc_comm_destroy(c);
 }
 
-TC_TEST(bcast_ring_runs_ahead_w2) {
-  tc_spawn(2, ahead_rank, tc_shared_zalloc(sizeof(_Atomic int)), 60);
+static ahead_t *ahead_arg(int count) {
+  ahead_t *a = tc_shared_zalloc(sizeof *a);
+  a->count = count;
+  return a;
 }
-TC_TEST(bcast_ring_runs_ahead_w3) {
-  tc_spawn(3, ahead_rank, tc_shared_zalloc(sizeof(_Atomic int)), 60);
+TC_TEST(bcast_ring_runs_ahead_w2) { tc_spawn(2, ahead_rank, ahead_arg(4), 60); }
+TC_TEST(bcast_ring_runs_ahead_w3) { tc_spawn(3, ahead_rank, ahead_arg(4), 60); }
+TC_TEST(bcast_ring_runs_ahead_slots_w2) { tc_spawn(2, ahead_rank, ahead_arg(16), 60); }
+TC_TEST(bcast_ring_runs_ahead_slots_w3) { tc_spawn(3, ahead_rank, ahead_arg(16), 60); }
+
+/* Broadcasts of 1-4 int32 (the lines) and of 16 (the slots) in an uneven
+ * pattern from one root, the receivers lagging by uneven work: the root
+ * runs ahead in both rings at once; every value exact. */
+static void mixed_rank(tc_ctx_t *ctx) {
+  tc_comm_t *c = shm_comm(ctx, "ring-mixed");
+  volatile uint64_t sink = 0;
+  for (int i = 0; i < 4000; i++) {
+    size_t n = (i * 7) % 13 < 4 ? MAXC : 1 + (size_t)(i % 4);
+    int32_t v[MAXC];
+    for (size_t j = 0; j < n; j++) v[j] = ctx->rank == 0 ? i * 100 + (int32_t)j : -1;
+    TC_ASSERT_OK(tc_broadcast(c, v, n, TC_INT32, 0, NULL, NULL));
+    for (size_t j = 0; j < n; j++) TC_ASSERT_EQ(v[j], i * 100 + (int32_t)j);
+    if (ctx->rank != 0) /* receivers lag by uneven work, no sleeping */
+      for (int k = 0; k < ((i * 31 + ctx->rank * 17) % 97) * 40; k++) sink += (uint64_t)k;
+  }
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  tc_comm_destroy(c);
 }
+TC_TEST(bcast_ring_mixed_w2) { tc_spawn(2, mixed_rank, NULL, 120); }
+TC_TEST(bcast_ring_mixed_w3) { tc_spawn(3, mixed_rank, NULL, 120); }
 
 static void stream_rank(tc_ctx_t *ctx) {
   tc_comm_t *c = shm_comm(ctx, "ring-stream");

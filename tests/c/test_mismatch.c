@@ -90,6 +90,15 @@ static const mcase_t cases[] = {
      "all_reduce #1 of 16 float32 with SUM", "barrier #1"},
     {"gather_root_zero_count", 2, 1, 0, {'g', F32, 0, 0, TC_SUM}, {'g', F32, 0, 1, TC_SUM},
      "gather_single #1 of 0 float32 to root 0", "gather_single #1 of 0 float32 to root 1"},
+    /* over shared memory, data that fits beside the header in one line
+     * (16 bytes) keeps its headers in another ring than more data
+     * (shm_algos.c, fp_hdr_at): each side finds the other's there */
+    {"count_line_vs_slot", 2, 1, 0, {'A', F32, 4, 0, TC_SUM}, {'A', F32, 5, 0, TC_SUM},
+     "all_reduce #1 of 4 float32 with SUM", "all_reduce #1 of 5 float32 with SUM"},
+    {"broadcast_line_vs_slot", 3, 2, 0, {'B', I32, 4, 0, TC_SUM}, {'B', I32, 8, 0, TC_SUM},
+     "broadcast #1 of 4 int32 from root 0", "broadcast #1 of 8 int32 from root 0"},
+    {"broadcast_root_slot_vs_line", 2, 0, 0, {'B', I32, 2, 0, TC_SUM}, {'B', I32, 40, 0, TC_SUM},
+     "broadcast #1 of 2 int32 from root 0", "broadcast #1 of 40 int32 from root 0"},
 };
 
 /* A case and a counter shared by its ranks (an anonymous shared mapping). */
@@ -153,8 +162,52 @@ static void mismatch_rank(tc_ctx_t *ctx) {
     tc_spawn(cases[i].n, mismatch_rank, &run, 60);                                 \
   }
 MCASE(0) MCASE(1) MCASE(2) MCASE(3) MCASE(4) MCASE(5) MCASE(6) MCASE(7) MCASE(8) MCASE(9)
-MCASE(10) MCASE(11) MCASE(12)
-_Static_assert(sizeof cases / sizeof cases[0] == 13, "one MCASE per case");
+MCASE(10) MCASE(11) MCASE(12) MCASE(13) MCASE(14) MCASE(15)
+_Static_assert(sizeof cases / sizeof cases[0] == 16, "one MCASE per case");
+
+/* With the check off (TORCHCOMMS_CHECK_MISMATCH=0) the sizes are still
+ * compared: an all_gather_v whose receive counts differ between the ranks
+ * (rank 0: 4 and 4 float32, its data in header lines; rank 1: 4 and 5, its
+ * data in the slots), where the block rank 1 expects from rank 0 is the
+ * size rank 0 sends. Over shared memory rank 1 finds rank 0's header in the
+ * other ring and fails rather than read the wrong place; rank 0 finds rank
+ * 1's 20 bytes. Every rank fails with a protocol error, except rank 1 over
+ * TCP, whose messages are what it asked for: its result is then exact. */
+static void v_counts_rank(tc_ctx_t *ctx) {
+  _Atomic int *reported = ctx->arg;
+  setenv("TORCHCOMMS_CHECK_MISMATCH", "0", 1);
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  o.timeout_s = 30;
+  tc_comm_t *c = tc_ctx_comm(ctx, "mm-v-counts", &o);
+  float in[5] = {1, 2, 3, 4, 5}, out0[5], out1[5];
+  void *outs[2] = {out0, out1};
+  size_t counts[2] = {4, ctx->rank == 0 ? 4u : 5u};
+  double t0 = now_s();
+  int rc = tc_all_gather_v(c, outs, counts, in, counts[ctx->rank], F32, NULL, NULL);
+  double took = now_s() - t0;
+  char why[1024];
+  snprintf(why, sizeof why, "%s", tc_last_error());
+  fprintf(stderr, "[v_counts rank %d] %.3f s: %s\n", ctx->rank, took, why);
+  atomic_fetch_add(reported, 1);
+  tc_wait_flag(reported, ctx->size, 30);
+  TC_ASSERT(took < 10);
+  if (rc == TC_OK && ctx->rank == 1 && getenv("TORCHCOMMS_CPU_TRANSPORT") &&
+      !strcmp(getenv("TORCHCOMMS_CPU_TRANSPORT"), "tcp")) {
+    /* over TCP, with no fingerprints, rank 1 got what it asked for: exact */
+    for (int i = 0; i < 4; i++) TC_ASSERT_EQ((int)out0[i], i + 1);
+    for (int i = 0; i < 5; i++) TC_ASSERT_EQ((int)out1[i], i + 1);
+  } else {
+    TC_ASSERT_EQ(rc, TC_ERR_PROTOCOL);
+    if (ctx->rank == 0) TC_ASSERT_CONTAINS(why, "peer 1");
+    else TC_ASSERT_CONTAINS(why, "peer 0");
+    TC_ASSERT_CONTAINS(why, "mismatched count");
+  }
+  tc_comm_abort(c);
+  tc_comm_destroy(c);
+}
+TC_TEST(mismatch_v_counts_check_off_w2) {
+  tc_spawn(2, v_counts_rank, tc_shared_zalloc(sizeof(_Atomic int)), 60);
+}
 
 /* Matching collectives of every kind keep working with the check on (the
  * fingerprints of 200 collectives in a row agree, sequence numbers too). */

@@ -209,8 +209,9 @@ typedef struct cpu_comm {
    * their fingerprints, checked against the receivers' headers at a later
    * sync point (shm_algos.c, fp_lazy_check); lazy_lo is the lowest one not
    * yet checked (0: none), published in the transport's aux word */
-  struct { uint64_t s; tc_opfp_t fp; } lazy[TC_SHM_SLOTS];
+  struct { uint64_t s; tc_opfp_t fp; uint8_t line; } lazy[TC_SHM_LINES];
   uint64_t lazy_lo;
+  uint64_t lazy_slot_lo; /* the lowest of those in the slots (not the lines), 0: none */
   uint64_t big_round;
   size_t small_ar;    /* TORCHCOMMS_CPU_SHM_SMALL_BYTES */
   size_t inline_max;  /* TORCHCOMMS_CPU_INLINE_BYTES */
@@ -261,6 +262,7 @@ typedef struct cpu_ctx {
   int fp_any;   /* some fingerprint was exchanged (TCP) */
   int fam;       /* a shared-memory operation: its family and bytes per rank */
   size_t fbytes; /* (cpu_fast_t's, copied here by tc__cpu_fast_run) */
+  int line;      /* its headers are in the ring of header lines (shm_algos.c) */
   char msg[1024]; /* the error text when the op fails */
 } cpu_ctx_t;
 

@@ -80,24 +80,34 @@ static inline int fp_seg(const cpu_comm_t *c, int q, uint64_t e) {
   uint32_t g = (uint32_t)q + k; /* < 2n: no second division */
   return (int)(g >= n ? g - n : g);
 }
-/* The small slot rank q writes at sync point k (an epoch: TC_SHM_SLOTS
- * sync points, one lap of the ring). */
-static inline char *fp_slot_of(const cpu_comm_t *c, int q, uint64_t k) {
+/* Where a small slot or header line of sync point k lies in a segment
+ * (line 1: the ring of header lines, for operations whose header and data
+ * fit in one line: fp_line_class), and its epoch (one lap of its ring). */
+static inline size_t fp_slot_off(const tc_shm_areas_t *a, uint64_t k, int line) {
+  return line ? a->off_line + (size_t)(k % TC_SHM_LINES) * TC_SHM_LINE_STRIDE
+              : a->off_slot + (size_t)SLOT_I(k) * a->slot_bytes;
+}
+static inline uint64_t fp_slot_epoch(uint64_t k, int line) {
+  return line ? k / TC_SHM_LINES : k / TC_SHM_SLOTS;
+}
+/* The small slot (or header line) rank q writes at sync point k. */
+static inline char *fp_slot_of(const cpu_comm_t *c, int q, uint64_t k, int line) {
   const tc_shm_areas_t *a = &c->areas;
-  return a->base[fp_seg(c, q, k / TC_SHM_SLOTS)] + a->off_slot + (size_t)SLOT_I(k) * a->slot_bytes;
+  return a->base[fp_seg(c, q, fp_slot_epoch(k, line))] + fp_slot_off(a, k, line);
 }
 /* The same, for the current operation's sync points. An operation asks
  * for the slots of one sync point several times (its own, then each
  * peer's for the wait, the header check and the read): the epoch's
- * rotation and the slot's offset are kept for the last k asked (slot_k1 =
- * k + 1, 0: none), so that each further call is an add, a compare and a
- * load. */
-static inline char *fp_slot(cpu_comm_t *c, int q, uint64_t k) {
+ * rotation and the slot's offset are kept for the last k and ring asked
+ * (slot_k1 = (k + 1) * 2 + line, 0: none), so that each further call is an
+ * add, a compare and a load. */
+static inline char *fp_slot(cpu_comm_t *c, int q, uint64_t k, int line) {
   const tc_shm_areas_t *a = &c->areas;
-  if (__builtin_expect(c->slot_k1 != k + 1, 0)) {
-    c->slot_rot = (uint32_t)fp_seg(c, 0, k / TC_SHM_SLOTS);
-    c->slot_off = a->off_slot + (size_t)SLOT_I(k) * a->slot_bytes;
-    c->slot_k1 = k + 1;
+  const uint64_t key = (k + 1) << 1 | (uint64_t)(line != 0);
+  if (__builtin_expect(c->slot_k1 != key, 0)) {
+    c->slot_rot = (uint32_t)fp_seg(c, 0, fp_slot_epoch(k, line));
+    c->slot_off = fp_slot_off(a, k, line);
+    c->slot_k1 = key;
   }
   const uint32_t n = (uint32_t)c->size, g = (uint32_t)q + c->slot_rot; /* < 2n */
   return a->base[g >= n ? g - n : g] + c->slot_off;
@@ -117,8 +127,39 @@ static inline char *fp_part(cpu_comm_t *c, int w, int q, uint64_t t, size_t part
   return fp_half(c, w, t) + i * part;
 }
 _Static_assert(sizeof(fp_hdr_t) % 8 == 0 && sizeof(fp_hdr_t) <= FP_HDR, "slot header");
+_Static_assert(FP_HDR <= TC_SHM_LINE_STRIDE, "a header line holds a header and its data");
 static size_t fp_data_off(size_t bytes) {
   return bytes + sizeof(fp_hdr_t) <= FP_HDR ? sizeof(fp_hdr_t) : FP_HDR;
+}
+/* 1 if an operation of `bytes` per rank (cpu_fast_t.bytes, the same on
+ * every rank that runs the same operation) keeps its headers in the ring
+ * of header lines rather than in the small slots: when its data fits
+ * beside the header in one line. Ranks that disagree (mismatched counts)
+ * look for each other's headers in both (fp_hdr_at). */
+static int fp_line_class(size_t bytes) { return bytes + sizeof(fp_hdr_t) <= FP_HDR; }
+/* The depth of the ring an operation of that class uses. */
+static uint64_t fp_ring(int line) { return line ? TC_SHM_LINES : TC_SHM_SLOTS; }
+
+/* Peer q's header of sync point s, q having posted s: h, where this rank's
+ * operation (of class `line`) looks for it, or, when h holds another sync
+ * point's, q's header of s in the other ring, *other set: q took s for an
+ * operation of the other class (other counts: a mismatch). */
+static const fp_hdr_t *fp_hdr_at(const cpu_comm_t *c, const fp_hdr_t *h, int q, uint64_t s,
+                                 int line, int *other) {
+  *other = 0;
+  if (__builtin_expect(atomic_load_explicit(&h->sync, memory_order_acquire) == s, 1)) return h;
+  const fp_hdr_t *o = (const fp_hdr_t *)fp_slot_of(c, q, s, !line);
+  if (atomic_load_explicit(&o->sync, memory_order_acquire) != s) return h;
+  *other = 1;
+  return o;
+}
+
+/* The text for a peer whose header was in the other ring (fp_hdr_at) when
+ * its fingerprint did not tell the difference (the check off): 1. */
+static int fp_other_size(int q, const fp_hdr_t *h, char *why, size_t wl) {
+  snprintf(why, wl, "peer %d runs this operation with another amount of data (%llu bytes "
+           "of its own; mismatched counts between ranks?)", q, (unsigned long long)h->bytes);
+  return 1;
 }
 
 /* The shared-memory family of an operation type, by its kind (an
@@ -194,17 +235,26 @@ static int fp_begin(cpu_ctx_t *ctx, double spin, int inop, const tc_tp_op_t *top
 }
 
 /* The next sync point u for the root of a small broadcast, which writes
- * only its own slot u % TC_SHM_SLOTS and waits for no receiver: once every
- * peer is done with that slot's last use (flag >= u - TC_SHM_SLOTS + 1),
- * and no peer still has to check its header there (a peer with a check
- * pending that far back, aux <= u - TC_SHM_SLOTS, does it before it posts
- * u - 1: that flag is awaited instead). So a root runs up to
- * TC_SHM_SLOTS - 1 broadcasts ahead of its receivers. */
+ * only its own slot (or header line) u % k, k the depth of its ring
+ * (fp_ring), and waits for no receiver: once every peer is done with that
+ * place's last use (flag >= u - k + 1), and no peer still has to check its
+ * header there (a peer with a check pending that far back, aux <= u - k,
+ * does it before it posts u - 1: that flag is awaited instead). So a root
+ * runs up to k - 1 broadcasts ahead of its receivers: TC_SHM_LINES - 1 of
+ * data that fits in a header line, TC_SHM_SLOTS - 1 of more. */
 static int fp_begin_root(cpu_ctx_t *ctx, double spin, const tc_tp_op_t *top, uint64_t *s) {
   cpu_comm_t *c = ctx->c;
-  const uint64_t u = c->sync + 1, k = TC_SHM_SLOTS;
+  const uint64_t u = c->sync + 1, k = fp_ring(ctx->line);
   const uint64_t need = u >= k ? u - k + 1 : 0;
-  int rc = fp_wait(c, -1, need, spin, 0, top);
+  /* the checks of the receivers' headers of sync point t, in a ring of
+   * depth K, are due before this rank posts t + K - 1 (a receiver may then
+   * write its header of t + K there): at u, those of the slots up to u -
+   * TC_SHM_SLOTS + 1, those of the lines up to u - TC_SHM_LINES + 1 */
+  const uint64_t ks = TC_SHM_SLOTS, kl = TC_SHM_LINES;
+  uint64_t due = 0;
+  if (c->lazy_slot_lo && u >= ks && c->lazy_slot_lo <= u - ks + 1) due = u - ks + 1;
+  else if (c->lazy_lo && u >= kl && c->lazy_lo <= u - kl + 1) due = u - kl + 1;
+  int rc = fp_wait(c, -1, need > due ? need : due, spin, 0, top);
   if (rc != TC_OK) return rc;
   /* at 2 ranks the slot written at u held the peer's header of u - k
    * (fp_seg), which only this rank checks (a root checks its receivers'
@@ -220,14 +270,14 @@ static int fp_begin_root(cpu_ctx_t *ctx, double spin, const tc_tp_op_t *top, uin
         if (rc != TC_OK) return rc;
       }
     }
-  /* the checks are due before a receiver may overwrite a header, which is
-   * once this rank posts u >= t + TC_SHM_SLOTS - 1: then every header there
-   * is, at once (its loads overlap), not one per broadcast */
-  if (c->lazy_lo && c->lazy_lo <= need)
-    TC_CHECK(fp_lazy_check(ctx, c->known_all > need ? c->known_all : need));
+  /* when some are due, every header there is is checked, at once (its
+   * loads overlap), not one per broadcast */
+  if (due) TC_CHECK(fp_lazy_check(ctx, c->known_all > due ? c->known_all : due));
   if (c->check_fp && c->size > 1) { /* checked later, by fp_lazy_check */
-    c->lazy[u % k].s = u;
-    c->lazy[u % k].fp = ctx->fp;
+    c->lazy[u % kl].s = u;
+    c->lazy[u % kl].fp = ctx->fp;
+    c->lazy[u % kl].line = (uint8_t)ctx->line;
+    if (!ctx->line && !c->lazy_slot_lo) c->lazy_slot_lo = u;
     if (!c->lazy_lo) {
       c->lazy_lo = u;
       atomic_store_explicit(tc__shm_aux(c->shm, c->rank), u, memory_order_release);
@@ -244,13 +294,16 @@ static int fp_begin_root(cpu_ctx_t *ctx, double spin, const tc_tp_op_t *top, uin
  * operation that finds it, naming the broadcast. */
 static int fp_lazy_check(cpu_ctx_t *ctx, uint64_t upto) {
   cpu_comm_t *c = ctx->c;
-  const uint64_t k = TC_SHM_SLOTS;
+  const uint64_t k = TC_SHM_LINES;
   uint64_t t = c->lazy_lo;
   for (; t <= upto && t <= c->sync; t++) {
     if (c->lazy[t % k].s != t) continue;
+    const int line = c->lazy[t % k].line;
     for (int q = 0; q < c->size; q++) {
       if (q == c->rank) continue;
-      const fp_hdr_t *h = (const fp_hdr_t *)fp_slot_of(c, q, t); /* older points: no memo */
+      int other; /* older points: no memo */
+      const fp_hdr_t *h = fp_hdr_at(c, (const fp_hdr_t *)fp_slot_of(c, q, t, line), q, t,
+                                    line, &other);
       uint64_t hs = atomic_load_explicit(&h->sync, memory_order_acquire);
       char why[400];
       if (hs != t)
@@ -258,7 +311,8 @@ static int fp_lazy_check(cpu_ctx_t *ctx, uint64_t upto) {
                             "internal error: peer %d's header of sync point %llu was "
                             "overwritten (%llu) before this rank checked it",
                             q, (unsigned long long)t, (unsigned long long)hs);
-      if (tc__opfp_mismatch(&c->lazy[t % k].fp, c->rank, &h->fp, q, why, sizeof why))
+      if (tc__opfp_mismatch(&c->lazy[t % k].fp, c->rank, &h->fp, q, why, sizeof why) ||
+          (other && fp_other_size(q, h, why, sizeof why)))
         return tc__cpu_fail(ctx, TC_ERR_PROTOCOL,
                             "%s (found by a later operation: the root of a small broadcast "
                             "does not wait for its receivers, and checks them afterwards)",
@@ -266,10 +320,14 @@ static int fp_lazy_check(cpu_ctx_t *ctx, uint64_t upto) {
     }
   }
   uint64_t lo = 0;
+  c->lazy_slot_lo = 0;
   for (; t <= c->sync; t++)
     if (c->lazy[t % k].s == t) {
-      lo = t;
-      break;
+      if (!lo) lo = t;
+      if (!c->lazy[t % k].line) {
+        c->lazy_slot_lo = t;
+        break;
+      }
     }
   c->lazy_lo = lo;
   atomic_store_explicit(tc__shm_aux(c->shm, c->rank), lo, memory_order_release);
@@ -362,7 +420,7 @@ int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, cpu_fast_t
 /* ------------------------------------------------------------------------ */
 
 static void fp_put_hdr(cpu_ctx_t *ctx, uint64_t s, size_t bytes) {
-  fp_hdr_t *h = (fp_hdr_t *)fp_slot(ctx->c, ctx->rank, s);
+  fp_hdr_t *h = (fp_hdr_t *)fp_slot(ctx->c, ctx->rank, s, ctx->line);
   h->fp = ctx->fp; /* set for every collective, the check on or off */
   h->bytes = bytes;
   atomic_store_explicit(&h->sync, s, memory_order_release);
@@ -373,13 +431,16 @@ static void fp_put_hdr(cpu_ctx_t *ctx, uint64_t s, size_t bytes) {
  * rather than on their flags; q < 0: every peer. Seeing header s of a peer
  * means it began the operation of sync s, i.e. its flag is (or is about to
  * be) >= s, which is what known_all records. */
-static int fp_wait_hdr(cpu_comm_t *c, int q, uint64_t v, double spin, const tc_tp_op_t *top) {
+static int fp_wait_hdr(cpu_comm_t *c, int q, uint64_t v, int line, double spin,
+                       const tc_tp_op_t *top) {
   double sp = spin >= 0 ? spin : tc__shm_spin_s(c->shm);
   int sleep = spin < 0;
   for (int p = q < 0 ? 0 : q; p < (q < 0 ? c->size : q + 1); p++) {
     if (p == c->rank) continue;
-    const fp_hdr_t *h = (const fp_hdr_t *)fp_slot(c, p, v);
-    int rc = tc__shm_wait_word(c->shm, p, &h->sync, v, sp, sleep, top);
+    const fp_hdr_t *h = (const fp_hdr_t *)fp_slot(c, p, v, line);
+    /* or its flag: a peer of the other class (mismatched counts) wrote its
+     * header in the other ring, where the check then finds it */
+    int rc = tc__shm_wait_word(c->shm, p, &h->sync, v, sp, sleep, 1, top);
     if (rc != TC_OK) return rc;
   }
   if (q < 0 && c->known_all < v) c->known_all = v;
@@ -425,9 +486,14 @@ static int fp_check_hdrs(cpu_ctx_t *ctx, uint64_t s, int only) {
   int fam = ctx->fam;
   for (int q = 0; q < ctx->size; q++) {
     if (q == ctx->rank || (only >= 0 && q != only)) continue;
-    const fp_hdr_t *h = (const fp_hdr_t *)fp_slot(c, q, s);
+    int other;
+    const fp_hdr_t *h =
+        fp_hdr_at(c, (const fp_hdr_t *)fp_slot(c, q, s, ctx->line), q, s, ctx->line, &other);
     size_t want = fam == FAM_AG ? op->recv[q].count * ctx->es : ctx->fbytes;
     TC_CHECK(fp_mismatch(ctx, q, h, (uint32_t)fam, want));
+    char why[400];
+    if (other && fp_other_size(q, h, why, sizeof why))
+      return tc__cpu_fail(ctx, TC_ERR_PROTOCOL, "%s", why);
   }
   return TC_OK;
 }
@@ -491,7 +557,7 @@ static int fp_read(cpu_ctx_t *ctx, uint64_t s) {
    * peer, which writes them next (fp_seg). Reductions keep rank order (the
    * same bits everywhere): the own input stands in for the own slot only
    * as the first or second operand, and not when scaled (premul). */
-#define SLOT(q) (fp_slot(c, (q), s) + doff)
+#define SLOT(q) (fp_slot(c, (q), s, ctx->line) + doff)
   const int own_in = r < 2 && op->redop.type != TC_PREMUL_SUM;
   switch (fam) {
   case FAM_AR: {
@@ -563,7 +629,7 @@ static int small_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     if (root) FP_TRY(fp_begin_root(ctx, spin, &top, &s));
     else FP_TRY(fp_begin(ctx, spin, 0, &top, &s));
     st->s = s;
-    size_t b = fp_write(ctx, fp_slot(c, ctx->rank, s) +
+    size_t b = fp_write(ctx, fp_slot(c, ctx->rank, s, ctx->line) +
                                  fp_data_off(ctx->fbytes));
     fp_put_hdr(ctx, s, b);
     tc__shm_post(c->shm, s);
@@ -573,9 +639,16 @@ static int small_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
    * waits for every header when the check is on, so that a mismatch among
    * receivers fails all of them at once */
   if (root) return TC_OK;
-  if (ctx->fam == FAM_BCAST && !c->check_fp) FP_TRY(fp_wait_hdr(c, op->root, st->s, spin, &top));
-  else FP_TRY(fp_wait_hdr(c, -1, st->s, spin, &top));
+  if (ctx->fam == FAM_BCAST && !c->check_fp)
+    FP_TRY(fp_wait_hdr(c, op->root, st->s, ctx->line, spin, &top));
+  else FP_TRY(fp_wait_hdr(c, -1, st->s, ctx->line, spin, &top));
   st->stage = 2;
+  /* the receiver of a broadcast of a few bytes fetches the root's next
+   * line now: a root that runs ahead has written it, and the transfer
+   * overlaps with this operation's end instead of opening the next one
+   * (2 ranks, 8 B: 0.26 -> 0.19 us per broadcast; docs/benchmarks.md) */
+  if (ctx->fam == FAM_BCAST && ctx->line)
+    __builtin_prefetch(fp_slot_of(c, op->root, st->s + 1, 1), 0, 3);
   return fp_read(ctx, st->s);
 }
 
@@ -583,15 +656,19 @@ int tc__cpu_fast_fpsync(cpu_ctx_t *ctx) {
   cpu_comm_t *c = ctx->c;
   tc_tp_op_t top = fp_top(ctx);
   uint64_t s;
+  ctx->line = fp_line_class(0); /* a header, no data */
   TC_CHECK(fp_begin(ctx, -1, 0, &top, &s));
   fp_put_hdr(ctx, s, 0);
   tc__shm_post(c->shm, s);
-  TC_CHECK(fp_wait_hdr(c, -1, s, -1, &top));
+  TC_CHECK(fp_wait_hdr(c, -1, s, ctx->line, -1, &top));
   for (int q = 0; q < ctx->size; q++) {
     if (q == ctx->rank) continue;
-    const fp_hdr_t *h = (const fp_hdr_t *)fp_slot(c, q, s);
+    int other;
+    const fp_hdr_t *h =
+        fp_hdr_at(c, (const fp_hdr_t *)fp_slot(c, q, s, ctx->line), q, s, ctx->line, &other);
     char why[400];
-    if (tc__opfp_mismatch(&ctx->fp, ctx->rank, &h->fp, q, why, sizeof why))
+    if (tc__opfp_mismatch(&ctx->fp, ctx->rank, &h->fp, q, why, sizeof why) ||
+        (other && fp_other_size(q, h, why, sizeof why)))
       return tc__cpu_fail(ctx, TC_ERR_PROTOCOL, "%s", why);
   }
   return TC_OK;
@@ -965,7 +1042,7 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       src = send;
     }
     fp_put_hdr(ctx, k, mine);
-    ((fp_hdr_t *)fp_slot(c, r, k))->addr = (uint64_t)(uintptr_t)src;
+    ((fp_hdr_t *)fp_slot(c, r, k, ctx->line))->addr = (uint64_t)(uintptr_t)src;
     tc__shm_post(s, k);
     st->s = k;
     st->stage = 1;
@@ -987,7 +1064,7 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     for (int j = 1; j < n; j++) {
       int q = r + j < n ? r + j : r + j - n;
       if ((only >= 0 && q != only) || (fam == FAM_BCAST && r == op->root)) continue;
-      uint64_t a = ((const fp_hdr_t *)fp_slot(c, q, k))->addr;
+      uint64_t a = ((const fp_hdr_t *)fp_slot(c, q, k, ctx->line))->addr;
       char *dst;
       size_t len = bb;
       if (fam == FAM_AG) dst = op->recv[q].buf, len = op->recv[q].count * es;
@@ -1007,6 +1084,7 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
 int tc__cpu_fast_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   ctx->fam = st->fam;
   ctx->fbytes = st->bytes;
+  ctx->line = fp_line_class(st->bytes);
   if (st->kind == CPU_FAST_SMALL) return small_run(ctx, st, spin);
   if (st->kind == CPU_FAST_CMA) return cma_run(ctx, st, spin);
   switch (st->fam) {
