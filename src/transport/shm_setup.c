@@ -75,6 +75,16 @@ static void shm_segname(const struct tc_shm *s, int r, char *buf, size_t len) {
   tc__shm_name(buf, len, s->name, tc__mesh_token(s->mesh), r, &s->owners[r]);
 }
 
+/* Maps the pages of a segment's header lines into this process now (a
+ * read of each: a shared mapping of /dev/shm then has them writable too),
+ * so that the first laps of the ring do not take a page fault per line,
+ * per rank and per segment (64 at 2 ranks: 0.3 us more per operation over
+ * the first 1000 8-byte operations). */
+static void shm_touch_lines(const struct tc_shm *s, const char *base) {
+  for (size_t i = 0; i < TC_SHM_LINES; i++)
+    (void)*(const volatile char *)(base + s->off_line + i * TC_SHM_LINE_STRIDE);
+}
+
 static int setup_fail(struct tc_shm *s, char *err, size_t errlen, int rc, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 static int setup_fail(struct tc_shm *s, char *err, size_t errlen, int rc, const char *fmt, ...) {
@@ -125,6 +135,7 @@ static int shm_create_own(struct tc_shm *s, char *why, size_t wl) {
   c->self_addr = (uint64_t)(uintptr_t)p;
   c->pid = (int32_t)getpid();
   s->me = c;
+  shm_touch_lines(s, p);
   return 0;
 }
 
@@ -182,6 +193,7 @@ static int shm_map_peer(struct tc_shm *s, int r, char *why, size_t wl) {
              "TORCHCOMMS_SHM_BYTES differs between ranks)", r);
     return -1;
   }
+  shm_touch_lines(s, p);
   return 0;
 }
 
