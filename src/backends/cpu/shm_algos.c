@@ -8,7 +8,9 @@
  * needs, and reads. Peers read data of sync k only before they post k+1, so
  * a rank that has seen every flag >= k-1 may overwrite anything but what
  * was written at k-1: small slots rotate through a ring of TC_SHM_SLOTS by
- * k, big halves alternate by a round counter, and each round's writes after
+ * k (an operation whose header and data fit in one cache line, up to 16
+ * bytes, uses a ring of TC_SHM_LINES header lines instead: fp_line_class),
+ * big halves alternate by a round counter, and each round's writes after
  * its first sync touch only the writer's own slice, which nobody reads at
  * that sync. Which rank's segment holds the slot a rank writes rotates too,
  * one segment per lap of the ring (fp_seg): a rank writes what its peer
@@ -17,17 +19,18 @@
  * 4 KiB), and for the same reason a rank takes its own contribution from
  * its own buffers rather than back from its slot where it can (fp_read).
  * The root of a small broadcast is the exception: it writes its slot
- * once every peer has left that slot's last use (flag >= k-TC_SHM_SLOTS+1)
- * and returns without waiting for its receivers, so it runs ahead of them;
- * the mismatch check of their headers is made later (fp_begin_root,
- * fp_lazy_check).
+ * once every peer has left that slot's last use (flag >= k-TC_SHM_SLOTS+1;
+ * k-TC_SHM_LINES+1 in the lines) and returns without waiting for its
+ * receivers, so it runs ahead of them; the mismatch check of their headers
+ * is made later (fp_begin_root, fp_lazy_check).
  *
  *  small (one sync, resumable, may run inline on the caller's thread):
  *   all_reduce      every rank copies its input into its slot; all reduce
  *                   all slots in rank order: identical bits everywhere.
  *   broadcast       below CPU_SHM_BCAST_HALVES: the root copies into its
- *                   slot and returns (up to TC_SHM_SLOTS-1 ahead), the
- *                   others copy out.
+ *                   slot and returns (up to TC_SHM_SLOTS-1 ahead, or
+ *                   TC_SHM_LINES-1 in the lines), the others copy out (in
+ *                   the lines fetching the root's next line ahead).
  *   barrier         post, wait for all.
  *   all_gather*     every rank copies its block in, everyone copies all out.
  *   reduce_scatter* every rank copies its whole input in; each reduces its
