@@ -474,23 +474,47 @@ TC__AVX2_INLINE void tc__h_store(uint16_t *p, __m256 f) {
 
 /* k3 (o = a op b, PFX##3) and k2 (d op= s, PFX##2) per op for a vector
  * step V of W elements, compiled with ATTR: two steps at a time (V2, 2W
- * elements) with the lines 512 bytes ahead prefetched, every line of the
- * step (the AVX-512 step spans two lines per input; prefetching only its
- * first left every other line to the hardware: bfloat16 all_reduce at 2
- * ranks against float32, medians of 8 interleaved launches, 16 MiB
- * x0.85 -> x1.02, 64 MiB x0.93 -> x1.03, 16 KiB-4 MiB unchanged), then
- * single steps; the last n % W elements go through zero-padded stack
- * copies and the same vector code. */
+ * elements), then single steps; the last n % W elements go through
+ * zero-padded stack copies and the same vector code.
+ *
+ * Each double step prefetches every line of the step (the AVX-512 step
+ * spans two lines per input) twice: TC__PF_L1 bytes ahead into L1 and
+ * TC__PF_L2 bytes ahead into L2, never past the inputs' end. These kernels
+ * are bound by their conversions (about 25 GB/s of one input on one core
+ * where float32 adds at 37-120), so they cannot also wait for misses: in a
+ * collective one input was just written by the peer's core, and each line
+ * comes from that core's cache. Measured at 2 ranks, bfloat16 against
+ * float32 busbw of the same launches (tcperf -d float32,bfloat16 -R 5),
+ * medians of 3, on a Xeon (Sapphire Rapids, 2 vCPUs):
+ *  - reduce_scatter 64 KiB: x0.74 with 512 bytes ahead into L1 only;
+ *    x0.83 with 1-4 KiB; x0.94 with 2 KiB into L1 and 8 KiB into L2
+ *    (16 KiB into L2: x0.89). 16 KiB-4 MiB x0.95-1.02.
+ *  - all_reduce 16 KiB-4 MiB x0.94-1.02 (before x0.90-0.99).
+ *  - Prefetching past the end cost all_reduce 16 KiB x0.90 -> x0.69: the
+ *    lines after a peer's chunk are the ones that peer writes next.
+ *  - The float32 kernels gained nothing from the same prefetches (64 KiB
+ *    reduce_scatter 3.98 against 3.91 us), so they have none.
+ * Before (512 bytes ahead into L1, one line per step before that), on
+ * Zen 4: bfloat16 all_reduce 16 MiB x0.85 -> x1.02, 64 MiB x0.93 -> x1.03
+ * from prefetching every line of the step. */
+enum { TC__PF_L1 = 2048, TC__PF_L2 = 8192 };
 #define TC__GEN_VEC(PFX, ATTR, W, OP, D, V, V2)                                \
   static ATTR void PFX##3_##D##_##OP(void *ov, const void *av, const void *bv, \
                                      size_t n) {                               \
     uint16_t *o = (uint16_t *)ov;                                              \
     const uint16_t *a = (const uint16_t *)av, *b = (const uint16_t *)bv;       \
+    const char *ca = (const char *)av, *cb = (const char *)bv;                 \
     size_t i = 0;                                                              \
     for (; i + 2 * (W) <= n; i += 2 * (W)) {                                   \
-      for (size_t l = 0; l < 4 * (W); l += 64) { /* every line of the step */ \
-        _mm_prefetch((const char *)(a + i) + 512 + l, _MM_HINT_T0);            \
-        _mm_prefetch((const char *)(b + i) + 512 + l, _MM_HINT_T0);            \
+      for (size_t l = 2 * i; l < 2 * i + 4 * (W); l += 64) { /* the step */    \
+        if (l + TC__PF_L1 < 2 * n) {                                           \
+          _mm_prefetch(ca + l + TC__PF_L1, _MM_HINT_T0);                       \
+          _mm_prefetch(cb + l + TC__PF_L1, _MM_HINT_T0);                       \
+        }                                                                      \
+        if (l + TC__PF_L2 < 2 * n) {                                           \
+          _mm_prefetch(ca + l + TC__PF_L2, _MM_HINT_T1);                       \
+          _mm_prefetch(cb + l + TC__PF_L2, _MM_HINT_T1);                       \
+        }                                                                      \
       }                                                                        \
       V2(OP, o + i, a + i, b + i);                                             \
     }                                                                          \
