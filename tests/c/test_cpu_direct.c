@@ -616,19 +616,38 @@ TC_TEST(cpu_direct_collectives_2) { tc_spawn(2, collectives_rank, NULL, 60); }
 TC_TEST(cpu_direct_collectives_3) { tc_spawn(3, collectives_rank, NULL, 90); }
 TC_TEST(cpu_direct_collectives_4) { tc_spawn(4, collectives_rank, NULL, 120); }
 
-/* Blocks large enough for streaming stores (CPU_STREAM_COPY_BYTES) through
- * the big halves, at offsets that are no multiple of 64: all_gathers out of
- * place (the halves take the own block from the send buffer), in place and
- * as a list (from the output); all_to_alls; broadcasts. */
+/* Blocks large enough for streaming stores (TORCHCOMMS_CPU_STREAM_BYTES,
+ * here 1 MiB) through the big halves (single copy off), at offsets that are
+ * no multiple of 64: all_gathers out of place (the halves take the own
+ * block from the send buffer), in place and as a list (from the output);
+ * all_to_alls; broadcasts. Then the same just below the threshold (plain
+ * copies, the own all_gather block through the output). */
 static void big_copy_rank(tc_ctx_t *ctx) {
+  setenv("TORCHCOMMS_CPU_STREAM_BYTES", "1M", 1);
+  setenv("TORCHCOMMS_CPU_CMA_BYTES", "0", 1);
   dcomm_t *d = d_init(ctx, "bigcopy", 60);
-  size_t count = CPU_STREAM_COPY_BYTES / 4 + 7;
+  TC_ASSERT_EQ(((cpu_comm_t *)d->b)->stream_min, (size_t)1 << 20);
+  size_t count = (1u << 20) / 4 + 7;
   gather_family(d, count, 97);
   all_to_all_family(d, count, 96);
   bcast_reduce_family(d, count, 95);
+  count = (1u << 20) / 4 - 9;
+  gather_family(d, count, 94);
+  all_to_all_family(d, count, 93);
+  bcast_reduce_family(d, count, 92);
   d_finalize(d);
 }
 TC_TEST(cpu_direct_streaming_copies) { tc_spawn(2, big_copy_rank, NULL, 120); }
+
+/* The streaming threshold when TORCHCOMMS_CPU_STREAM_BYTES is unset: 8 MiB,
+ * or a sixteenth of the L3 when that is larger (cpu.h). */
+TC_TEST(cpu_direct_stream_threshold) {
+  TC_ASSERT_EQ(tc__cpu_stream_min(0), (size_t)8 << 20);
+  TC_ASSERT_EQ(tc__cpu_stream_min((size_t)32 << 20), (size_t)8 << 20);
+  TC_ASSERT_EQ(tc__cpu_stream_min((size_t)128 << 20), (size_t)8 << 20);
+  TC_ASSERT_EQ(tc__cpu_stream_min(((size_t)128 << 20) + 16), ((size_t)8 << 20) + 1);
+  TC_ASSERT_EQ(tc__cpu_stream_min((size_t)480 << 20), (size_t)30 << 20);
+}
 
 /* ---- failures ---- */
 

@@ -468,6 +468,7 @@ static void check_rank_files(const job_t *j) {
     TC_ASSERT_CONTAINS(text, want);
     TC_ASSERT_CONTAINS(text, "init: communicator 'logt': thresholds: caller's thread when idle "
                              "up to 1 MiB");
+    if (!j->tcp) TC_ASSERT_CONTAINS(text, "; streaming stores from ");
     TC_ASSERT_CONTAINS(text, "init: communicator 'logt': settings: ");
     TC_ASSERT_CONTAINS(text, " TORCHCOMMS_LOG=info");
     snprintf(want, sizeof want, " TORCHCOMMS_LOG_FILE=%s/tc.%%r.%%p.%%h.log", j->dir);

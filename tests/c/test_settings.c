@@ -155,12 +155,15 @@ TC_TEST(settings_read_once_until_reload) {
   setenv("TORCHCOMMS_CPU_CMA_BYTES", "64K", 1);
   setenv("TORCHCOMMS_CPU_INLINE_BYTES", "0", 1);
   setenv("TORCHCOMMS_CPU_SHM_SMALL_BYTES", "16384", 1);
+  setenv("TORCHCOMMS_CPU_STREAM_BYTES", "12M", 1);
   char err[512] = "";
   TC_ASSERT_OK(tc__settings_reload(err, sizeof err));
   TC_ASSERT_EQ(tc__setting_bytes(TC_SET_CPU_CMA_BYTES), 65536);
   TC_ASSERT_DBL_NEAR(tc__setting_double(TC_SET_CPU_CMA_BYTES), 65536, 0);
   TC_ASSERT_DBL_NEAR(tc__setting_double(TC_SET_CPU_INLINE_BYTES), 0, 0);
   TC_ASSERT_DBL_NEAR(tc__setting_double(TC_SET_CPU_SHM_SMALL_BYTES), 16384, 0);
+  TC_ASSERT_EQ(tc__setting_bytes(TC_SET_CPU_STREAM_BYTES), 12ull << 20);
+  TC_ASSERT(tc__setting_is_set(TC_SET_CPU_STREAM_BYTES));
   setenv("TORCHCOMMS_CPU_CMA_BYTES", "-1", 1);
   TC_ASSERT_EQ(tc__settings_reload(err, sizeof err), TC_ERR_INVALID_ARGUMENT);
   TC_ASSERT_CONTAINS(err, "TORCHCOMMS_CPU_CMA_BYTES='-1' is not valid: expected a byte count");
@@ -168,6 +171,7 @@ TC_TEST(settings_read_once_until_reload) {
   unsetenv("TORCHCOMMS_CPU_CMA_BYTES");
   unsetenv("TORCHCOMMS_CPU_INLINE_BYTES");
   unsetenv("TORCHCOMMS_CPU_SHM_SMALL_BYTES");
+  unsetenv("TORCHCOMMS_CPU_STREAM_BYTES");
   TC_ASSERT_OK(tc__settings_reload(err, sizeof err));
   TC_ASSERT_DBL_NEAR(tc__setting_double(TC_SET_CPU_INLINE_BYTES), 1 << 20, 0);
 }

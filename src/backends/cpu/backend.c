@@ -628,6 +628,12 @@ int tc__cpu_open(const tc_backend_init_args_t *a, tc_tp_choice_t choice, int chi
     if (c->shm) tc__shm_areas(c->shm, &c->areas);
     c->slot_k1 = 0;
     c->small_ar = (size_t)tc__setting_bytes(TC_SET_CPU_SHM_SMALL_BYTES);
+    if (tc__setting_is_set(TC_SET_CPU_STREAM_BYTES)) {
+      c->stream_min = (size_t)tc__setting_bytes(TC_SET_CPU_STREAM_BYTES);
+    } else {
+      long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+      c->stream_min = tc__cpu_stream_min(llc > 0 ? (size_t)llc : 0);
+    }
     /* single copy (process_vm_readv from the peers' buffers) or two
      * copies through the shared segments: which is faster depends on the
      * host (on an AMD one the segments won 1.3-4x at 2 ranks from 16 KiB
@@ -806,8 +812,10 @@ static void cpu_describe(void *bc, char *buf, size_t len) {
   PUT("\nthresholds: caller's thread when idle up to %s",
       cpu_bytes(c->inline_max, b1, sizeof b1));
   if (c->shm) {
-    PUT("; shm all_reduce through the small slots up to %s; single copy %s%s",
-        cpu_bytes(c->small_ar, b2, sizeof b2), c->cma_min == SIZE_MAX ? "off" : "from ",
+    PUT("; shm all_reduce through the small slots up to %s; streaming stores from %s blocks; "
+        "single copy %s%s",
+        cpu_bytes(c->small_ar, b2, sizeof b2), cpu_bytes(c->stream_min, b4, sizeof b4),
+        c->cma_min == SIZE_MAX ? "off" : "from ",
         c->cma_min == SIZE_MAX ? "" : cpu_bytes(c->cma_min, b3, sizeof b3));
     if (c->cma_min_a2a != c->cma_min)
       PUT(", for all_to_all %s%s", c->cma_min_a2a == SIZE_MAX ? "off" : "from ",

@@ -103,7 +103,7 @@
 #define CPU_CMA_MAX_BCAST_MANY (64u * 1024u)
 /* ...and all_gather* and all_to_all_single only while what one rank reads
  * of one peer is below this: larger blocks go through the halves, whose
- * copies out use streaming stores from CPU_STREAM_COPY_BYTES (the kernel's
+ * copies out use streaming stores from c->stream_min (the kernel's
  * copy for process_vm_readv reads every line it writes). 2 ranks, Intel
  * Xeon, 3 interleaved launches each, us: all_gather of 64 MiB 15457-18153
  * single copy -> 12453-13422 halves, all_to_all 16113-17802 -> 12357-13408
@@ -120,14 +120,29 @@
  * overrides (it may differ between ranks). */
 
 /* The big halves' all_gather, all_to_all and broadcast copy blocks of at
- * least this many bytes with non-temporal stores (tc__copy_stream,
- * shm_algos.c's fp_copy): at 2 ranks the operation's
- * buffers then no longer fit in this machine's 32 MiB L3, and a plain copy
- * first reads every line it writes. 2 ranks, medians of 6 launches in
- * alternating order, from 1 MiB blocks: 16 MiB 1954 -> 1615 us, 64 MiB
- * 9735 -> 7593, but 4 MiB 174 -> 376 (its buffers fit in the cache, where
- * plain stores are faster); from 4 MiB blocks, 8 MiB 751 -> 825. */
+ * least c->stream_min bytes with non-temporal stores (tc__copy_stream,
+ * shm_algos.c's fp_copy): the operation's buffers then no longer fit in
+ * the L3 cache, and a plain copy first reads every line it writes.
+ * c->stream_min is TORCHCOMMS_CPU_STREAM_BYTES, else the larger of
+ * CPU_STREAM_COPY_BYTES and the L3's size / CPU_STREAM_LLC_DIV
+ * (tc__cpu_stream_min).
+ *  - An AMD host with a 32 MiB L3, 2 ranks, medians of 6 launches in
+ *    alternating order, all_gather from 1 MiB blocks: 16 MiB 1954 -> 1615
+ *    us, 64 MiB 9735 -> 7593, but 4 MiB 174 -> 376 (its buffers fit in the
+ *    cache, where plain stores are faster); from 4 MiB blocks, 8 MiB 751 ->
+ *    825. So 8 MiB there.
+ *  - An Intel Xeon guest whose L3 reads 480 MiB (2 vCPUs; the socket's
+ *    cache, shared with other guests), 2 ranks, alternating launches,
+ *    medians, us, streaming from 8 MiB against never: broadcast 16 MiB
+ *    1570 against 1468 (8 launches), 32 MiB 3170 against 2958 (6), 64 MiB
+ *    6408 against 6419 (4); all_gather 32 MiB (16 MiB blocks) 4038
+ *    against 3942, 64 MiB 8278 against 9193; all_to_all 32 MiB 3895
+ *    against 3842, 64 MiB 8863 against 10704. Streaming pays from 32 MiB
+ *    blocks there: a sixteenth of the L3 (30 MiB) keeps both hosts' best. */
 #define CPU_STREAM_COPY_BYTES (8u * 1024u * 1024u)
+#define CPU_STREAM_LLC_DIV 16
+/* The streaming threshold for an L3 cache of llc bytes (0: unknown). */
+size_t tc__cpu_stream_min(size_t llc);
 
 /* The progress of a resumable shared-memory operation. */
 typedef struct cpu_fast {
@@ -214,6 +229,7 @@ typedef struct cpu_comm {
   uint64_t lazy_slot_lo; /* the lowest of those in the slots (not the lines), 0: none */
   uint64_t big_round;
   size_t small_ar;    /* TORCHCOMMS_CPU_SHM_SMALL_BYTES */
+  size_t stream_min;  /* TORCHCOMMS_CPU_STREAM_BYTES, else tc__cpu_stream_min */
   size_t inline_max;  /* TORCHCOMMS_CPU_INLINE_BYTES */
   size_t cma_min;     /* TORCHCOMMS_CPU_CMA_BYTES; SIZE_MAX: off */
   size_t cma_min_a2a; /* the same for all_to_all_single (measured apart) */

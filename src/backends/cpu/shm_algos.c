@@ -681,10 +681,15 @@ int tc__cpu_fast_fpsync(cpu_ctx_t *ctx) {
 /* Large: rounds through the big halves, resumable at every wait             */
 /* ------------------------------------------------------------------------ */
 
+size_t tc__cpu_stream_min(size_t llc) {
+  size_t m = llc / CPU_STREAM_LLC_DIV;
+  return m > CPU_STREAM_COPY_BYTES ? m : CPU_STREAM_COPY_BYTES;
+}
+
 /* A copy of the big halves' paths: with streaming stores when the block it
- * belongs to is large (CPU_STREAM_COPY_BYTES), else memcpy. */
-static void fp_copy(void *dst, const void *src, size_t len, size_t block) {
-  if (block >= CPU_STREAM_COPY_BYTES) tc__copy_stream(dst, src, len);
+ * belongs to is large (c->stream_min, cpu.h), else memcpy. */
+static void fp_copy(const cpu_comm_t *c, void *dst, const void *src, size_t len, size_t block) {
+  if (block >= c->stream_min) tc__copy_stream(dst, src, len);
   else memcpy(dst, src, len);
 }
 
@@ -834,7 +839,7 @@ static int big_broadcast(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     int chk = off == 0 && c->check_fp ? -1 : root;
     FP_TRY(fp_wait(c, chk, st->s, spin, off > 0, &top));
     if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, chk));
-    fp_copy(buf + off, fp_half(c, root, st->round) + bcast_off(c, st->round, bytes), len, bytes);
+    fp_copy(c, buf + off, fp_half(c, root, st->round) + bcast_off(c, st->round, bytes), len, bytes);
     st->off += per;
     st->stage = 0;
   }
@@ -855,7 +860,7 @@ static int big_all_gather(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
    * streaming stores instead, when the send buffer lies apart from the
    * output, and goes into the halves from the send buffer */
   const char *mysrc = mydst;
-  if (mylen >= CPU_STREAM_COPY_BYTES) {
+  if (mylen >= c->stream_min) {
     mysrc = op->sendbuf;
     for (int q = 0; q < n && mysrc != mydst; q++)
       if (cpu_overlaps(op->sendbuf, mylen, op->recv[q].buf, op->recv[q].count * es)) mysrc = mydst;
@@ -885,7 +890,7 @@ static int big_all_gather(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       char *dst = op->recv[q].buf;
       size_t len = op->recv[q].count * es;
       if (q == r || off >= len) continue;
-      fp_copy(dst + off, fp_half(c, q, st->round), len - off < per ? len - off : per, len);
+      fp_copy(c, dst + off, fp_half(c, q, st->round), len - off < per ? len - off : per, len);
     }
     st->off += per;
     st->stage = 0;
@@ -971,7 +976,7 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     send = sc;
   }
   if (!st->init) { /* send and recv lie apart (in place: staged above) */
-    fp_copy(recv + (size_t)r * bb, send + (size_t)r * bb, bb, bb);
+    fp_copy(c, recv + (size_t)r * bb, send + (size_t)r * bb, bb, bb);
     st->init = 1;
   }
   for (;;) {
@@ -991,7 +996,7 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     FP_TRY(fp_wait(c, -1, st->s, spin, 1, &top));
     if (off == 0) TC_CHECK(fp_check_hdrs(ctx, st->s, -1));
     for (int q = 0; q < n; q++)
-      if (q != r) fp_copy(recv + (size_t)q * bb + off, fp_part(c, q, r, st->round, part), len, bb);
+      if (q != r) fp_copy(c, recv + (size_t)q * bb + off, fp_part(c, q, r, st->round, part), len, bb);
     st->off += part;
     st->stage = 0;
   }
