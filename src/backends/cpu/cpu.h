@@ -63,11 +63,11 @@
 /* Shared memory with single copy: broadcast, all_gather* and
  * all_to_all_single of at least this many bytes (per rank for all_gather)
  * read the peers' buffers directly (TORCHCOMMS_CPU_CMA_BYTES overrides; the
- * same on every rank). Broadcasts above CPU_CMA_MAX_BCAST go through the
- * halves instead: there the root's copy in and the receivers' copies out
- * overlap, which measured faster on a 2-core machine than one reader
- * streaming the root's buffer from memory. */
-#define CPU_CMA_MAX_BCAST (1024u * 1024u)
+ * same on every rank). At 2 ranks a broadcast below CPU_CMA_MAX_BLOCK is
+ * copied by both ranks, half each (shm_algos.c, bcast_split_run); larger
+ * ones go through the halves, where the root's copy in and the receiver's
+ * copy out overlap. (With one reader copying everything, broadcasts above
+ * 1 MiB measured faster through the halves on a 2-core machine.) */
 /* Where single copy measured faster at creation (tc__cpu_cma_calibrate):
  * from this many bytes. On the Intel Xeon host of 2026-12-02 single copy
  * won from 64 KiB for all_gather and all_to_all and from 64 KiB to 256 KiB
@@ -151,6 +151,7 @@ typedef struct cpu_fast {
   int init;   /* one-time preparation done */
   uint64_t round; /* the current big round (shm_algos.c: fp_half) */
   uint64_t s; /* the current sync point */
+  uint64_t k0; /* single copy: the sync point it began with */
   size_t off; /* the current round's offset */
   int fam;      /* the shared-memory family (shm_algos.c), set with kind */
   size_t bytes; /* bytes one rank puts through its slot or halves, set with kind */

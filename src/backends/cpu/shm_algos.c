@@ -48,8 +48,10 @@
  */
 #include "backends/cpu/cpu.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 
@@ -393,7 +395,7 @@ static int fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, int fam, si
   size_t es = tc__dtype_size(op->dtype);
   if (!c->shm || c->size < 2) return 0;
   if (b == SIZE_MAX || (b == 0 && op->kind != TC_KIND_BARRIER)) return 0;
-  size_t bcast_max = c->size > 2 ? CPU_CMA_MAX_BCAST_MANY : CPU_CMA_MAX_BCAST;
+  size_t bcast_max = c->size > 2 ? CPU_CMA_MAX_BCAST_MANY : SIZE_MAX;
   size_t blk = fam == FAM_A2A ? op->count * es : b; /* what one peer reads of one rank */
   size_t cma_min = fam == FAM_A2A ? c->cma_min_a2a : c->cma_min;
   if ((fam == FAM_AG || fam == FAM_A2A || (fam == FAM_BCAST && b <= bcast_max)) &&
@@ -1012,8 +1014,100 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
  * copies what it needs from there into its output; sync k+1 says "done
  * reading": only after every peer posted it may a rank return, because
  * until then its buffers are being read. Taken from c->cma_min bytes,
- * broadcasts up to CPU_CMA_MAX_BCAST(_MANY), all_gather / all_to_all blocks
- * below CPU_CMA_MAX_BLOCK (fast_kind). */
+ * broadcasts below CPU_CMA_MAX_BLOCK at 2 ranks (bcast_split) and up to
+ * CPU_CMA_MAX_BCAST_MANY at more, all_gather / all_to_all blocks below
+ * CPU_CMA_MAX_BLOCK (fast_kind). */
+
+/* A broadcast at 2 ranks is copied by both: the receiver reads the first
+ * half of the root's buffer (process_vm_readv) while the root writes the
+ * second half into the receiver's output (process_vm_writev). 2 ranks,
+ * Intel Xeon guest, 3 alternating launches, us, one reader against both:
+ * 64 KiB 3.4 -> 2.8-3.1, 256 KiB 10.1-11.3 -> 6.2-7.0, 1 MiB 60-62 ->
+ * 20-22, 4 MiB 381-394 -> 195-222; 16 and 64 MiB the same as through the
+ * halves (docs/benchmarks.md, "Broadcast at 2 ranks: both copy").
+ *
+ * The root may write into the receiver's output only while the receiver
+ * is still in the operation. The gate, a word beside the receiver's header
+ * of sync k (its slot's data area, unused by single copy), says so: the
+ * receiver sets it to BG_OPEN before it posts k; the root moves it from
+ * BG_OPEN to BG_WRITING before it writes and to BG_DONE after; a receiver
+ * whose operation fails (its timeout, an abort) moves it from BG_OPEN to
+ * BG_CLOSED, after which the root writes nothing and fails too, and when
+ * the root is already writing it waits for BG_DONE or the root's exit
+ * (bcast_abandon) before it returns, so that no write lands in a buffer
+ * given back to the caller. */
+enum { BG_OPEN = 0, BG_WRITING = 1, BG_DONE = 2, BG_CLOSED = 3 };
+/* Where the receiver's half ends: half of the bytes, on a page boundary
+ * (each side then pins whole pages only). */
+static inline size_t bcast_split_at(size_t bytes) { return bytes / 2 & ~(size_t)4095; }
+static inline _Atomic uint64_t *bcast_gate(cpu_comm_t *c, int recv, uint64_t k) {
+  return (_Atomic uint64_t *)(void *)(fp_slot(c, recv, k, 0) + FP_HDR);
+}
+static inline int bcast_split(const cpu_comm_t *c, int fam) {
+  return fam == FAM_BCAST && c->size == 2;
+}
+static int bcast_abandon(cpu_ctx_t *ctx, uint64_t k, int rc) {
+  cpu_comm_t *c = ctx->c;
+  _Atomic uint64_t *g = bcast_gate(c, ctx->rank, k);
+  uint64_t v = BG_OPEN;
+  if (atomic_compare_exchange_strong(g, &v, BG_CLOSED) || v != BG_WRITING) return rc;
+  /* the root is inside its write: wait for its end (or the root's exit),
+   * at most one more timeout */
+  const int root = ctx->op->root;
+  double end = tc__now() + (ctx->op->timeout_s > 0 ? ctx->op->timeout_s : 600);
+  while (atomic_load(g) == BG_WRITING && tc__shm_peer_alive(c->shm, root)) {
+    if (tc__now() > end) {
+      size_t l = strlen(ctx->msg);
+      snprintf(ctx->msg + l, sizeof ctx->msg - l,
+               "; the root (rank %d) was still writing into this rank's output when this rank "
+               "gave up, and may still change it",
+               root);
+      return rc;
+    }
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
+  return rc;
+}
+
+/* Stages 1 and 2 of a split broadcast (above), after stage 0 posted k. */
+static int bcast_split_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin, tc_tp_op_t *top) {
+  cpu_comm_t *c = ctx->c;
+  tc_shm_t *s = c->shm;
+  const tc_backend_op_t *op = ctx->op;
+  const int r = ctx->rank, peer = 1 - r, root = op->root;
+  const size_t bb = op->count * ctx->es, h = bcast_split_at(bb);
+  if (st->stage == 1) {
+    const uint64_t k = st->s;
+    FP_TRY(fp_wait(c, peer, k, spin, 0, top));
+    TC_CHECK(fp_check_hdrs(ctx, k, -1));
+    const uint64_t a = ((const fp_hdr_t *)fp_slot(c, peer, k, ctx->line))->addr;
+    if (r == root) {
+      _Atomic uint64_t *g = bcast_gate(c, peer, k);
+      uint64_t v = BG_OPEN;
+      if (!atomic_compare_exchange_strong(g, &v, BG_WRITING))
+        return tc__cpu_fail(ctx, TC_ERR_REMOTE,
+                            "peer %d gave up on this broadcast before its output was written "
+                            "(its timeout, or an abort there); nothing was written",
+                            peer);
+      char why[256];
+      int rc = tc__shm_write_peer(s, peer, a + h, (const char *)op->recvbuf + h, bb - h, why,
+                                  sizeof why);
+      atomic_store(g, BG_DONE);
+      if (rc != TC_OK) return tc__cpu_fail(ctx, rc, "%s", why);
+    } else {
+      TC_CHECK(tc__shm_read_peer(s, root, op->recvbuf, a, h, top));
+    }
+    st->s = ++c->sync;
+    tc__shm_post(s, st->s);
+    st->stage = 2;
+  }
+  /* the receiver's output is whole once the root posted; the root's buffer
+   * is free once the receiver did */
+  FP_TRY(fp_wait(c, peer, st->s, spin, 1, top));
+  return TC_OK;
+}
+
 static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
   cpu_comm_t *c = ctx->c;
   tc_shm_t *s = c->shm;
@@ -1051,9 +1145,16 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     }
     fp_put_hdr(ctx, k, mine);
     ((fp_hdr_t *)fp_slot(c, r, k, ctx->line))->addr = (uint64_t)(uintptr_t)src;
+    if (bcast_split(c, fam) && r != op->root) atomic_store(bcast_gate(c, r, k), BG_OPEN);
     tc__shm_post(s, k);
     st->s = k;
+    st->k0 = k;
     st->stage = 1;
+  }
+  if (bcast_split(c, fam)) {
+    int rc = bcast_split_run(ctx, st, spin, &top);
+    if (rc != TC_OK && rc != CPU_PENDING && r != op->root) rc = bcast_abandon(ctx, st->k0, rc);
+    return rc;
   }
   if (st->stage == 1) {
     uint64_t k = st->s;
