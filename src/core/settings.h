@@ -69,7 +69,7 @@
   X(CPU_INLINE_BYTES, "TORCHCOMMS_CPU_INLINE_BYTES", BYTES, 1 << 20, 0, 0, NULL,            \
     "run operations up to this size on the caller's thread")                             \
   X(CPU_STREAM_BYTES, "TORCHCOMMS_CPU_STREAM_BYTES", BYTES, 0, 0, 0, NULL,                  \
-    "shm: copy blocks of at least this size out of the shared segments with streaming stores (unset: 8 MiB or a sixteenth of the L3 cache, the larger)") \
+    "shm: copy blocks of at least this size out of the shared segments with streaming stores (unset: 8 MiB or the L3 cache / (8 x ranks), the larger)") \
   X(CPU_SHM_SMALL_BYTES, "TORCHCOMMS_CPU_SHM_SMALL_BYTES", BYTES, 8 << 10, 0, 0,           \
     NULL, "shm all_reduce through the small slots up to this size (the same on every rank)") \
   X(CPU_SPIN_US, "TORCHCOMMS_CPU_SPIN_US", NUM, 0, 0, 1e9, NULL,                           \

@@ -640,13 +640,16 @@ static void big_copy_rank(tc_ctx_t *ctx) {
 TC_TEST(cpu_direct_streaming_copies) { tc_spawn(2, big_copy_rank, NULL, 120); }
 
 /* The streaming threshold when TORCHCOMMS_CPU_STREAM_BYTES is unset: 8 MiB,
- * or a sixteenth of the L3 when that is larger (cpu.h). */
+ * or the L3 / (8 x ranks) when that is larger (cpu.h). */
 TC_TEST(cpu_direct_stream_threshold) {
-  TC_ASSERT_EQ(tc__cpu_stream_min(0), (size_t)8 << 20);
-  TC_ASSERT_EQ(tc__cpu_stream_min((size_t)32 << 20), (size_t)8 << 20);
-  TC_ASSERT_EQ(tc__cpu_stream_min((size_t)128 << 20), (size_t)8 << 20);
-  TC_ASSERT_EQ(tc__cpu_stream_min(((size_t)128 << 20) + 16), ((size_t)8 << 20) + 1);
-  TC_ASSERT_EQ(tc__cpu_stream_min((size_t)480 << 20), (size_t)30 << 20);
+  TC_ASSERT_EQ(tc__cpu_stream_min(0, 2), (size_t)8 << 20);
+  TC_ASSERT_EQ(tc__cpu_stream_min((size_t)32 << 20, 2), (size_t)8 << 20);
+  TC_ASSERT_EQ(tc__cpu_stream_min((size_t)128 << 20, 2), (size_t)8 << 20);
+  TC_ASSERT_EQ(tc__cpu_stream_min(((size_t)128 << 20) + 16, 2), ((size_t)8 << 20) + 1);
+  TC_ASSERT_EQ(tc__cpu_stream_min((size_t)480 << 20, 2), (size_t)30 << 20);
+  TC_ASSERT_EQ(tc__cpu_stream_min((size_t)480 << 20, 4), (size_t)15 << 20);
+  TC_ASSERT_EQ(tc__cpu_stream_min((size_t)480 << 20, 8), (size_t)8 << 20);
+  TC_ASSERT_EQ(tc__cpu_stream_min((size_t)480 << 20, 1), (size_t)60 << 20);
 }
 
 /* ---- failures ---- */

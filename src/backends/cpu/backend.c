@@ -632,7 +632,7 @@ int tc__cpu_open(const tc_backend_init_args_t *a, tc_tp_choice_t choice, int chi
       c->stream_min = (size_t)tc__setting_bytes(TC_SET_CPU_STREAM_BYTES);
     } else {
       long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-      c->stream_min = tc__cpu_stream_min(llc > 0 ? (size_t)llc : 0);
+      c->stream_min = tc__cpu_stream_min(llc > 0 ? (size_t)llc : 0, c->size);
     }
     /* single copy (process_vm_readv from the peers' buffers) or two
      * copies through the shared segments: which is faster depends on the

@@ -124,8 +124,9 @@
  * shm_algos.c's fp_copy): the operation's buffers then no longer fit in
  * the L3 cache, and a plain copy first reads every line it writes.
  * c->stream_min is TORCHCOMMS_CPU_STREAM_BYTES, else the larger of
- * CPU_STREAM_COPY_BYTES and the L3's size / CPU_STREAM_LLC_DIV
- * (tc__cpu_stream_min).
+ * CPU_STREAM_COPY_BYTES and the L3's size / (CPU_STREAM_LLC_PER_RANK x the
+ * ranks sharing the segments) (tc__cpu_stream_min): an operation's buffers
+ * grow with its blocks times its ranks.
  *  - An AMD host with a 32 MiB L3, 2 ranks, medians of 6 launches in
  *    alternating order, all_gather from 1 MiB blocks: 16 MiB 1954 -> 1615
  *    us, 64 MiB 9735 -> 7593, but 4 MiB 174 -> 376 (its buffers fit in the
@@ -138,11 +139,15 @@
  *    6408 against 6419 (4); all_gather 32 MiB (16 MiB blocks) 4038
  *    against 3942, 64 MiB 8278 against 9193; all_to_all 32 MiB 3895
  *    against 3842, 64 MiB 8863 against 10704. Streaming pays from 32 MiB
- *    blocks there: a sixteenth of the L3 (30 MiB) keeps both hosts' best. */
+ *    blocks there: a sixteenth of the L3 (30 MiB) keeps both hosts' best.
+ *    At 4 ranks (2 cores) the 64 MiB all_gather (16 MiB blocks) took
+ *    15809 us streaming and 20757 without, all_to_all 24797 and 29088
+ *    (3 launches each): a 32nd of the L3 there. */
 #define CPU_STREAM_COPY_BYTES (8u * 1024u * 1024u)
-#define CPU_STREAM_LLC_DIV 16
-/* The streaming threshold for an L3 cache of llc bytes (0: unknown). */
-size_t tc__cpu_stream_min(size_t llc);
+#define CPU_STREAM_LLC_PER_RANK 8
+/* The streaming threshold for an L3 cache of llc bytes (0: unknown) shared
+ * by nranks ranks. */
+size_t tc__cpu_stream_min(size_t llc, int nranks);
 
 /* The progress of a resumable shared-memory operation. */
 typedef struct cpu_fast {

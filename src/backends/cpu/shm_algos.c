@@ -683,8 +683,8 @@ int tc__cpu_fast_fpsync(cpu_ctx_t *ctx) {
 /* Large: rounds through the big halves, resumable at every wait             */
 /* ------------------------------------------------------------------------ */
 
-size_t tc__cpu_stream_min(size_t llc) {
-  size_t m = llc / CPU_STREAM_LLC_DIV;
+size_t tc__cpu_stream_min(size_t llc, int nranks) {
+  size_t m = llc / (CPU_STREAM_LLC_PER_RANK * (size_t)(nranks > 1 ? nranks : 1));
   return m > CPU_STREAM_COPY_BYTES ? m : CPU_STREAM_COPY_BYTES;
 }
 
