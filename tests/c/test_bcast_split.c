@@ -15,7 +15,11 @@
  *  - gate: the receiver gives up (its timeout) before the root has begun;
  *    only then does the root issue the broadcast. The root fails, naming
  *    the peer that gave up, and writes nothing: the receiver's output,
- *    checked after the root has returned, still holds what it held. */
+ *    checked after the root has returned, still holds what it held.
+ *  - two_roots: with the mismatch check off, each rank calls itself the
+ *    root. Both fail, naming the peer and the roots, and each buffer still
+ *    holds its own rank's data (the headers' check refuses it first;
+ *    neither rank opened a gate for this broadcast either). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,3 +106,26 @@ static void gate_rank(tc_ctx_t *ctx) {
   tc_comm_destroy(c);
 }
 TC_TEST(bcast_split_gate_w2) { tc_spawn(2, gate_rank, tc_shared_zalloc(sizeof(gate_t)), 90); }
+
+static void two_roots_rank(tc_ctx_t *ctx) {
+  setenv("TORCHCOMMS_CHECK_MISMATCH", "0", 1);
+  tc_comm_t *c = split_comm(ctx, "split-roots", 30);
+  const size_t n = 1u << 20;
+  unsigned char *buf = malloc(n);
+  TC_ASSERT(buf != NULL);
+  for (size_t i = 0; i < n; i++) buf[i] = (unsigned char)(i * 3u + (unsigned)ctx->rank);
+  int rc = tc_broadcast(c, buf, n, TC_UINT8, ctx->rank, NULL, NULL);
+  TC_ASSERT_EQ(rc, TC_ERR_PROTOCOL);
+  const char *e = tc_last_error();
+  fprintf(stderr, "# rank %d: %s\n", ctx->rank, e);
+  /* the headers' check finds it first (it runs even with the setting
+   * off); the gate would refuse the write after it */
+  TC_ASSERT_CONTAINS(e, "root");
+  TC_ASSERT_CONTAINS(e, ctx->rank == 0 ? "peer 1" : "peer 0");
+  for (size_t i = 0; i < n; i++)
+    if (buf[i] != (unsigned char)(i * 3u + (unsigned)ctx->rank))
+      tc_test_fail(__FILE__, __LINE__, "rank %d: byte %zu was written", ctx->rank, i);
+  free(buf);
+  tc_comm_destroy(c);
+}
+TC_TEST(bcast_split_two_roots_w2) { tc_spawn(2, two_roots_rank, NULL, 60); }

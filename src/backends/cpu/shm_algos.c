@@ -1035,8 +1035,11 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
  * BG_CLOSED, after which the root writes nothing and fails too, and when
  * the root is already writing it waits for BG_DONE or the root's exit
  * (bcast_abandon) before it returns, so that no write lands in a buffer
- * given back to the caller. */
+ * given back to the caller. Each value carries k (bg(k, state)): a gate
+ * left from an earlier broadcast, or a peer that is no receiver of this
+ * one (two roots, with TORCHCOMMS_CHECK_MISMATCH=0), never opens. */
 enum { BG_OPEN = 0, BG_WRITING = 1, BG_DONE = 2, BG_CLOSED = 3 };
+static inline uint64_t bg(uint64_t k, int state) { return k << 2 | (uint64_t)state; }
 /* Where the receiver's half ends: half of the bytes, on a page boundary
  * (each side then pins whole pages only). */
 static inline size_t bcast_split_at(size_t bytes) { return bytes / 2 & ~(size_t)4095; }
@@ -1049,13 +1052,13 @@ static inline int bcast_split(const cpu_comm_t *c, int fam) {
 static int bcast_abandon(cpu_ctx_t *ctx, uint64_t k, int rc) {
   cpu_comm_t *c = ctx->c;
   _Atomic uint64_t *g = bcast_gate(c, ctx->rank, k);
-  uint64_t v = BG_OPEN;
-  if (atomic_compare_exchange_strong(g, &v, BG_CLOSED) || v != BG_WRITING) return rc;
+  uint64_t v = bg(k, BG_OPEN);
+  if (atomic_compare_exchange_strong(g, &v, bg(k, BG_CLOSED)) || v != bg(k, BG_WRITING)) return rc;
   /* the root is inside its write: wait for its end (or the root's exit),
    * at most one more timeout */
   const int root = ctx->op->root;
   double end = tc__now() + (ctx->op->timeout_s > 0 ? ctx->op->timeout_s : 600);
-  while (atomic_load(g) == BG_WRITING && tc__shm_peer_alive(c->shm, root)) {
+  while (atomic_load(g) == bg(k, BG_WRITING) && tc__shm_peer_alive(c->shm, root)) {
     if (tc__now() > end) {
       size_t l = strlen(ctx->msg);
       snprintf(ctx->msg + l, sizeof ctx->msg - l,
@@ -1084,16 +1087,22 @@ static int bcast_split_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin, tc_tp_op
     const uint64_t a = ((const fp_hdr_t *)fp_slot(c, peer, k, ctx->line))->addr;
     if (r == root) {
       _Atomic uint64_t *g = bcast_gate(c, peer, k);
-      uint64_t v = BG_OPEN;
-      if (!atomic_compare_exchange_strong(g, &v, BG_WRITING))
-        return tc__cpu_fail(ctx, TC_ERR_REMOTE,
-                            "peer %d gave up on this broadcast before its output was written "
-                            "(its timeout, or an abort there); nothing was written",
+      uint64_t v = bg(k, BG_OPEN);
+      if (!atomic_compare_exchange_strong(g, &v, bg(k, BG_WRITING))) {
+        if (v == bg(k, BG_CLOSED))
+          return tc__cpu_fail(ctx, TC_ERR_REMOTE,
+                              "peer %d gave up on this broadcast before its output was written "
+                              "(its timeout, or an abort there); nothing was written",
+                              peer);
+        return tc__cpu_fail(ctx, TC_ERR_PROTOCOL,
+                            "peer %d is not a receiver of this broadcast (it called another "
+                            "root?); nothing was written",
                             peer);
+      }
       char why[256];
       int rc = tc__shm_write_peer(s, peer, a + h, (const char *)op->recvbuf + h, bb - h, why,
                                   sizeof why);
-      atomic_store(g, BG_DONE);
+      atomic_store(g, bg(k, BG_DONE));
       if (rc != TC_OK) return tc__cpu_fail(ctx, rc, "%s", why);
     } else {
       TC_CHECK(tc__shm_read_peer(s, root, op->recvbuf, a, h, top));
@@ -1145,7 +1154,7 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     }
     fp_put_hdr(ctx, k, mine);
     ((fp_hdr_t *)fp_slot(c, r, k, ctx->line))->addr = (uint64_t)(uintptr_t)src;
-    if (bcast_split(c, fam) && r != op->root) atomic_store(bcast_gate(c, r, k), BG_OPEN);
+    if (bcast_split(c, fam) && r != op->root) atomic_store(bcast_gate(c, r, k), bg(k, BG_OPEN));
     tc__shm_post(s, k);
     st->s = k;
     st->k0 = k;
