@@ -8,7 +8,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
-#include <signal.h>
 #include <linux/futex.h>
 #include <stdio.h>
 #include <string.h>
@@ -254,9 +253,7 @@ int tc__shm_read_peer(tc_shm_t *s, int q, void *dst, uint64_t remote, size_t len
   }
   return TC_OK;
 }
-int tc__shm_peer_alive(const tc_shm_t *s, int q) {
-  return kill(s->pids[q], 0) == 0 || errno == EPERM;
-}
+int tc__shm_peer_alive(const tc_shm_t *s, int q) { return !tc__shm_owner_gone(&s->owners[q]); }
 int tc__shm_write_peer(tc_shm_t *s, int q, uint64_t remote, const void *src, size_t len,
                        char *why, size_t wl) {
   const char *p = src;

@@ -113,7 +113,8 @@ TC_INTERNAL int tc__shm_read_peer(tc_shm_t *s, int q, void *dst, uint64_t remote
  * copy, process_vm_writev). TC_OK, or TC_ERR_REMOTE with the reason in why. */
 TC_INTERNAL int tc__shm_write_peer(tc_shm_t *s, int q, uint64_t remote, const void *src,
                                    size_t len, char *why, size_t wl);
-/* 1 while rank q's process exists (kill(pid, 0)), 0 once it is gone. */
+/* 1 while rank q's process may be running, 0 once it is certainly gone
+ * (exited, even unreaped: shm_sweep.c's test of a segment's creator). */
 TC_INTERNAL int tc__shm_peer_alive(const tc_shm_t *s, int q);
 /* tc__shm_wait_flag on any word of rank r's segment that r writes before it
  * posts (release) its flag: a waiter that sees the word need not fetch the

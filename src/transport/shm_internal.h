@@ -114,5 +114,8 @@ TC_INTERNAL void tc__shm_name(char *buf, size_t len, const char *comm,
                               const unsigned char token[16], int rank,
                               const tc_shm_owner_t *o);
 TC_INTERNAL int tc__shm_name_owner(const char *name, tc_shm_owner_t *o);
+/* 1 if creator o is certainly gone: no such process, a zombie, or its pid
+ * reused (the sweep's test, in this process's pid namespace). */
+TC_INTERNAL int tc__shm_owner_gone(const tc_shm_owner_t *o);
 
 #endif /* TC_TRANSPORT_SHM_INTERNAL_H */

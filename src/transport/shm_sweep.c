@@ -106,6 +106,8 @@ static int owner_dead(const tc_shm_owner_t *o, uint64_t my_ns) {
   return state == 'Z' || state == 'X';                  /* exited, not reaped */
 }
 
+int tc__shm_owner_gone(const tc_shm_owner_t *o) { return owner_dead(o, pid_ns()); }
+
 int tc__shm_sweep(void) {
   DIR *d = opendir(SHM_DIR);
   if (!d) return 0;

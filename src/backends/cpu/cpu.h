@@ -156,7 +156,6 @@ typedef struct cpu_fast {
   int init;   /* one-time preparation done */
   uint64_t round; /* the current big round (shm_algos.c: fp_half) */
   uint64_t s; /* the current sync point */
-  uint64_t k0; /* single copy: the sync point it began with */
   size_t off; /* the current round's offset */
   int fam;      /* the shared-memory family (shm_algos.c), set with kind */
   size_t bytes; /* bytes one rank puts through its slot or halves, set with kind */

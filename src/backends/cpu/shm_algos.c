@@ -1040,8 +1040,8 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
  * one (two roots, with TORCHCOMMS_CHECK_MISMATCH=0), never opens. */
 enum { BG_OPEN = 0, BG_WRITING = 1, BG_DONE = 2, BG_CLOSED = 3 };
 static inline uint64_t bg(uint64_t k, int state) { return k << 2 | (uint64_t)state; }
-/* Where the receiver's half ends: half of the bytes, on a page boundary
- * (each side then pins whole pages only). */
+/* Where the receiver's half ends: half of the bytes, rounded down to a
+ * multiple of 4 KiB (below 8 KiB the root writes everything). */
 static inline size_t bcast_split_at(size_t bytes) { return bytes / 2 & ~(size_t)4095; }
 static inline _Atomic uint64_t *bcast_gate(cpu_comm_t *c, int recv, uint64_t k) {
   return (_Atomic uint64_t *)(void *)(fp_slot(c, recv, k, 0) + FP_HDR);
@@ -1157,12 +1157,13 @@ static int cma_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     if (bcast_split(c, fam) && r != op->root) atomic_store(bcast_gate(c, r, k), bg(k, BG_OPEN));
     tc__shm_post(s, k);
     st->s = k;
-    st->k0 = k;
     st->stage = 1;
   }
   if (bcast_split(c, fam)) {
     int rc = bcast_split_run(ctx, st, spin, &top);
-    if (rc != TC_OK && rc != CPU_PENDING && r != op->root) rc = bcast_abandon(ctx, st->k0, rc);
+    /* k: stage 2 waits on the sync point stage 1 took right after it */
+    if (rc != TC_OK && rc != CPU_PENDING && r != op->root)
+      rc = bcast_abandon(ctx, st->stage == 2 ? st->s - 1 : st->s, rc);
     return rc;
   }
   if (st->stage == 1) {
