@@ -67,7 +67,7 @@
   X(CPU_CMA_BYTES, "TORCHCOMMS_CPU_CMA_BYTES", BYTES, 0, 0, 0, NULL,                        \
     "collectives: single copy from this many bytes (0: never; unset: measured at creation; the same on every rank)") \
   X(CPU_INLINE_BYTES, "TORCHCOMMS_CPU_INLINE_BYTES", BYTES, 1 << 20, 0, 0, NULL,            \
-    "run operations up to this size on the caller's thread")                             \
+    "run asynchronous operations up to this size (synchronous ones: any) on the caller's thread (0: never)")                             \
   X(CPU_STREAM_BYTES, "TORCHCOMMS_CPU_STREAM_BYTES", BYTES, 0, 0, 0, NULL,                  \
     "shm: copy blocks of at least this size out of the shared segments with streaming stores (unset: 8 MiB or the L3 cache / (8 x ranks), the larger)") \
   X(CPU_SHM_SMALL_BYTES, "TORCHCOMMS_CPU_SHM_SMALL_BYTES", BYTES, 8 << 10, 0, 0,           \

@@ -304,7 +304,8 @@ static void inline_failure_rank(tc_ctx_t *ctx) {
   tc_comm_t *c = tc_ctx_comm(ctx, "inline-fail", NULL);
   tc_comm_t *cs = comm_struct(c);
   const int base = atomic_load(&cs->refs);
-  /* a large synchronous operation: over shared memory it runs on the
+  /* a large synchronous operation, then an asynchronous one: over shared
+   * memory the second (and the first, when a peer is late) runs on the
    * backend's thread, so its work takes a reference to the communicator
    * after the post and drops it with its last */
   enum { BIGN = 1 << 20 };
@@ -312,6 +313,12 @@ static void inline_failure_rank(tc_ctx_t *ctx) {
   TC_ASSERT(big);
   for (int i = 0; i < BIGN; i++) big[i] = (float)(i % 7) + (float)ctx->rank;
   TC_ASSERT_OK(tc_all_reduce(c, big, BIGN, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL));
+  for (int i = 0; i < BIGN; i++) TC_ASSERT(big[i] == 2 * (float)(i % 7) + 1);
+  settle(cs, base);
+  tc_work_t *bw = NULL;
+  TC_ASSERT_OK(tc_all_reduce(c, big, BIGN, TC_FLOAT32, TC_OP(TC_MAX), NULL, &bw));
+  TC_ASSERT_OK(tc_work_wait(bw));
+  TC_ASSERT_OK(tc_work_release(bw));
   for (int i = 0; i < BIGN; i++) TC_ASSERT(big[i] == 2 * (float)(i % 7) + 1);
   free(big);
   settle(cs, base);
@@ -322,7 +329,7 @@ static void inline_failure_rank(tc_ctx_t *ctx) {
                 TC_ERR_PROTOCOL, "int32");
   settle(cs, base); /* found inline, or on the thread after a late peer */
   TC_ASSERT_ERR(tc_barrier(c, NULL, NULL), TC_ERR_PROTOCOL,
-                "an earlier operation failed (all_reduce #2");
+                "an earlier operation failed (all_reduce #3");
   assert_spare_back(cs);
   TC_ASSERT_EQ(atomic_load(&cs->refs), base);
   tc_work_t *w = NULL;
@@ -341,6 +348,53 @@ static void inline_failure_rank(tc_ctx_t *ctx) {
 }
 
 TC_TEST(handles_inline_failure) { tc_spawn(2, inline_failure_rank, NULL, 60); }
+
+/* Where a large operation runs (4 MiB, above TORCHCOMMS_CPU_INLINE_BYTES'
+ * 1 MiB), over shared memory: a synchronous one on the caller's thread
+ * (its caller waits for it anyway), unless a peer is late and it goes on
+ * to the backend's thread, so at least once in 40 calls that each begin
+ * in step after a barrier; an asynchronous one always on the thread; with
+ * TORCHCOMMS_CPU_INLINE_BYTES=0 every one on the thread. The work of a
+ * synchronous operation is the communicator's spare: its inline_done
+ * says where it ended. */
+static void sync_inline_rank(tc_ctx_t *ctx) {
+  enum { BIGN = 1 << 20, ITERS = 40 };
+  float *big = malloc(BIGN * sizeof *big);
+  TC_ASSERT(big);
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass) setenv("TORCHCOMMS_CPU_INLINE_BYTES", "0", 1); /* read at creation */
+    tc_comm_t *c = tc_ctx_comm(ctx, pass ? "sync-inline-off" : "sync-inline", NULL);
+    tc_comm_t *cs = comm_struct(c);
+    const int base = atomic_load(&cs->refs);
+    int here = 0;
+    for (int it = 0; it < ITERS; it++) {
+      for (int i = 0; i < BIGN; i++) big[i] = (float)(i % 7 + ctx->rank + it);
+      TC_ASSERT_OK(tc_barrier(c, NULL, NULL));
+      TC_ASSERT_OK(tc_all_reduce(c, big, BIGN, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL));
+      for (int i = 0; i < BIGN; i++) TC_ASSERT(big[i] == (float)(2 * (i % 7 + it) + 1));
+      settle(cs, base);
+      here += atomic_load(&cs->spare_work)->inline_done;
+    }
+    if (pass) TC_ASSERT_EQ(here, 0);
+    else TC_ASSERT(here >= 1);
+    for (int it = 0; it < 5; it++) {
+      tc_work_t *w = NULL;
+      TC_ASSERT_OK(tc_all_reduce(c, big, BIGN, TC_FLOAT32, TC_OP(TC_MAX), NULL, &w));
+      tc_work_t *ws = w;
+      TC_ASSERT_OK(tc__work_enter(&ws, "test"));
+      TC_ASSERT_EQ(ws->inline_done, 0); /* queued for the thread */
+      TC_ASSERT_OK(tc_work_wait(w));
+      TC_ASSERT_OK(tc_work_release(w));
+      settle(cs, base);
+    }
+    TC_ASSERT(big[1] == (float)(2 * (1 + ITERS - 1) + 1));
+    TC_ASSERT_OK(tc_comm_finalize(c));
+    TC_ASSERT_OK(tc_comm_destroy(c));
+  }
+  free(big);
+}
+
+TC_TEST(handles_sync_large_inline) { tc_spawn(2, sync_inline_rank, NULL, 120); }
 
 /* Another thread destroys the communicator while operations run on it
  * (synchronous ones end inside their post without a reference to it,

@@ -467,7 +467,7 @@ static void check_rank_files(const job_t *j) {
     snprintf(want, sizeof want, "init: communicator 'logt': %s: ", tp);
     TC_ASSERT_CONTAINS(text, want);
     TC_ASSERT_CONTAINS(text, "init: communicator 'logt': thresholds: caller's thread when idle "
-                             "up to 1 MiB");
+                             "up to 1 MiB (synchronous operations at any size)");
     if (!j->tcp) TC_ASSERT_CONTAINS(text, "; streaming stores from ");
     TC_ASSERT_CONTAINS(text, "init: communicator 'logt': settings: ");
     TC_ASSERT_CONTAINS(text, " TORCHCOMMS_LOG=info");

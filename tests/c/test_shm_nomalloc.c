@@ -95,18 +95,21 @@ static void nomalloc_rank(tc_ctx_t *ctx) {
       TC_ASSERT_OK(tc_work_release(w[i]));
     }
   }
-  /* and the progress thread: small operations run on the caller's thread,
-   * so it may not have run yet (a new thread allocates in its first run
-   * under ASan) */
+  /* and the progress thread: synchronous operations and small ones run on
+   * the caller's thread, so it may not have run yet (a new thread
+   * allocates in its first run under ASan) */
   {
     size_t big = 4u << 20;
     float *b = tc_xmalloc(big);
     memset(b, 0, big);
-    TC_ASSERT_OK(tc_all_reduce(c, b, big / sizeof(float), TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL));
+    tc_work_t *w = NULL;
+    TC_ASSERT_OK(tc_all_reduce(c, b, big / sizeof(float), TC_FLOAT32, TC_OP(TC_SUM), NULL, &w));
+    TC_ASSERT_OK(tc_work_wait(w));
+    TC_ASSERT_OK(tc_work_release(w));
     free(b);
   }
-  /* 8 B and 64 KiB: on the caller's thread; 4 MiB: on the progress thread
-   * (shared memory) */
+  /* on the caller's thread: 8 B to 1 MiB, and 4 MiB when synchronous; on
+   * the progress thread: 4 MiB asynchronous (shared memory) */
   static const size_t sizes[] = {8, 64 * 1024, 1024 * 1024, 4096 * 1024};
   for (size_t si = 0; si < 4; si++) {
     size_t count = sizes[si] / sizeof(float);

@@ -106,6 +106,35 @@ static void blocked(const char *transport) {
   close(a.fds[1]);
 }
 
+/* A synchronous operation above TORCHCOMMS_CPU_INLINE_BYTES over shared
+ * memory runs inside its post too (when the communicator is idle and the
+ * peer in step), and copying 4 MiB takes longer than the spin a kept lock
+ * allows: every call lets the lock go once, whether it ran there or went
+ * on to the backend's thread, and takes it back once. */
+static void large_rank(tc_ctx_t *ctx) {
+  setenv("TORCHCOMMS_CPU_TRANSPORT", "shm", 1);
+  tc_comm_t *c = tc_ctx_comm(ctx, "waithooks-large", NULL);
+  enum { N = 1 << 20, CALLS = 20 };
+  float *x = malloc(N * sizeof *x);
+  TC_ASSERT(x);
+  for (int i = 0; i < N; i++) x[i] = (float)(i % 5) * (float)(ctx->rank + 1);
+  lock_t l = {.held = 1, .signal_fd = -1};
+  tc_op_options_t o = hooked(&l);
+  for (int k = 0; k < CALLS; k++) {
+    TC_ASSERT_OK(tc_barrier(c, NULL, NULL));
+    TC_ASSERT_OK(tc_all_reduce(c, x, N, TC_FLOAT32, TC_OP(TC_MAX), &o, NULL));
+    TC_ASSERT_EQ(l.released, k + 1);
+    TC_ASSERT_EQ(l.reacquired, k + 1);
+    TC_ASSERT_EQ(l.held, 1);
+  }
+  for (int i = 0; i < N; i++) TC_ASSERT(x[i] == (float)(i % 5) * 2);
+  free(x);
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(wait_hooks_release_before_a_large_copy_shm) { tc_spawn(2, large_rank, NULL, 60); }
+
 TC_TEST(wait_hooks_release_before_a_wait_shm) { blocked("shm"); }
 TC_TEST(wait_hooks_release_before_a_wait_tcp) { blocked("tcp"); }
 

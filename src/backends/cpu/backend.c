@@ -8,9 +8,10 @@
  * order, runs the algorithm (algo_reduce.c, algo_move.c over the transport's
  * exchange, or shm_algos.c on the shared segments) and reports through the
  * host. A thread hand-off costs microseconds, so an operation with a
- * shared-memory path of at most TORCHCOMMS_CPU_INLINE_BYTES (1 MiB) posted
- * on an idle communicator (empty queue, nothing running) runs on the
- * caller's thread inside the post, spinning briefly at its waits; if a peer
+ * shared-memory path posted on an idle communicator (empty queue, nothing
+ * running), synchronous or of at most TORCHCOMMS_CPU_INLINE_BYTES (1 MiB),
+ * runs on the caller's thread inside the post, spinning briefly at its
+ * waits; if a peer
  * is late it stops at a wait and goes on to the thread, first in line, from
  * where it stopped. The post never sleeps, and order is kept: while it runs
  * other posts queue behind it, and it reports after anything the thread
@@ -426,13 +427,25 @@ static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work, char *
   cpu_comm_t *c = bc;
   cpu_qent_t e = {.op = op, .work = work};
   if (c->inline_max > 0 && !cpu_on_thread(c) && cpu_lane_take(c)) {
-    if (tc__cpu_fast_kind(c, op, &e.fst) && e.fst.bytes <= c->inline_max) {
+    const int sync = !(op->flags & TC_BACKEND_OP_ASYNC);
+    if (tc__cpu_fast_kind(c, op, &e.fst) && (e.fst.bytes <= c->inline_max || sync)) {
       /* idle: run it on the caller's thread, spinning at most briefly; an
        * operation that cannot finish that soon goes on to the thread.
        * After a hand-off the peers may be waking up on their threads,
        * which takes longer than the usual spin: wait longer for a while,
        * so that the ranks fall back into step instead of handing off every
-       * other operation; a peer late even so is slow, not waking: stop */
+       * other operation; a peer late even so is slow, not waking: stop.
+       * A synchronous one runs here at any size: its caller waits for it
+       * anyway, and the thread copying beside a caller waiting on the same
+       * core took longer (2 ranks, Intel Xeon guest, medians of 3-5
+       * alternating launches, us: all_gather 4 MiB 403 -> 369, 16 MiB
+       * 1516 -> 1471; reduce_scatter 4 MiB 382 -> 353; broadcast 4 MiB 206
+       * -> 188, 64 MiB 6312 -> 5692; all_to_all 4 MiB 380 -> 364; 4 ranks
+       * all_to_all 4 MiB 802 -> 741; the rest within 4 %: docs/benchmarks.md,
+       * "Synchronous operations on the caller's thread"). Copying takes
+       * longer than a spin there: a caller's lock goes first */
+      if (e.fst.bytes > c->inline_max && (op->flags & TC_BACKEND_OP_REPORT_BLOCKING))
+        c->host->work_blocking(work);
       double base = tc__shm_spin_s(c->shm);
       int boosted = c->inline_boost > 0;
       int done = cpu_exec(c, &e, boosted ? CPU_INLINE_BOOST * base : base);
@@ -809,8 +822,11 @@ static void cpu_describe(void *bc, char *buf, size_t len) {
     }
   }
   char b1[32], b2[32], b3[32], b4[32], b5[32];
-  PUT("\nthresholds: caller's thread when idle up to %s",
-      cpu_bytes(c->inline_max, b1, sizeof b1));
+  if (c->inline_max)
+    PUT("\nthresholds: caller's thread when idle up to %s (synchronous operations at any size)",
+        cpu_bytes(c->inline_max, b1, sizeof b1));
+  else
+    PUT("\nthresholds: caller's thread never (TORCHCOMMS_CPU_INLINE_BYTES=0)");
   if (c->shm) {
     PUT("; shm all_reduce through the small slots up to %s; streaming stores from %s blocks; "
         "single copy %s%s",

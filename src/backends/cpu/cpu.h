@@ -115,9 +115,9 @@
  * (docs/benchmarks.md, "Single copy chosen per host"). */
 #define CPU_CMA_MAX_BLOCK (16u * 1024u * 1024u)
 /* ...run on the caller's thread when the communicator is idle up to this
- * many bytes (larger ones are handed to the thread at once, so that an
- * asynchronous call returns at once); TORCHCOMMS_CPU_INLINE_BYTES
- * overrides (it may differ between ranks). */
+ * many bytes, synchronous ones at any size (larger asynchronous ones are
+ * handed to the thread at once, so that the call returns at once);
+ * TORCHCOMMS_CPU_INLINE_BYTES overrides (it may differ between ranks). */
 
 /* The big halves' all_gather, all_to_all and broadcast copy blocks of at
  * least c->stream_min bytes with non-temporal stores (tc__copy_stream,
