@@ -437,13 +437,12 @@ static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work, char *
        * other operation; a peer late even so is slow, not waking: stop.
        * A synchronous one runs here at any size: its caller waits for it
        * anyway, and the thread copying beside a caller waiting on the same
-       * core took longer (2 ranks, Intel Xeon guest, medians of 3-5
-       * alternating launches, us: all_gather 4 MiB 403 -> 369, 16 MiB
-       * 1516 -> 1471; reduce_scatter 4 MiB 382 -> 353; broadcast 4 MiB 206
-       * -> 188, 64 MiB 6312 -> 5692; all_to_all 4 MiB 380 -> 364; 4 ranks
-       * all_to_all 4 MiB 802 -> 741; the rest within 4 %: docs/benchmarks.md,
-       * "Synchronous operations on the caller's thread"). Copying takes
-       * longer than a spin there: a caller's lock goes first */
+       * core took longer (2 ranks, Intel Xeon guest, medians of 9
+       * alternating launches, us: all_gather 4 MiB 370 -> 356, all_to_all
+       * 4 MiB 366 -> 355, 16 MiB the same; 4 ranks, all_to_all 4 MiB 802
+       * -> 741: docs/benchmarks.md, "Synchronous operations on the
+       * caller's thread"). Copying takes longer than a spin there: a
+       * caller's lock goes first */
       if (e.fst.bytes > c->inline_max && (op->flags & TC_BACKEND_OP_REPORT_BLOCKING))
         c->host->work_blocking(work);
       double base = tc__shm_spin_s(c->shm);
