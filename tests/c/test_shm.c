@@ -508,28 +508,39 @@ static void cma_auto_rank(tc_ctx_t *ctx) {
     TC_ASSERT(bc->cma_min == SIZE_MAX && bc->cma_min_a2a == SIZE_MAX);
   } else {
     TC_ASSERT_EQ(bc->cma_cal_bytes, n <= 4 ? CPU_CMA_CAL_BYTES : CPU_CMA_CAL_BYTES / 4);
-    TC_ASSERT(bc->cma_cal_us[0] > 0 && bc->cma_cal_us[1] > 0);
-    TC_ASSERT(bc->cma_cal_a2a_us[0] > 0 && bc->cma_cal_a2a_us[1] > 0);
-    int on = bc->cma_cal_us[1] < CPU_CMA_CAL_MARGIN * bc->cma_cal_us[0];
-    int on_a2a = bc->cma_cal_a2a_us[1] < CPU_CMA_CAL_MARGIN * bc->cma_cal_a2a_us[0];
-    TC_ASSERT(bc->cma_min == (on ? (size_t)CPU_CMA_AUTO_BYTES : SIZE_MAX));
-    TC_ASSERT(bc->cma_min_a2a ==
-              (on_a2a ? (size_t)CPU_CMA_AUTO_A2A_BLOCK * (size_t)n : SIZE_MAX));
+    /* the small size only where every rank has a core */
+    const int small = n <= sysconf(_SC_NPROCESSORS_ONLN);
+    TC_ASSERT_EQ(bc->cma_cal_small, small ? CPU_CMA_CAL_SMALL_BYTES : 0);
+    for (int k = 0; k < (small ? 8 : 4); k++) TC_ASSERT(bc->cma_cal_us[k] > 0);
+    const double *us = bc->cma_cal_us, m = CPU_CMA_CAL_MARGIN;
+    int on = us[1] < m * us[0], on_small = small && us[5] < m * us[4];
+    int on_a2a = us[3] < m * us[2], on_a2a_small = small && us[7] < m * us[6];
+    const size_t a2a_small = (CPU_CMA_CAL_SMALL_BYTES + (size_t)n - 1) / (size_t)n * (size_t)n;
+    TC_ASSERT(bc->cma_min == (on ? on_small ? (size_t)CPU_CMA_CAL_SMALL_BYTES
+                                            : (size_t)CPU_CMA_AUTO_BYTES
+                                 : SIZE_MAX));
+    TC_ASSERT(bc->cma_min_a2a == (on_a2a ? on_a2a_small
+                                               ? a2a_small
+                                               : (size_t)CPU_CMA_AUTO_A2A_BLOCK * (size_t)n
+                                         : SIZE_MAX));
     if (ctx->rank == 0)
       fprintf(stderr, "  note: %d ranks: single copy %s for all_gather (%.1f us, shared "
-              "segments %.1f us), %s for all_to_all (%.1f us against %.1f us)\n", n,
-              on ? "on" : "off", bc->cma_cal_us[1], bc->cma_cal_us[0], on_a2a ? "on" : "off",
-              bc->cma_cal_a2a_us[1], bc->cma_cal_a2a_us[0]);
+              "segments %.1f us; small %.1f / %.1f), %s for all_to_all (%.1f us against "
+              "%.1f us; small %.1f / %.1f)\n", n,
+              on ? on_small ? "on from the small size" : "on" : "off", us[1], us[0], us[5], us[4],
+              on_a2a ? on_a2a_small ? "on from the small size" : "on" : "off", us[3], us[2],
+              us[7], us[6]);
   }
   /* every rank's figures and choices are rank 0's */
-  double mine[7] = {bc->cma_cal_us[0], bc->cma_cal_us[1], bc->cma_cal_a2a_us[0],
-                    bc->cma_cal_a2a_us[1], (double)bc->cma_cal_bytes,
-                    bc->cma_min == SIZE_MAX ? -1.0 : (double)bc->cma_min,
-                    bc->cma_min_a2a == SIZE_MAX ? -1.0 : (double)bc->cma_min_a2a};
+  enum { NV = 12 };
+  double mine[NV] = {(double)bc->cma_cal_bytes, (double)bc->cma_cal_small,
+                     bc->cma_min == SIZE_MAX ? -1.0 : (double)bc->cma_min,
+                     bc->cma_min_a2a == SIZE_MAX ? -1.0 : (double)bc->cma_min_a2a};
+  for (int k = 0; k < 8; k++) mine[4 + k] = bc->cma_cal_us[k];
   double *all = tc_xmalloc(sizeof mine * (size_t)n);
-  TC_ASSERT_OK(tc_all_gather_single(c, all, mine, 7, TC_FLOAT64, NULL, NULL));
+  TC_ASSERT_OK(tc_all_gather_single(c, all, mine, NV, TC_FLOAT64, NULL, NULL));
   for (int q = 0; q < n; q++)
-    for (int i = 0; i < 7; i++) TC_ASSERT_DBL_NEAR(all[q * 7 + i], all[i], 0);
+    for (int i = 0; i < NV; i++) TC_ASSERT_DBL_NEAR(all[q * NV + i], all[i], 0);
   TC_ASSERT_EQ(bc->coll_seq, 1); /* the all_gather above was collective #1 */
   free(all);
   TC_ASSERT_OK(tc_comm_finalize(c));

@@ -87,6 +87,19 @@
  * the shared segments' time, so that two paths within the noise keep the
  * shared segments (the faster one on the AMD host, measured) */
 #define CPU_CMA_CAL_BYTES (256u * 1024u)
+/* ...and, where single copy won there and no rank counts more ranks than
+ * cores, again at this many bytes per rank (through the small slots):
+ * where single copy wins there too it starts from this size (all_gather
+ * and broadcast from CPU_CMA_CAL_SMALL_BYTES, all_to_all from that many
+ * bytes per rank) instead of CPU_CMA_AUTO_BYTES and CPU_CMA_AUTO_A2A_BLOCK.
+ * A system call against a few cache lines: time slices of more ranks than
+ * cores would drown the difference. 2 ranks on the Intel Xeon guest
+ * (2026-12-05), medians of 7 alternating launches, us, through the slots
+ * against single copy: all_gather of 16 KiB per rank 2.17 against 2.03,
+ * 32 KiB 3.36 against 2.87, 64 KiB 5.01 against 4.50; all_to_all of 16
+ * KiB per rank 3.09 against 2.03; broadcast of 32 KiB 2.22 against 1.93
+ * (docs/benchmarks.md, "Single copy from 32 KiB"). */
+#define CPU_CMA_CAL_SMALL_BYTES (32u * 1024u)
 #define CPU_CMA_CAL_REPS 3
 #define CPU_CMA_CAL_MARGIN 0.9
 /* ...unless some rank counts more than this many ranks per core: beyond
@@ -239,13 +252,13 @@ typedef struct cpu_comm {
   size_t cma_min;     /* TORCHCOMMS_CPU_CMA_BYTES; SIZE_MAX: off */
   size_t cma_min_a2a; /* the same for all_to_all_single (measured apart) */
   /* the measurements that chose them when that setting is unset
-   * (tc__cpu_cma_calibrate): all_gather of cma_cal_bytes per rank and
-   * all_to_all_single of cma_cal_bytes per rank, the slowest rank's best
-   * times in us through the shared segments [0] and with single copy [1];
+   * (tc__cpu_cma_calibrate): all_gather and all_to_all_single of
+   * cma_cal_bytes per rank, and of cma_cal_small, the slowest rank's best
+   * times in us through the shared segments and with single copy;
    * cma_cal_bytes 0: not measured */
   size_t cma_cal_bytes;
-  double cma_cal_us[2];
-  double cma_cal_a2a_us[2];
+  size_t cma_cal_small; /* the small size, 0: not measured */
+  double cma_cal_us[8]; /* [size * 4 + all_to_all * 2 + single copy] */
 
   /* mismatch detection (TORCHCOMMS_CHECK_MISMATCH, default on): every
    * collective's fingerprint is compared with every peer's before a result

@@ -1257,12 +1257,14 @@ static int cal_op(cpu_comm_t *c, int a2a, int cma, const char *send, char *recv,
   }
   cpu_fast_t st;
   memset(&st, 0, sizeof st);
-  const int want = vals ? CPU_FAST_SMALL : cma ? CPU_FAST_CMA : CPU_FAST_BIG;
+  /* the shared segments: the small slots or the big halves, by the size */
+  const int want = vals ? CPU_FAST_SMALL : cma ? CPU_FAST_CMA : 0;
+  const int kind = tc__cpu_fast_kind(c, &op, &st);
   double t0 = tc__now();
-  int rc = tc__cpu_fast_kind(c, &op, &st) == want
-               ? tc__cpu_fast_run(&ctx, &st, -1.0)
-               : tc__cpu_fail(&ctx, TC_ERR_INTERNAL,
-                              "internal error: path %d instead of %d", st.kind, want);
+  int rc = want ? kind == want : kind && kind != CPU_FAST_CMA;
+  rc = rc ? tc__cpu_fast_run(&ctx, &st, -1.0)
+          : tc__cpu_fail(&ctx, TC_ERR_INTERNAL, "internal error: path %d instead of %d", kind,
+                         want);
   *us = (tc__now() - t0) * 1e6;
   if (rc != TC_OK) { /* the caller words the start ("tc_comm_create on ...") */
     const char *t = strncmp(ctx.msg, "torchcomms: ", 12) ? NULL : strstr(ctx.msg, "): ");
@@ -1290,61 +1292,77 @@ static int cal_check(const cpu_comm_t *c, int a2a, const unsigned char *recv, si
 int tc__cpu_cma_calibrate(cpu_comm_t *c, char *err, size_t errlen) {
   const int n = c->size;
   const double deadline = tc__now() + c->timeout_s;
-  double us, vote[2] = {n > CPU_CMA_CAL_OVERSUB * sysconf(_SC_NPROCESSORS_ONLN), 0};
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  double us, vote[2] = {n > CPU_CMA_CAL_OVERSUB * cores, n > cores};
   /* too many ranks per core on any rank's count (the same host: the same
-   * count, unless a container shows each its own): nobody measures */
+   * count, unless a container shows each its own): nobody measures; more
+   * ranks than cores: not the small size (vote[1]) */
   TC_CHECK(cal_op(c, 0, 0, NULL, NULL, NULL, 0, vote, 2, deadline, &us, err, errlen));
   if (vote[0] > 0) return TC_OK; /* both stay off */
-  /* all_gather: b per rank; all_to_all: ba per rank, n blocks of ba / n
-   * (at least b, so that neither fits the small slots) */
-  const size_t b = n <= 4 ? CPU_CMA_CAL_BYTES : CPU_CMA_CAL_BYTES / 4;
-  const size_t ba = (b + (size_t)n - 1) / (size_t)n * (size_t)n;
+  const int nsz = vote[1] > 0 ? 1 : 2;
+  /* per size: all_gather b per rank; all_to_all ba per rank, n blocks of
+   * ba / n; the large size (at least b, so that neither fits the small
+   * slots) and the small one (through the small slots) */
+  size_t b[2], ba[2];
+  b[0] = n <= 4 ? CPU_CMA_CAL_BYTES : CPU_CMA_CAL_BYTES / 4;
+  b[1] = CPU_CMA_CAL_SMALL_BYTES;
+  for (int z = 0; z < 2; z++) ba[z] = (b[z] + (size_t)n - 1) / (size_t)n * (size_t)n;
   /* aligned_alloc's size: a multiple of the alignment (C11) */
 #define CAL_PAGES(x) (((x) + 4095) & ~(size_t)4095)
-  char *send = aligned_alloc(4096, CAL_PAGES(b)), *sa = aligned_alloc(4096, CAL_PAGES(ba)),
-       *recv = aligned_alloc(4096, CAL_PAGES((size_t)n * b));
+  /* all_to_all's send buffers, one per size, written once: a buffer
+   * written just before each operation would be read from this core's
+   * cache by the peers, and slow single copy down */
+  char *send = aligned_alloc(4096, CAL_PAGES(b[0])), *sa[2],
+       *recv = aligned_alloc(4096, CAL_PAGES((size_t)n * b[0]));
+  for (int z = 0; z < 2; z++) sa[z] = aligned_alloc(4096, CAL_PAGES(ba[z]));
 #undef CAL_PAGES
   tc_block_t *blk = malloc((size_t)n * sizeof *blk);
   int rc = TC_OK;
-  if (!send || !sa || !recv || !blk) {
+  if (!send || !sa[0] || !sa[1] || !recv || !blk) {
     snprintf(err, errlen, "out of memory");
     rc = TC_ERR_NOMEM;
   }
-  for (int q = 0; q < n && rc == TC_OK; q++) {
-    blk[q] = (tc_block_t){recv + (size_t)q * b, b};
-    memset(sa + (size_t)q * (ba / (size_t)n), (c->rank + 1) * 16 + q + 1, ba / (size_t)n);
-  }
-  if (rc == TC_OK) memset(send, c->rank + 1, b);
-  /* best[a2a * 2 + cma]: all_gather / all_to_all, segments / single copy */
-  double best[4] = {1e30, 1e30, 1e30, 1e30};
+  if (rc == TC_OK) memset(send, c->rank + 1, b[0]);
+  for (int z = 0; z < 2 && rc == TC_OK; z++)
+    for (int q = 0; q < n; q++)
+      memset(sa[z] + (size_t)q * (ba[z] / (size_t)n), (c->rank + 1) * 16 + q + 1, ba[z] / (size_t)n);
+  /* best[z * 4 + a2a * 2 + cma]: the large and the small size, all_gather /
+   * all_to_all, segments / single copy */
+  double best[8];
+  for (int k = 0; k < 8; k++) best[k] = 1e30;
   /* interleaved, so that a slow stretch of the machine hits every way */
   for (int i = 0; i <= CPU_CMA_CAL_REPS && rc == TC_OK; i++)
-    for (int k = 0; k < 4 && rc == TC_OK; k++) {
-      const int a2a = k / 2, cma = k % 2;
-      rc = cal_op(c, a2a, cma, a2a ? sa : send, recv, blk, a2a ? ba : b, NULL, 0, deadline,
-                  &us, err, errlen);
+    for (int k = 0; k < 4 * nsz && rc == TC_OK; k++) {
+      const int z = k / 4, a2a = k / 2 % 2, cma = k % 2;
+      const size_t sz = a2a ? ba[z] : b[z];
+      for (int q = 0; q < n; q++) blk[q] = (tc_block_t){recv + (size_t)q * sz, sz};
+      rc = cal_op(c, a2a, cma, a2a ? sa[z] : send, recv, blk, sz, NULL, 0, deadline, &us, err,
+                  errlen);
       /* a wrong copy here would be a broken path: say so rather than choose it */
-      if (rc == TC_OK && !cal_check(c, a2a, (const unsigned char *)recv, a2a ? ba : b)) {
+      if (rc == TC_OK && !cal_check(c, a2a, (const unsigned char *)recv, sz)) {
         snprintf(err, errlen, "internal error: timing single copy: a block of %s arrived wrong",
                  a2a ? "all_to_all" : "all_gather");
         rc = TC_ERR_INTERNAL;
       }
       if (rc == TC_OK && i > 0 && us < best[k]) best[k] = us;
     }
-  if (rc == TC_OK) rc = cal_op(c, 0, 0, NULL, NULL, NULL, 0, best, 4, deadline, &us, err, errlen);
+  if (rc == TC_OK)
+    rc = cal_op(c, 0, 0, NULL, NULL, NULL, 0, best, 4 * (size_t)nsz, deadline, &us, err, errlen);
   free(send);
-  free(sa);
+  free(sa[0]);
+  free(sa[1]);
   free(recv);
   free(blk);
   c->cma_min = c->cma_min_a2a = SIZE_MAX;
   if (rc != TC_OK) return rc;
-  c->cma_cal_bytes = b;
-  c->cma_cal_us[0] = best[0];
-  c->cma_cal_us[1] = best[1];
-  c->cma_cal_a2a_us[0] = best[2];
-  c->cma_cal_a2a_us[1] = best[3];
-  if (best[1] < CPU_CMA_CAL_MARGIN * best[0]) c->cma_min = CPU_CMA_AUTO_BYTES;
-  if (best[3] < CPU_CMA_CAL_MARGIN * best[2])
-    c->cma_min_a2a = (size_t)CPU_CMA_AUTO_A2A_BLOCK * (size_t)n;
+  for (int k = 4 * nsz; k < 8; k++) best[k] = 0; /* not measured */
+  c->cma_cal_bytes = b[0];
+  c->cma_cal_small = nsz > 1 ? b[1] : 0;
+  memcpy(c->cma_cal_us, best, sizeof c->cma_cal_us);
+#define CAL_WINS(k) (best[(k) + 1] < CPU_CMA_CAL_MARGIN * best[k])
+  if (CAL_WINS(0)) c->cma_min = nsz > 1 && CAL_WINS(4) ? b[1] : CPU_CMA_AUTO_BYTES;
+  if (CAL_WINS(2))
+    c->cma_min_a2a = nsz > 1 && CAL_WINS(6) ? ba[1] : (size_t)CPU_CMA_AUTO_A2A_BLOCK * (size_t)n;
+#undef CAL_WINS
   return TC_OK;
 }
