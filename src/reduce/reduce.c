@@ -496,9 +496,17 @@ TC__AVX2_INLINE void tc__h_store(uint16_t *p, __m256 f) {
  *    reduce_scatter 3.98 against 3.91 us), so they have none.
  * Before (512 bytes ahead into L1, one line per step before that), on
  * Zen 4: bfloat16 all_reduce 16 MiB x0.85 -> x1.02, 64 MiB x0.93 -> x1.03
- * from prefetching every line of the step. */
+ * from prefetching every line of the step.
+ * PF: which prefetches a kernel makes (1: into L1, 2: into L2, 3: both).
+ * The AVX512-FP16 kernels (below) run at float32's rate and make none: the
+ * prefetch instructions took load slots they need (tcreduce_bench, hot, f16
+ * reduce3 33 GB/s with them, 40 without, float32 40; 2-operand 51 and 70,
+ * float32 63), and in the collectives float16 against float32 went, 2
+ * ranks, medians of 7 launches: reduce_scatter 64 KiB x0.91 -> x0.93,
+ * 256 KiB x0.89 -> x0.95; all_reduce 64 KiB x0.96 -> x0.99, 256 KiB x0.98
+ * -> x1.00 (docs/benchmarks.md, "float16 without prefetches"). */
 enum { TC__PF_L1 = 2048, TC__PF_L2 = 8192 };
-#define TC__GEN_VEC(PFX, ATTR, W, OP, D, V, V2)                                \
+#define TC__GEN_VEC(PFX, ATTR, W, OP, D, V, V2, PF)                            \
   static ATTR void PFX##3_##D##_##OP(void *ov, const void *av, const void *bv, \
                                      size_t n) {                               \
     uint16_t *o = (uint16_t *)ov;                                              \
@@ -507,11 +515,11 @@ enum { TC__PF_L1 = 2048, TC__PF_L2 = 8192 };
     size_t i = 0;                                                              \
     for (; i + 2 * (W) <= n; i += 2 * (W)) {                                   \
       for (size_t l = 2 * i; l < 2 * i + 4 * (W); l += 64) { /* the step */    \
-        if (l + TC__PF_L1 < 2 * n) {                                           \
+        if (((PF) & 1) && l + TC__PF_L1 < 2 * n) {                             \
           _mm_prefetch(ca + l + TC__PF_L1, _MM_HINT_T0);                       \
           _mm_prefetch(cb + l + TC__PF_L1, _MM_HINT_T0);                       \
         }                                                                      \
-        if (l + TC__PF_L2 < 2 * n) {                                           \
+        if (((PF) & 2) && l + TC__PF_L2 < 2 * n) {                             \
           _mm_prefetch(ca + l + TC__PF_L2, _MM_HINT_T1);                       \
           _mm_prefetch(cb + l + TC__PF_L2, _MM_HINT_T1);                       \
         }                                                                      \
@@ -530,10 +538,12 @@ enum { TC__PF_L1 = 2048, TC__PF_L2 = 8192 };
   static void PFX##2_##D##_##OP(void *dv, const void *sv, size_t n) {          \
     PFX##3_##D##_##OP(dv, dv, sv, n);                                          \
   }
-#define TC__GEN_VEC_OPS(PFX, ATTR, W, D, V, V2)                                \
-  TC__GEN_VEC(PFX, ATTR, W, SUM, D, V, V2)                                     \
-  TC__GEN_VEC(PFX, ATTR, W, PRODUCT, D, V, V2)                                 \
-  TC__GEN_VEC(PFX, ATTR, W, MIN, D, V, V2) TC__GEN_VEC(PFX, ATTR, W, MAX, D, V, V2)
+#define TC__GEN_VEC_OPS_PF(PFX, ATTR, W, D, V, V2, PF)                         \
+  TC__GEN_VEC(PFX, ATTR, W, SUM, D, V, V2, PF)                                 \
+  TC__GEN_VEC(PFX, ATTR, W, PRODUCT, D, V, V2, PF)                             \
+  TC__GEN_VEC(PFX, ATTR, W, MIN, D, V, V2, PF)                                 \
+  TC__GEN_VEC(PFX, ATTR, W, MAX, D, V, V2, PF)
+#define TC__GEN_VEC_OPS(PFX, ATTR, W, D, V, V2) TC__GEN_VEC_OPS_PF(PFX, ATTR, W, D, V, V2, 3)
 /* Two steps V of W elements: the double step of the kernels without one
  * of their own. */
 #define TC__TWO(V, W, OP, o, a, b)                                             \
@@ -772,7 +782,8 @@ TC__GEN_VEC_OPS(tc__z, TC__AVX512, 32, FLOAT16, TC__Y32_H, TC__Y64_H)
       TC__Y64_H(OP, o, a, b);                                                  \
     }                                                                          \
   } while (0)
-TC__GEN_VEC_OPS(tc__p, TC__AVX512FP16, 32, FLOAT16, TC__P32_H, TC__P64_H)
+/* no prefetches (PF 0): see TC__GEN_VEC */
+TC__GEN_VEC_OPS_PF(tc__p, TC__AVX512FP16, 32, FLOAT16, TC__P32_H, TC__P64_H, 0)
 #endif /* AVX512-FP16 */
 #endif /* AVX2 16-bit kernels */
 
