@@ -835,17 +835,17 @@ static void cpu_describe(void *bc, char *buf, size_t len) {
     if (c->cma_min_a2a != c->cma_min)
       PUT(", for all_to_all %s%s", c->cma_min_a2a == SIZE_MAX ? "off" : "from ",
           c->cma_min_a2a == SIZE_MAX ? "" : cpu_bytes(c->cma_min_a2a, b3, sizeof b3));
-    if (c->cma_cal_bytes)
+    if (c->cma_cal_bytes) {
+      const double *us = c->cma_cal_us;
       PUT(" (measured: all_gather of %s per rank %.1f us with it, %.1f us through the "
           "shared segments; all_to_all %.1f us with it, %.1f us through them",
-          cpu_bytes(c->cma_cal_bytes, b3, sizeof b3), c->cma_cal_us[1], c->cma_cal_us[0],
-          c->cma_cal_us[3], c->cma_cal_us[2]);
-    if (c->cma_cal_bytes && c->cma_cal_small)
-      PUT("; of %s per rank: all_gather %.1f us with it, %.1f us through them, all_to_all "
-          "%.1f and %.1f",
-          cpu_bytes(c->cma_cal_small, b3, sizeof b3), c->cma_cal_us[5], c->cma_cal_us[4],
-          c->cma_cal_us[7], c->cma_cal_us[6]);
-    if (c->cma_cal_bytes) PUT(")");
+          cpu_bytes(c->cma_cal_bytes, b3, sizeof b3), us[1], us[0], us[3], us[2]);
+      if (c->cma_cal_small)
+        PUT("; of %s per rank: all_gather %.1f us with it, %.1f us through them, "
+            "all_to_all %.1f and %.1f",
+            cpu_bytes(c->cma_cal_small, b3, sizeof b3), us[5], us[4], us[7], us[6]);
+      PUT(")");
+    }
   }
   if (c->tp_ops)
     PUT("; exchange algorithms: tree or recursive doubling below %s, ring above, "

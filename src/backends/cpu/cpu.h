@@ -127,10 +127,6 @@
  * against 3608-3623; 64 MiB: 10064-10675 against 7739-7951)
  * (docs/benchmarks.md, "Single copy chosen per host"). */
 #define CPU_CMA_MAX_BLOCK (16u * 1024u * 1024u)
-/* ...run on the caller's thread when the communicator is idle up to this
- * many bytes, synchronous ones at any size (larger asynchronous ones are
- * handed to the thread at once, so that the call returns at once);
- * TORCHCOMMS_CPU_INLINE_BYTES overrides (it may differ between ranks). */
 
 /* The big halves' all_gather, all_to_all and broadcast copy blocks of at
  * least c->stream_min bytes with non-temporal stores (tc__copy_stream,
@@ -248,7 +244,12 @@ typedef struct cpu_comm {
   uint64_t big_round;
   size_t small_ar;    /* TORCHCOMMS_CPU_SHM_SMALL_BYTES */
   size_t stream_min;  /* TORCHCOMMS_CPU_STREAM_BYTES, else tc__cpu_stream_min */
-  size_t inline_max;  /* TORCHCOMMS_CPU_INLINE_BYTES */
+  /* TORCHCOMMS_CPU_INLINE_BYTES (1 MiB; it may differ between ranks): on
+   * an idle communicator, shared-memory operations up to this size run on
+   * the caller's thread, synchronous ones at any size (larger asynchronous
+   * ones are handed to the thread at once, so that the call returns at
+   * once); 0: none */
+  size_t inline_max;
   size_t cma_min;     /* TORCHCOMMS_CPU_CMA_BYTES; SIZE_MAX: off */
   size_t cma_min_a2a; /* the same for all_to_all_single (measured apart) */
   /* the measurements that chose them when that setting is unset

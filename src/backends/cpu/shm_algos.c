@@ -1261,10 +1261,10 @@ static int cal_op(cpu_comm_t *c, int a2a, int cma, const char *send, char *recv,
   const int want = vals ? CPU_FAST_SMALL : cma ? CPU_FAST_CMA : 0;
   const int kind = tc__cpu_fast_kind(c, &op, &st);
   double t0 = tc__now();
-  int rc = want ? kind == want : kind && kind != CPU_FAST_CMA;
-  rc = rc ? tc__cpu_fast_run(&ctx, &st, -1.0)
-          : tc__cpu_fail(&ctx, TC_ERR_INTERNAL, "internal error: path %d instead of %d", kind,
-                         want);
+  const int ok = want ? kind == want : kind && kind != CPU_FAST_CMA;
+  int rc = ok ? tc__cpu_fast_run(&ctx, &st, -1.0)
+              : tc__cpu_fail(&ctx, TC_ERR_INTERNAL, "internal error: path %d instead of %d",
+                             kind, want);
   *us = (tc__now() - t0) * 1e6;
   if (rc != TC_OK) { /* the caller words the start ("tc_comm_create on ...") */
     const char *t = strncmp(ctx.msg, "torchcomms: ", 12) ? NULL : strstr(ctx.msg, "): ");
