@@ -25,12 +25,15 @@
  *
  * Output, one line per mode: "mode us_per_broadcast" (the slower rank's
  * time per broadcast, N broadcasts after both are ready).
+ * A rank that dies, or waits on its peer past PROBE_DEADLINE_S, ends the
+ * probe with exit status 1 and a message naming the mode.
  * Usage: tcbcast_probe [N]   (default 2000000)
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -43,6 +46,7 @@
 
 #define LINES 32
 #define STRIDE (64u * 1024u)
+#define PROBE_DEADLINE_S 120 /* per mode and rank */
 
 enum { M_FENCE = 1, M_HDR = 2, M_READ = 4, M_BATCH = 8 };
 
@@ -138,18 +142,35 @@ static double run_mode(int mode, long n) {
   }
   memset(m, 0, bytes);
   ctl_t *ctl = (ctl_t *)(m + 2 * ring);
+  pid_t pid[2];
   for (int r = 0; r < 2; r++) {
-    pid_t p = fork();
+    pid_t p = pid[r] = fork();
     if (p < 0) {
       perror("tcbcast_probe: fork");
       exit(1);
     }
     if (p == 0) {
+      /* a deadline for the spins on the other process: a rank that lost
+       * its peer ends (SIGALRM) instead of spinning on */
+      alarm(PROBE_DEADLINE_S);
       run_rank(r, mode, n, m, m + ring, ctl, nth_cpu(r));
       _exit(0);
     }
   }
-  for (int r = 0; r < 2; r++) wait(NULL);
+  for (int r = 0; r < 2; r++) {
+    int st = 0;
+    if (wait(&st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      fprintf(stderr, "tcbcast_probe: a rank of mode %d failed (%s %d%s)\n", mode,
+              WIFSIGNALED(st) ? "signal" : "exit status",
+              WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st),
+              WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM ? ": its peer stopped answering" : "");
+      kill(pid[0], SIGKILL); /* the other rank would spin until its deadline */
+      kill(pid[1], SIGKILL);
+      while (wait(NULL) > 0) {
+      }
+      exit(1);
+    }
+  }
   const double us = ctl->us[0] > ctl->us[1] ? ctl->us[0] : ctl->us[1];
   munmap(m, bytes);
   return us;
