@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <sched.h>
 #include <linux/futex.h>
+#include <linux/membarrier.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -51,13 +52,54 @@ static void shm_futex_wake(_Atomic uint32_t *w) {
 }
 
 /* Wakes rank q if it sleeps (or is about to). The caller published what q
- * waits for before; the fence orders that store before the sleepers load
- * (q does the mirror image: sleepers store, fence, re-check, sleep). */
+ * waits for before, then passed post_fence, which orders that store before
+ * the sleepers load (q does the mirror image: sleepers store, fence or
+ * membarrier, re-check, sleep). */
 static inline void shm_ring_bell(shm_ctl_t *q) {
   if (atomic_load_explicit(&q->sleepers, memory_order_relaxed)) {
     atomic_fetch_add_explicit(&q->bell, 1, memory_order_seq_cst);
     shm_futex_wake(&q->bell);
   }
+}
+
+/* Posts without a fence. A post publishes what a peer waits for (a flag,
+ * a ring head or tail), then looks whether that peer sleeps (sleepers);
+ * the sleeper does the mirror image: sleepers up, look again, sleep. The
+ * post's store must reach the peer before the post's load of sleepers
+ * runs, or both miss (store buffering): a fence between them does that,
+ * at the cost of waiting for the store's line to come over from the peer
+ * that polls it, on every post (a quarter of an 8-byte broadcast root's
+ * samples, docs/benchmarks.md). Instead, where the kernel has
+ * MEMBARRIER_CMD_GLOBAL_EXPEDITED, every process registers for it and a
+ * waiter about to sleep calls it after raising sleepers: every core that
+ * runs a registered process then passes a full barrier before the call
+ * returns, so a post whose load of sleepers came too early has its store
+ * visible by the time the waiter looks again (the asymmetric form of the
+ * same Dekker handshake: the cost moves to the rare sleep). light_pid: the
+ * process that registered (a child of fork must register again: the
+ * registration belongs to the address space), 0 none. A process that
+ * cannot register posts with the fence; one whose peers did not register
+ * still calls membarrier before it sleeps (0.1-2 us, on the way to a sleep
+ * of at least 50 us). */
+static atomic_int light_pid;
+
+int tc__shm_light_setup(void) {
+  const int me = (int)getpid();
+  if (atomic_load_explicit(&light_pid, memory_order_acquire) == me) return 1;
+  long q = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (q < 0 || !(q & MEMBARRIER_CMD_GLOBAL_EXPEDITED) ||
+      !(q & MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) ||
+      syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) != 0)
+    return 0;
+  atomic_store_explicit(&light_pid, me, memory_order_release);
+  return 1;
+}
+
+/* The fence between a post's store and its load of sleepers: only the
+ * compiler's where this process posts light (s->light_post). */
+static inline void post_fence(const struct tc_shm *s) {
+  if (s->light_post) atomic_signal_fence(memory_order_seq_cst);
+  else atomic_thread_fence(memory_order_seq_cst);
 }
 
 static inline void shm_pause(void) {
@@ -129,6 +171,9 @@ static int shm_block(struct tc_shm *s, shm_waiter_t *w, double spin_s, int may_s
   uint32_t b = atomic_load_explicit(&me->bell, memory_order_seq_cst);
   atomic_fetch_add_explicit(&me->sleepers, 1, memory_order_seq_cst);
   atomic_thread_fence(memory_order_seq_cst);
+  /* every light post's store is visible past this (post_fence) */
+  if (atomic_load_explicit(&light_pid, memory_order_relaxed))
+    syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0);
   if (!ready(s, arg) && !atomic_load(s->aborted)) {
     double nap = w->next_live - now;
     if (op->deadline - now < nap) nap = op->deadline - now;
@@ -158,7 +203,7 @@ _Atomic uint64_t *tc__shm_aux(tc_shm_t *s, int r) { return &shm_ctl(s, r)->aux; 
 
 void tc__shm_post(tc_shm_t *s, uint64_t v) {
   atomic_store_explicit(&s->me->flag, v, memory_order_release);
-  atomic_thread_fence(memory_order_seq_cst);
+  post_fence(s);
   for (int q = 0; q < s->size; q++)
     if (q != s->rank) shm_ring_bell(shm_ctl(s, q));
 }
@@ -316,14 +361,14 @@ static int check_hdr(struct tc_shm *s, const tc_tp_op_t *op, const tc_xfer_t *x,
 static inline void publish_head(struct tc_shm *s, int p, uint32_t head) {
   atomic_store_explicit(&shm_rctl(s, s->rank, p)->head, head, memory_order_release);
   s->out_head[p] = head;
-  atomic_thread_fence(memory_order_seq_cst);
+  post_fence(s);
   shm_ring_bell(shm_ctl(s, p));
 }
 
 static inline void publish_tail(struct tc_shm *s, int p, uint32_t tail) {
   atomic_store_explicit(&shm_rctl(s, p, s->rank)->tail, tail, memory_order_release);
   s->in_tail[p] = tail;
-  atomic_thread_fence(memory_order_seq_cst);
+  post_fence(s);
   shm_ring_bell(shm_ctl(s, p));
 }
 

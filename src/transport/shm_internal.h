@@ -69,6 +69,7 @@ struct tc_shm {
   atomic_int *aborted;
   double spin_s;    /* polling budget before sleeping (seconds) */
   int yield_poll;   /* oversubscribed: poll with sched_yield only, at most spin_s */
+  int light_post;   /* posts without a fence: sleepers call membarrier (post_fence) */
   size_t total, ring_bytes, slot_bytes, half_bytes;
   size_t off_rctl, off_line, off_ring, off_slot, off_half; /* layout of every segment */
   char **base;      /* [size] every rank's segment, mapped here */
@@ -85,6 +86,10 @@ struct tc_shm {
   tc_shm_owner_t *owners; /* [size] every segment's creator: its name */
   uint32_t epoch;   /* the configuration, in every message header */
 };
+
+/* Registers this process for membarrier posts (shm.c, post_fence); 1 if
+ * it is (then and on every later call). */
+TC_INTERNAL int tc__shm_light_setup(void);
 
 /* Layout helpers. */
 static inline shm_ctl_t *shm_ctl(struct tc_shm *s, int r) {

@@ -313,6 +313,7 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   s->epoch = a->epoch;
   s->aborted = a->aborted;
   s->spin_s = tc__mesh_spin_s(t);
+  s->light_post = tc__setting_bool(TC_SET_SHM_MEMBARRIER) && tc__shm_light_setup();
   if (s->spin_s <= 0 && !tc__setting_is_set(TC_SET_CPU_SPIN_US)) {
     /* more ranks than cores: a waiter that sleeps at once costs a futex
      * wake-up and a context switch per sync point; polling with
@@ -436,9 +437,11 @@ tc_shm_t *tc__shm_of(const tc_transport_ops_t *ops, void *tp) {
 static void shm_describe(void *tp, char *buf, size_t len) {
   const struct tc_shm *s = tp;
   snprintf(buf, len, "shm: %zu-byte segments (rings %zu, slots %zu, halves %zu B); "
-           "%s %g us, then sleep on a futex; single copy (process_vm_readv) %s; "
+           "%s %g us, then sleep on a futex; posts %s; single copy (process_vm_readv) %s; "
            "liveness over TCP", s->total, s->ring_bytes, s->slot_bytes, s->half_bytes,
-           s->yield_poll ? "yield-poll" : "spin", s->spin_s * 1e6, s->cma ? "on" : "off");
+           s->yield_poll ? "yield-poll" : "spin", s->spin_s * 1e6,
+           s->light_post ? "without a fence (membarrier)" : "with a fence",
+           s->cma ? "on" : "off");
 }
 
 const tc_transport_ops_t tc__shm_transport = {
