@@ -241,6 +241,7 @@ typedef struct cpu_comm {
   struct { uint64_t s; tc_opfp_t fp; uint8_t line; } lazy[TC_SHM_LINES];
   uint64_t lazy_lo;
   uint64_t lazy_slot_lo; /* the lowest of those in the slots (not the lines), 0: none */
+  uint64_t lazy_slot_hi; /* the highest of those ever recorded in the slots, 0: none */
   uint64_t big_round;
   size_t small_ar;    /* TORCHCOMMS_CPU_SHM_SMALL_BYTES */
   size_t stream_min;  /* TORCHCOMMS_CPU_STREAM_BYTES, else tc__cpu_stream_min */

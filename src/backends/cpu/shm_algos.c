@@ -282,7 +282,10 @@ static int fp_begin_root(cpu_ctx_t *ctx, double spin, const tc_tp_op_t *top, uin
     c->lazy[u % kl].s = u;
     c->lazy[u % kl].fp = ctx->fp;
     c->lazy[u % kl].line = (uint8_t)ctx->line;
-    if (!ctx->line && !c->lazy_slot_lo) c->lazy_slot_lo = u;
+    if (!ctx->line) {
+      if (!c->lazy_slot_lo) c->lazy_slot_lo = u;
+      c->lazy_slot_hi = u;
+    }
     if (!c->lazy_lo) {
       c->lazy_lo = u;
       atomic_store_explicit(tc__shm_aux(c->shm, c->rank), u, memory_order_release);
@@ -326,6 +329,11 @@ static int fp_lazy_check(cpu_ctx_t *ctx, uint64_t upto) {
   }
   uint64_t lo = 0;
   c->lazy_slot_lo = 0;
+  /* the lowest pending point, and the lowest in the slots: the search
+   * stops at the first pending one when no slot's is recorded from there on
+   * (lazy_slot_hi), not at the end of the ring (a root of 8-byte
+   * broadcasts checks one header per broadcast once its ring is full, and
+   * scanned up to 31 entries each time: ~180 instructions a broadcast) */
   for (; t <= c->sync; t++)
     if (c->lazy[t % k].s == t) {
       if (!lo) lo = t;
@@ -333,6 +341,7 @@ static int fp_lazy_check(cpu_ctx_t *ctx, uint64_t upto) {
         c->lazy_slot_lo = t;
         break;
       }
+      if (t >= c->lazy_slot_hi) break;
     }
   c->lazy_lo = lo;
   atomic_store_explicit(tc__shm_aux(c->shm, c->rank), lo, memory_order_release);
