@@ -62,14 +62,14 @@ static inline void shm_ring_bell(shm_ctl_t *q) {
   }
 }
 
-/* Posts without a fence. A post publishes what a peer waits for (a flag,
- * a ring head or tail), then looks whether that peer sleeps (sleepers);
- * the sleeper does the mirror image: sleepers up, look again, sleep. The
- * post's store must reach the peer before the post's load of sleepers
- * runs, or both miss (store buffering): a fence between them does that,
- * at the cost of waiting for the store's line to come over from the peer
- * that polls it, on every post (a quarter of an 8-byte broadcast root's
- * samples, docs/benchmarks.md). Instead, where the kernel has
+/* Posts without a fence (tc__shm_post_light). A post publishes what a
+ * peer waits for (a flag, a ring head or tail), then looks whether that
+ * peer sleeps (sleepers); the sleeper does the mirror image: sleepers up,
+ * look again, sleep. The post's store must reach the peer before the
+ * post's load of sleepers runs, or both miss (store buffering): a fence
+ * between them does that, at the cost of waiting for the store's line to
+ * come over from the peer that polls it (a quarter of an 8-byte broadcast
+ * root's samples, docs/benchmarks.md). Instead, where the kernel has
  * MEMBARRIER_CMD_GLOBAL_EXPEDITED, every process registers for it and a
  * waiter about to sleep calls it after raising sleepers: every core that
  * runs a registered process then passes a full barrier before the call
@@ -202,6 +202,13 @@ uint64_t tc__shm_flag(tc_shm_t *s, int r) {
 _Atomic uint64_t *tc__shm_aux(tc_shm_t *s, int r) { return &shm_ctl(s, r)->aux; }
 
 void tc__shm_post(tc_shm_t *s, uint64_t v) {
+  atomic_store_explicit(&s->me->flag, v, memory_order_release);
+  atomic_thread_fence(memory_order_seq_cst);
+  for (int q = 0; q < s->size; q++)
+    if (q != s->rank) shm_ring_bell(shm_ctl(s, q));
+}
+
+void tc__shm_post_light(tc_shm_t *s, uint64_t v) {
   atomic_store_explicit(&s->me->flag, v, memory_order_release);
   post_fence(s);
   for (int q = 0; q < s->size; q++)
@@ -361,14 +368,14 @@ static int check_hdr(struct tc_shm *s, const tc_tp_op_t *op, const tc_xfer_t *x,
 static inline void publish_head(struct tc_shm *s, int p, uint32_t head) {
   atomic_store_explicit(&shm_rctl(s, s->rank, p)->head, head, memory_order_release);
   s->out_head[p] = head;
-  post_fence(s);
+  atomic_thread_fence(memory_order_seq_cst);
   shm_ring_bell(shm_ctl(s, p));
 }
 
 static inline void publish_tail(struct tc_shm *s, int p, uint32_t tail) {
   atomic_store_explicit(&shm_rctl(s, p, s->rank)->tail, tail, memory_order_release);
   s->in_tail[p] = tail;
-  post_fence(s);
+  atomic_thread_fence(memory_order_seq_cst);
   shm_ring_bell(shm_ctl(s, p));
 }
 
