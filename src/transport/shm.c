@@ -95,6 +95,18 @@ int tc__shm_light_setup(void) {
   return 1;
 }
 
+/* 1 if a peer has ever posted without a fence. A peer says so (light = 1,
+ * then a fence) before its first such post; a sleeper reads it after
+ * raising sleepers and its fence: either the sleeper sees light, or the
+ * peer's later load of sleepers sees the sleeper (the same handshake,
+ * fenced on both sides, once). */
+static int peers_light(struct tc_shm *s) {
+  for (int q = 0; q < s->size; q++)
+    if (q != s->rank && atomic_load_explicit(&shm_ctl(s, q)->light, memory_order_relaxed))
+      return 1;
+  return 0;
+}
+
 /* The fence between a post's store and its load of sleepers: only the
  * compiler's where this process posts light (s->light_post). */
 static inline void post_fence(const struct tc_shm *s) {
@@ -171,8 +183,11 @@ static int shm_block(struct tc_shm *s, shm_waiter_t *w, double spin_s, int may_s
   uint32_t b = atomic_load_explicit(&me->bell, memory_order_seq_cst);
   atomic_fetch_add_explicit(&me->sleepers, 1, memory_order_seq_cst);
   atomic_thread_fence(memory_order_seq_cst);
-  /* every light post's store is visible past this (post_fence) */
-  if (atomic_load_explicit(&light_pid, memory_order_relaxed))
+  /* every light post's store is visible past this (post_fence), if a peer
+   * ever posted so (else no call: a membarrier interrupts every core that
+   * runs a registered process, which costs ranks that share their cores
+   * with others, measured under load at 4 ranks on 2 cores) */
+  if (atomic_load_explicit(&light_pid, memory_order_relaxed) && peers_light(s))
     syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0);
   if (!ready(s, arg) && !atomic_load(s->aborted)) {
     double nap = w->next_live - now;
@@ -209,6 +224,11 @@ void tc__shm_post(tc_shm_t *s, uint64_t v) {
 }
 
 void tc__shm_post_light(tc_shm_t *s, uint64_t v) {
+  if (__builtin_expect(s->light_post && !s->light_said, 0)) { /* the first: peers_light */
+    atomic_store(&s->me->light, 1);
+    atomic_thread_fence(memory_order_seq_cst);
+    s->light_said = 1;
+  }
   atomic_store_explicit(&s->me->flag, v, memory_order_release);
   post_fence(s);
   for (int q = 0; q < s->size; q++)

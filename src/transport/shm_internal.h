@@ -41,6 +41,7 @@ typedef struct shm_ctl {
   uint32_t pad1;
   _Alignas(64) _Atomic uint32_t bell;     /* futex word; peers ring it */
   _Alignas(64) _Atomic uint32_t sleepers; /* owner threads about to sleep */
+  _Atomic uint32_t light;                 /* 1 once the owner posted without a fence (post_fence) */
   _Alignas(64) _Atomic uint64_t flag;     /* the owner's sync flag */
   _Atomic uint64_t aux;                   /* beside it: read with it (tc__shm_aux) */
   _Alignas(64) char end[1];
@@ -70,6 +71,7 @@ struct tc_shm {
   double spin_s;    /* polling budget before sleeping (seconds) */
   int yield_poll;   /* oversubscribed: poll with sched_yield only, at most spin_s */
   int light_post;   /* posts without a fence: sleepers call membarrier (post_fence) */
+  int light_said;   /* me->light is set */
   size_t total, ring_bytes, slot_bytes, half_bytes;
   size_t off_rctl, off_line, off_ring, off_slot, off_half; /* layout of every segment */
   char **base;      /* [size] every rank's segment, mapped here */
