@@ -63,7 +63,7 @@
   X(SHM_BYTES, "TORCHCOMMS_SHM_BYTES", NUMP, 4 << 20, 0, 1ull << 40, NULL,                 \
     "shared-memory segment bytes per rank")                                              \
   X(SHM_MEMBARRIER, "TORCHCOMMS_SHM_MEMBARRIER", BOOL, 1, 0, 0, NULL,                     \
-    "shm: post sync flags without a fence; a waiter about to sleep calls membarrier instead (the same on every rank)") \
+    "shm: a small broadcast's root posts without a fence; a waiter about to sleep calls membarrier instead (the same on every rank)") \
   X(CPU_CMA, "TORCHCOMMS_CPU_CMA", BOOL, 1, 0, 0, NULL,                                    \
     "single copy with process_vm_readv")                                                 \
   X(CPU_CMA_BYTES, "TORCHCOMMS_CPU_CMA_BYTES", BYTES, 0, 0, 0, NULL,                        \

@@ -78,9 +78,9 @@ static inline void shm_ring_bell(shm_ctl_t *q) {
  * same Dekker handshake: the cost moves to the rare sleep). light_pid: the
  * process that registered (a child of fork must register again: the
  * registration belongs to the address space), 0 none. A process that
- * cannot register posts with the fence; one whose peers did not register
- * still calls membarrier before it sleeps (0.1-2 us, on the way to a sleep
- * of at least 50 us). */
+ * cannot register posts with the fence. A sleeper calls membarrier only
+ * once a peer has posted light (peers_light): 0.1-2 us, on the way to a
+ * sleep of at least 50 us. */
 static atomic_int light_pid;
 
 int tc__shm_light_setup(void) {
