@@ -3,6 +3,7 @@
 #include "runner.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -347,4 +348,15 @@ long tc_rss_kib(void) {
   TC_ASSERT(f && fscanf(f, "%ld %ld", &pages, &res) == 2);
   fclose(f);
   return res * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+void tc_read_text(const char *path, char *buf, size_t len) {
+  buf[0] = 0;
+  int fd = open(path, O_RDONLY);
+  TC_ASSERT(fd >= 0);
+  size_t at = 0;
+  ssize_t n;
+  while (at + 1 < len && (n = read(fd, buf + at, len - 1 - at)) > 0) at += (size_t)n;
+  buf[at] = 0;
+  close(fd);
 }

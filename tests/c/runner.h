@@ -124,6 +124,10 @@ int tc_free_port(void);
  * NULL (its rank, world_size and store are filled in). Asserts success. */
 tc_comm_t *tc_ctx_comm(tc_ctx_t *ctx, const char *name, tc_comm_options_t *opts);
 
+/* The text of file `path` (at most len - 1 bytes, NUL-terminated);
+ * asserts that it opens. */
+void tc_read_text(const char *path, char *buf, size_t len);
+
 /* A world-of-one communicator of backend "cpu" on `device` over an
  * in-process store (no other rank needed); returns tc_comm_create's code. */
 int tc_world1_create(const char *name, const char *device, tc_comm_t **out);

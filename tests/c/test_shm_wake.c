@@ -46,17 +46,6 @@ static double mono(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static void read_text(const char *path, char *buf, size_t len) {
-  buf[0] = 0;
-  int fd = open(path, O_RDONLY);
-  TC_ASSERT(fd >= 0);
-  size_t at = 0;
-  ssize_t n;
-  while (at + 1 < len && (n = read(fd, buf + at, len - 1 - at)) > 0) at += (size_t)n;
-  buf[at] = 0;
-  close(fd);
-}
-
 static void rank_fn(tc_ctx_t *ctx) {
   job_t *j = ctx->arg;
   char path[128];
@@ -117,7 +106,7 @@ static void run_case(int membarrier) {
     char path[128];
     static char text[1 << 16];
     snprintf(path, sizeof path, "%s/r%d.log", j.dir, r);
-    read_text(path, text, sizeof text);
+    tc_read_text(path, text, sizeof text);
     unlink(path);
     TC_ASSERT_CONTAINS(text, want);
   }

@@ -23,17 +23,6 @@ typedef struct {
   int cpu[2];   /* the core each rank binds itself to */
 } job_t;
 
-static void read_text(const char *path, char *buf, size_t len) {
-  buf[0] = 0;
-  int fd = open(path, O_RDONLY);
-  TC_ASSERT(fd >= 0);
-  size_t at = 0;
-  ssize_t n;
-  while (at + 1 < len && (n = read(fd, buf + at, len - 1 - at)) > 0) at += (size_t)n;
-  buf[at] = 0;
-  close(fd);
-}
-
 static void rank_bound(tc_ctx_t *ctx) {
   job_t *j = ctx->arg;
   cpu_set_t one;
@@ -69,7 +58,7 @@ static void run_case(int tcp, int cpu0, int cpu1) {
     char path[128], want[256];
     static char text[1 << 16];
     snprintf(path, sizeof path, "%s/r%d.log", j.dir, r);
-    read_text(path, text, sizeof text);
+    tc_read_text(path, text, sizeof text);
     unlink(path);
     snprintf(want, sizeof want,
              "cpu backend 'spinpol' rank %d: 2 ranks on this machine, %d cores: busy-poll %s us\n",
