@@ -52,7 +52,8 @@ static void shm_futex_wake(_Atomic uint32_t *w) {
 }
 
 /* Wakes rank q if it sleeps (or is about to). The caller published what q
- * waits for before, then passed post_fence, which orders that store before
+ * waits for before, then passed a fence (or, posting light, the sleeper's
+ * membarrier stands for it: shm_post_flag), which orders that store before
  * the sleepers load (q does the mirror image: sleepers store, fence or
  * membarrier, re-check, sleep). */
 static inline void shm_ring_bell(shm_ctl_t *q) {
@@ -62,7 +63,7 @@ static inline void shm_ring_bell(shm_ctl_t *q) {
   }
 }
 
-/* Posts without a fence (tc__shm_post_light). A post publishes what a
+/* Posts without a fence (tc__shm_post_light, shm_post_flag). A post publishes what a
  * peer waits for (a flag, a ring head or tail), then looks whether that
  * peer sleeps (sleepers); the sleeper does the mirror image: sleepers up,
  * look again, sleep. The post's store must reach the peer before the
@@ -105,13 +106,6 @@ static int peers_light(struct tc_shm *s) {
     if (q != s->rank && atomic_load_explicit(&shm_ctl(s, q)->light, memory_order_relaxed))
       return 1;
   return 0;
-}
-
-/* The fence between a post's store and its load of sleepers: only the
- * compiler's where this process posts light (s->light_post). */
-static inline void post_fence(const struct tc_shm *s) {
-  if (s->light_post) atomic_signal_fence(memory_order_seq_cst);
-  else atomic_thread_fence(memory_order_seq_cst);
 }
 
 static inline void shm_pause(void) {
@@ -183,7 +177,7 @@ static int shm_block(struct tc_shm *s, shm_waiter_t *w, double spin_s, int may_s
   uint32_t b = atomic_load_explicit(&me->bell, memory_order_seq_cst);
   atomic_fetch_add_explicit(&me->sleepers, 1, memory_order_seq_cst);
   atomic_thread_fence(memory_order_seq_cst);
-  /* every light post's store is visible past this (post_fence), if a peer
+  /* every light post's store is visible past this (shm_post_flag), if a peer
    * ever posted so (else no call: a membarrier interrupts every core that
    * runs a registered process, which costs ranks that share their cores
    * with others, measured under load at 4 ranks on 2 cores) */
@@ -216,23 +210,26 @@ uint64_t tc__shm_flag(tc_shm_t *s, int r) {
 
 _Atomic uint64_t *tc__shm_aux(tc_shm_t *s, int r) { return &shm_ctl(s, r)->aux; }
 
-void tc__shm_post(tc_shm_t *s, uint64_t v) {
+/* Publishes the own flag, then wakes the peers that sleep: with a fence
+ * between the two, or (light) only the compiler's, this process having
+ * registered for membarrier (see "Posts without a fence" above). */
+static inline void shm_post_flag(tc_shm_t *s, uint64_t v, int light) {
   atomic_store_explicit(&s->me->flag, v, memory_order_release);
-  atomic_thread_fence(memory_order_seq_cst);
+  if (light) atomic_signal_fence(memory_order_seq_cst);
+  else atomic_thread_fence(memory_order_seq_cst);
   for (int q = 0; q < s->size; q++)
     if (q != s->rank) shm_ring_bell(shm_ctl(s, q));
 }
 
+void tc__shm_post(tc_shm_t *s, uint64_t v) { shm_post_flag(s, v, 0); }
+
 void tc__shm_post_light(tc_shm_t *s, uint64_t v) {
-  if (__builtin_expect(s->light_post && !s->light_said, 0)) { /* the first: peers_light */
+  /* said once, with a fence, before the first such post (peers_light) */
+  if (s->light_post && __builtin_expect(!atomic_load_explicit(&s->me->light, memory_order_relaxed), 0)) {
     atomic_store(&s->me->light, 1);
     atomic_thread_fence(memory_order_seq_cst);
-    s->light_said = 1;
   }
-  atomic_store_explicit(&s->me->flag, v, memory_order_release);
-  post_fence(s);
-  for (int q = 0; q < s->size; q++)
-    if (q != s->rank) shm_ring_bell(shm_ctl(s, q));
+  shm_post_flag(s, v, s->light_post);
 }
 
 typedef struct {

@@ -95,7 +95,7 @@ TC_INTERNAL _Atomic uint64_t *tc__shm_aux(tc_shm_t *s, int r);
  * reader that sees the flag) and wakes sleeping peers. */
 TC_INTERNAL void tc__shm_post(tc_shm_t *s, uint64_t v);
 /* The same, without the fence where this process posts light (shm.c,
- * post_fence): for a rank that does not wait on its peers next (the root
+ * shm_post_flag): for a rank that does not wait on its peers next (the root
  * of a small broadcast). A rank that polls a peer's line at once after its
  * post gains nothing from it: measured slower at 8 B (docs/benchmarks.md,
  * "Posts without a fence"). */

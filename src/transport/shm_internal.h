@@ -41,7 +41,7 @@ typedef struct shm_ctl {
   uint32_t pad1;
   _Alignas(64) _Atomic uint32_t bell;     /* futex word; peers ring it */
   _Alignas(64) _Atomic uint32_t sleepers; /* owner threads about to sleep */
-  _Atomic uint32_t light;                 /* 1 once the owner posted without a fence (post_fence) */
+  _Atomic uint32_t light;                 /* 1 once the owner posted without a fence (shm_post_flag) */
   _Alignas(64) _Atomic uint64_t flag;     /* the owner's sync flag */
   _Atomic uint64_t aux;                   /* beside it: read with it (tc__shm_aux) */
   _Alignas(64) char end[1];
@@ -70,8 +70,7 @@ struct tc_shm {
   atomic_int *aborted;
   double spin_s;    /* polling budget before sleeping (seconds) */
   int yield_poll;   /* oversubscribed: poll with sched_yield only, at most spin_s */
-  int light_post;   /* posts without a fence: sleepers call membarrier (post_fence) */
-  int light_said;   /* me->light is set */
+  int light_post;   /* posts without a fence: sleepers call membarrier (shm_post_flag) */
   size_t total, ring_bytes, slot_bytes, half_bytes;
   size_t off_rctl, off_line, off_ring, off_slot, off_half; /* layout of every segment */
   char **base;      /* [size] every rank's segment, mapped here */
@@ -89,7 +88,7 @@ struct tc_shm {
   uint32_t epoch;   /* the configuration, in every message header */
 };
 
-/* Registers this process for membarrier posts (shm.c, post_fence); 1 if
+/* Registers this process for membarrier posts (shm.c, shm_post_flag); 1 if
  * it is (then and on every later call). */
 TC_INTERNAL int tc__shm_light_setup(void);
 

@@ -1,4 +1,4 @@
-/* test_shm_wake.c -- posts without a fence (transport/shm.c, post_fence;
+/* test_shm_wake.c -- posts without a fence (transport/shm.c, shm_post_flag;
  * the root of a small broadcast posts so): a rank that sleeps on a futex
  * is still woken by every post, with
  * TORCHCOMMS_SHM_MEMBARRIER on (the default: membarrier where the kernel
@@ -13,14 +13,13 @@
  * A lost wake-up would not fail a result: the sleeper looks again after
  * its nap (at most 5 ms) and goes on. The order a missed handshake needs (a
  * post's store still in its core's buffer while the sleeper looks twice) is
- * not one a test can provoke; the reasoning is in post_fence's comment.
+ * not one a test can provoke; the reasoning is in the comment above shm_post_flag.
  * What the job's time shows is gross loss: 6000 sleeping waits that each
  * ran to the end of their nap would take 30 s, where woken ones take well
  * under a second; the bound below is 10 s. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <fcntl.h>
 #include <linux/membarrier.h>
 #include <stdint.h>
 #include <stdio.h>
