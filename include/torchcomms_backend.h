@@ -363,7 +363,33 @@ typedef struct tc_backend_ops {
    * ends every rank of the job); if it returns, the core calls abort().
    * Called from whichever thread saw the failure. */
   void (*abort_process)(void *bcomm, int status, const char *reason);
+  /* Appended, optional (NULL, or past the table's `size`: none): runs a
+   * synchronous collective to its end on the caller's thread, now, when
+   * the backend can (for instance: nothing queued or running, a small
+   * message), without a work object; the core offers it the synchronous
+   * collectives of calls without wait hooks (tc_op_options_t.wait_release)
+   * when no hook would see them. When it cannot, it returns
+   * TC_BACKEND_DECLINED having done nothing, and the core posts the
+   * operation as usual. Otherwise it calls begin(arg) exactly once before
+   * anything moves (the core numbers and records the operation, so that a
+   * hang shows it, and lets go of its communicator lock: other threads may
+   * issue, abort or finalize meanwhile, and an abort must end the
+   * operation's waits as for any operation), runs it, then calls
+   * end(arg, status, reason) exactly once, before it lets go of anything
+   * an abort or a destroy waits for (TC_OK, or the error with its text, as
+   * work_complete's), and returns status. Called from the issuing thread,
+   * which begin and end run on; op is valid for the call only; its
+   * timeout_s is the operation's and its issue_time the start of the
+   * deadline. */
+  int (*express)(void *bcomm, const tc_backend_op_t *op, void (*begin)(void *arg),
+                 void (*end)(void *arg, int status, const char *reason), void *arg);
 } tc_backend_ops_t;
+
+/* express's answer when it did nothing (the core posts the operation). */
+#define TC_BACKEND_DECLINED 1
+/* 1 when the table t has an express entry. */
+#define TC_BACKEND_HAS_EXPRESS(t)                                             \
+  ((t)->size >= offsetof(tc_backend_ops_t, express) + sizeof((t)->express) && (t)->express)
 
 #define TC_BACKEND_WIN_INFO_MAX 512u
 

@@ -505,6 +505,7 @@ int tc_comm_create(const char *backend, const char *device,
   c->rank = rank;
   c->size = size;
   c->ops = ops;
+  c->express = TC_BACKEND_HAS_EXPRESS(ops) && tc__setting_bool(TC_SET_EXPRESS);
   c->timeout_s = o.timeout_s > 0 ? o.timeout_s : default_timeout();
   c->abort_process = o.abort_process_on_timeout_or_error >= 0
                          ? o.abort_process_on_timeout_or_error != 0
@@ -945,6 +946,7 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
   child->rank = me;
   child->size = (int)nranks;
   child->ops = c->ops;
+  child->express = c->express;
   child->granks = malloc(nranks * sizeof *child->granks);
   if (!child->granks) {
     comm_release(child);

@@ -107,6 +107,11 @@ struct tc_comm {
   pthread_mutex_t err_mu; /* last_error only: taken inside backend callbacks */
   char last_error[1024];
   uint64_t coll_seq, p2p_seq; /* collectives / p2p issued (under mu) */
+  /* synchronous collectives may take the backend's express entry (ops.c:
+   * the backend has one and TORCHCOMMS_EXPRESS is on); express_ops: how
+   * many did (under mu) */
+  int express;
+  uint64_t express_ops;
   int *granks; /* [size]: the job-wide rank of each rank (NULL: the identity) */
   /* hooks (hooks.c): counts per kind, read without a lock (0: none) */
   _Atomic int nhooks[3];
@@ -262,6 +267,17 @@ TC_INTERNAL int tc__work_wait(tc_work_t *w);
  * the post (host_work_started defers it so that an operation run inline
  * updates the flight recorder once). */
 TC_INTERNAL void tc__work_posted(tc_work_t *w);
+/* A synchronous collective the backend ran in its express entry
+ * (tc_backend_ops_t.express; ops.c) failed with status and the backend's
+ * reason: reported as the work path reports a failure (the library's one
+ * message format, the hang report, the flight recorder's entry fr_id /
+ * fr_slot, the status board, the communicator's last error, the process
+ * abort when configured), through the communicator's spare work. op: the
+ * operation (issue_time, timeout_s set), coll_seq its number. Returns the
+ * failure's code, its text set as the thread's last error. Under c->mu. */
+TC_INTERNAL int tc__work_express_failed(tc_comm_t *c, const tc_backend_op_t *op,
+                                        uint64_t coll_seq, uint64_t fr_id, size_t fr_slot,
+                                        int status, const char *reason);
 /* Completes a work that never reached the backend (validation failure). */
 TC_INTERNAL void tc__work_fail_local(tc_work_t *w, int rc, const char *msg);
 TC_INTERNAL extern const tc_backend_host_t tc__host;
@@ -339,6 +355,9 @@ TC_INTERNAL void tc__op_describe(const tc__op_args_t *a, int rank, int size, voi
  * either returns the work (async) or waits for it. */
 TC_INTERNAL int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
                              const tc_op_options_t *opts, tc_work_t **work);
+/* How many operations of comm (a user's handle) took the express path
+ * (tests, docs/benchmarks.md); 0 for an invalid handle. */
+TC_INTERNAL uint64_t tc__comm_express_ops(const tc_comm_t *comm);
 /* TC_ERR_NOT_SUPPORTED with a message unless the backend runs type on dt
  * with reduction redop (-1: none; dt TC_DTYPE_COUNT: any). */
 TC_INTERNAL int tc__v_supports(tc_comm_t *c, const char *fn, tc_op_type_t type,
@@ -397,6 +416,16 @@ TC_INTERNAL void tc__fr_free(tc_comm_t *c);
 TC_INTERNAL void tc__fr_issue(tc_comm_t *c, tc_work_t *w);
 /* w's entry moves to state (TC_FR_*). */
 TC_INTERNAL void tc__fr_update(tc_work_t *w, int state);
+/* The same two for an operation without a work (ops.c, the express path):
+ * records op, started at `created` (no stack frames: the express path is
+ * not taken when they are kept); returns its id + 1 (0: not recorded) and
+ * its place in *slot; then moves that entry to state with the operation's
+ * times. */
+TC_INTERNAL uint64_t tc__fr_record_started(tc_comm_t *c, const tc_backend_op_t *op,
+                                           uint64_t coll_seq, double created, double timeout_s,
+                                           size_t *slot);
+TC_INTERNAL void tc__fr_set(tc_comm_t *c, uint64_t fr_id, size_t slot, int state, double issued,
+                            double started, double ended);
 /* The automatic dump on a failure or abort: once per communicator, to
  * <TORCH_FR_DUMP_TEMP_FILE><rank> when that prefix is set. */
 TC_INTERNAL void tc__fr_auto_dump(tc_comm_t *c, const char *why);
@@ -411,6 +440,12 @@ TC_INTERNAL void tc__board_setup(tc_comm_t *c);
 TC_INTERNAL void tc__board_free(tc_comm_t *c);
 TC_INTERNAL void tc__board_issue(tc_comm_t *c, const tc_work_t *w);
 TC_INTERNAL void tc__board_done(tc_comm_t *c, const tc_work_t *w, int rc);
+/* The same for an operation of `type` (peer: its root or peer) without a
+ * work: coll_seq its collective number, or 0 and p2p_seq its p2p number. */
+TC_INTERNAL void tc__board_issue_op(tc_comm_t *c, tc_op_type_t type, int peer, uint64_t coll_seq,
+                                    uint64_t p2p_seq);
+TC_INTERNAL void tc__board_done_op(tc_comm_t *c, tc_op_type_t type, uint64_t coll_seq,
+                                   uint64_t p2p_seq, int rc);
 TC_INTERNAL void tc__board_state(tc_comm_t *c, int state);
 /* For a failed (timed out, peer lost) collective w: who is behind, in
  * words ("ranks 3 and 5 never entered it (...)"); "" when nothing useful is

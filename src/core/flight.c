@@ -135,10 +135,14 @@ void tc__fr_free(tc_comm_t *c) {
   c->fr_next = 0;
 }
 
-void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
-  w->fr_id = 0;
-  if (!c->fr_cap) return;
-  const tc_backend_op_t *op = &w->op;
+/* Records op (coll_seq / p2p_seq as tc_op_info_t's), issued at `created`,
+ * in state `state` (TC_FR_STARTED: started at `created`); stack frames
+ * from our caller's caller when they are kept. Returns the record id + 1
+ * (0: not recorded) and its place in *slot. */
+static inline __attribute__((always_inline)) uint64_t
+fr_record(tc_comm_t *c, const tc_backend_op_t *op, uint64_t coll_seq, uint64_t p2p_seq,
+          double created, double timeout_s, int state, size_t *slot_out) {
+  if (!c->fr_cap) return 0;
   /* element sizes are powers of two: shifts, not divisions (a 64-bit
    * division costs tens of cycles, several per operation added up) */
   size_t es = tc__dtype_size(op->dtype), in, out;
@@ -149,6 +153,7 @@ void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
   if (nf < 0) nf = 0;
   char *mine = c->fr_stacks && caller_frames && caller_frames[0] ? strdup(caller_frames) : NULL;
   char *old = NULL;
+  uint64_t rid = 0;
   fr_lock(c);
   if (c->fr_cap) {
     uint64_t id = c->fr_count++;
@@ -161,12 +166,13 @@ void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
     __builtin_prefetch(&c->fr[c->fr_next], 1);
     __builtin_prefetch((char *)&c->fr[c->fr_next] + 64, 1);
     old = e->caller_frames;
-    *e = (tc__fr_entry_t){.record_id = id, .op_id = op->seq, .coll_seq = w->coll_seq,
-                          .p2p_seq = w->p2p_seq, .type = op->type, .dtype = op->dtype,
-                          .peer = op->root, .state = TC_FR_SCHEDULED,
+    *e = (tc__fr_entry_t){.record_id = id, .op_id = op->seq, .coll_seq = coll_seq,
+                          .p2p_seq = p2p_seq, .type = op->type, .dtype = op->dtype,
+                          .peer = op->root, .state = state,
                           .async_op = (op->flags & TC_BACKEND_OP_ASYNC) != 0,
                           .in_elems = es ? in >> sh : 0, .out_elems = es ? out >> sh : 0,
-                          .created = w->issue_time, .timeout_s = w->timeout_s};
+                          .created = created, .timeout_s = timeout_s,
+                          .started = state == TC_FR_STARTED ? created : 0};
     /* torch records a broadcast's tensor as input on every rank: its
      * analyser compares input sizes across ranks */
     if (op->type == TC_OP_BROADCAST) e->in_elems = op->count;
@@ -177,37 +183,51 @@ void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
       e->caller_frames = mine;
       mine = NULL;
     }
-    w->fr_id = id + 1;
-    w->fr_slot = slot;
+    rid = id + 1;
+    *slot_out = slot;
   }
   fr_unlock(c);
   if (old) free(old);
   if (mine) free(mine);
+  return rid;
 }
 
-/* Times are the work's own (monotonic, taken anyway): no clock is read
- * here; the dump turns them into wall-clock nanoseconds. */
-void tc__fr_update(tc_work_t *w, int state) {
-  tc_comm_t *c = w->comm;
-  if (!c || !w->fr_id) return;
+void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
+  w->fr_id = fr_record(c, &w->op, w->coll_seq, w->p2p_seq, w->issue_time, w->timeout_s,
+                       TC_FR_SCHEDULED, &w->fr_slot);
+}
+
+uint64_t tc__fr_record_started(tc_comm_t *c, const tc_backend_op_t *op, uint64_t coll_seq,
+                               double created, double timeout_s, size_t *slot) {
+  return fr_record(c, op, coll_seq, 0, created, timeout_s, TC_FR_STARTED, slot);
+}
+
+/* Times are the operation's own (monotonic, taken anyway): no clock is
+ * read here; the dump turns them into wall-clock nanoseconds. */
+void tc__fr_set(tc_comm_t *c, uint64_t fr_id, size_t slot, int state, double issued,
+                double started, double ended) {
+  if (!c || !fr_id) return;
   fr_lock(c);
-  uint64_t id = w->fr_id - 1;
+  uint64_t id = fr_id - 1;
   if (c->fr_cap && id >= fr_lo(c)) { /* not overwritten or reset since */
     /* where it was put, unless tc_fr_reserve moved it since */
-    size_t slot = w->fr_slot;
     if (slot >= c->fr_cap || c->fr[slot].record_id != id) slot = id % c->fr_cap;
     tc__fr_entry_t *e = &c->fr[slot];
     if (e->record_id == id && e->state < TC_FR_COMPLETED) {
       e->state = state;
-      e->started = w->start_time;
+      e->started = started;
       if (state != TC_FR_STARTED) {
-        e->done = w->end_time;
-        double t0 = w->start_time > 0 ? w->start_time : w->issue_time;
-        e->duration_s = w->end_time > t0 ? w->end_time - t0 : 0;
+        e->done = ended;
+        double t0 = started > 0 ? started : issued;
+        e->duration_s = ended > t0 ? ended - t0 : 0;
       }
     }
   }
   fr_unlock(c);
+}
+
+void tc__fr_update(tc_work_t *w, int state) {
+  tc__fr_set(w->comm, w->fr_id, w->fr_slot, state, w->issue_time, w->start_time, w->end_time);
 }
 
 /* ---- the dump ---- */

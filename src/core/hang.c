@@ -110,39 +110,49 @@ static board_slot_t *my_slot(tc_comm_t *c) {
   return c->board ? &((board_slot_t *)c->board)[c->rank] : NULL;
 }
 
-void tc__board_issue(tc_comm_t *c, const tc_work_t *w) {
+void tc__board_issue_op(tc_comm_t *c, tc_op_type_t type, int peer, uint64_t coll_seq,
+                        uint64_t p2p_seq) {
   board_slot_t *s = my_slot(c);
   if (!s) return;
-  if (w->coll_seq) {
-    atomic_store_explicit(&s->issued_type, (uint32_t)w->op.type, memory_order_relaxed);
-    atomic_store_explicit(&s->issued, w->coll_seq, memory_order_release);
+  if (coll_seq) {
+    atomic_store_explicit(&s->issued_type, (uint32_t)type, memory_order_relaxed);
+    atomic_store_explicit(&s->issued, coll_seq, memory_order_release);
   } else {
-    atomic_store_explicit(&s->p2p_type, (uint32_t)w->op.type, memory_order_relaxed);
-    atomic_store_explicit(&s->p2p_peer, w->op.root, memory_order_relaxed);
-    atomic_store_explicit(&s->p2p_issued, w->p2p_seq, memory_order_release);
+    atomic_store_explicit(&s->p2p_type, (uint32_t)type, memory_order_relaxed);
+    atomic_store_explicit(&s->p2p_peer, peer, memory_order_relaxed);
+    atomic_store_explicit(&s->p2p_issued, p2p_seq, memory_order_release);
   }
 }
 
-void tc__board_done(tc_comm_t *c, const tc_work_t *w, int rc) {
-  if (w->coll_seq && rc == TC_OK) {
+void tc__board_issue(tc_comm_t *c, const tc_work_t *w) {
+  tc__board_issue_op(c, w->op.type, w->op.root, w->coll_seq, w->p2p_seq);
+}
+
+void tc__board_done_op(tc_comm_t *c, tc_op_type_t type, uint64_t coll_seq, uint64_t p2p_seq,
+                       int rc) {
+  if (coll_seq && rc == TC_OK) {
     /* release, not seq_cst (two locked instructions per collective): the
      * report reads done_coll, then done_type */
-    atomic_store_explicit(&c->done_type, (int)w->op.type, memory_order_relaxed);
-    atomic_store_explicit(&c->done_coll, w->coll_seq, memory_order_release);
+    atomic_store_explicit(&c->done_type, (int)type, memory_order_relaxed);
+    atomic_store_explicit(&c->done_coll, coll_seq, memory_order_release);
   }
   board_slot_t *s = my_slot(c);
   if (!s) return;
-  if (!w->coll_seq) { /* ended, well or not: the rank is no longer in it */
-    atomic_store_explicit(&s->p2p_completed, w->p2p_seq, memory_order_release);
+  if (!coll_seq) { /* ended, well or not: the rank is no longer in it */
+    atomic_store_explicit(&s->p2p_completed, p2p_seq, memory_order_release);
     return;
   }
   if (rc != TC_OK) {
-    atomic_store(&s->failed, w->coll_seq);
+    atomic_store(&s->failed, coll_seq);
     return;
   }
   /* collectives complete in issue order on a communicator */
-  atomic_store_explicit(&s->completed_type, (uint32_t)w->op.type, memory_order_relaxed);
-  atomic_store_explicit(&s->completed, w->coll_seq, memory_order_release);
+  atomic_store_explicit(&s->completed_type, (uint32_t)type, memory_order_relaxed);
+  atomic_store_explicit(&s->completed, coll_seq, memory_order_release);
+}
+
+void tc__board_done(tc_comm_t *c, const tc_work_t *w, int rc) {
+  tc__board_done_op(c, w->op.type, w->coll_seq, w->p2p_seq, rc);
 }
 
 void tc__board_state(tc_comm_t *c, int state) {

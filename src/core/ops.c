@@ -347,6 +347,117 @@ static inline __attribute__((always_inline)) int op_issue(tc_comm_t *c, const ch
   return rc;
 }
 
+/* ---- the express path ---- */
+
+/* One express operation: what begin numbers and records, what end
+ * reports. */
+typedef struct {
+  tc_comm_t *c;
+  const tc_backend_op_t *op;
+  uint64_t coll_seq; /* its collective number (c->coll_seq + 1) */
+  uint64_t fr_id;    /* its flight-recorder entry (id + 1, 0: none) */
+  size_t fr_slot;
+  int begun, ended;
+  int rc; /* its result, once ended */
+} op_express_t;
+
+/* Under c->mu: numbers and records the operation, then lets go of the
+ * lock (the backend runs it without: abort, finalize and other threads'
+ * operations go on meanwhile). */
+static void express_begin(void *arg) {
+  op_express_t *x = arg;
+  tc_comm_t *c = x->c;
+  if (x->begun) return;
+  x->begun = 1;
+  c->seq++;
+  c->coll_seq++;
+  c->express_ops++;
+  x->fr_id = tc__fr_record_started(c, x->op, x->coll_seq, x->op->issue_time,
+                                   x->op->timeout_s, &x->fr_slot);
+  tc__board_issue_op(c, x->op->type, x->op->root, x->coll_seq, 0);
+  tc__unlock(&c->mu);
+}
+
+/* The operation ended (on the issuing thread; the backend still holds
+ * what an abort or a destroy of c waits for, so c lives): recorded as
+ * completed, or reported as the work path reports a failure. */
+static void express_end(void *arg, int status, const char *reason) {
+  op_express_t *x = arg;
+  tc_comm_t *c = x->c;
+  if (x->ended) return;
+  x->ended = 1;
+  x->rc = status;
+  const tc_backend_op_t *op = x->op;
+  if (status != TC_OK) {
+    tc__lock(&c->mu); /* the spare work */
+    x->rc = tc__work_express_failed(c, op, x->coll_seq, x->fr_id, x->fr_slot, status, reason);
+    tc__unlock(&c->mu);
+    return;
+  }
+  const double end = tc__now();
+  tc__fr_set(c, x->fr_id, x->fr_slot, TC_FR_COMPLETED, op->issue_time, op->issue_time, end);
+  tc__board_done_op(c, op->type, x->coll_seq, 0, TC_OK);
+  atomic_store_explicit(&c->last_progress_ns, (int64_t)(end * 1e9), memory_order_relaxed);
+}
+
+/* A synchronous collective through the backend's express entry
+ * (tc_backend_ops_t.express): what op_issue does for it (the state, the
+ * numbers, the flight recorder, the status board, the end's report) without
+ * a work object, hooks or the post's hand-offs. Taken when nothing needs
+ * those: no hooks registered, no trace, no recorded stack frames (any of
+ * them: the work path, which has them). TC_BACKEND_DECLINED when the
+ * communicator or the backend cannot (nothing done: op_issue goes on);
+ * else the operation's result, a failure reported exactly as the work path
+ * does (tc__work_express_failed). */
+static int op_express(tc_comm_t *c, const tc__op_args_t *a, const tc_op_options_t *opts) {
+  if (atomic_load_explicit(&c->nhooks[TC_HOOK_PRE], memory_order_relaxed) ||
+      atomic_load_explicit(&c->nhooks[TC_HOOK_POST], memory_order_relaxed) || c->fr_stacks ||
+      tc__log_on(TC_LOG_TRACE, TC_LOG_COLL))
+    return TC_BACKEND_DECLINED;
+  /* the per-rank blocks of a small all_gather, reduce_scatter or
+   * all_to_all, on the stack */
+  _Alignas(16) char arrays[256];
+  size_t need = tc__op_arrays_size(a, c->rank, c->size);
+  if (need > sizeof arrays) return TC_BACKEND_DECLINED;
+  tc_backend_op_t op;
+  tc__op_describe(a, c->rank, c->size, need ? arrays : NULL, &op);
+  op.timeout_s = opts && opts->timeout_s > 0 ? opts->timeout_s : c->timeout_s;
+  if (opts) {
+    op.hints = opts->hints; /* borrowed for the call */
+    op.num_hints = opts->num_hints;
+    if (opts->size >= offsetof(tc_op_options_t, stream) + sizeof(void *))
+      op.stream = opts->stream;
+    if (opts->size >= offsetof(tc_op_options_t, backend_arg) + sizeof(void *))
+      op.backend_arg = opts->backend_arg;
+  }
+  tc__lock(&c->mu);
+  if (c->state != TC_STATE_ACTIVE) {
+    tc__unlock(&c->mu);
+    return TC_BACKEND_DECLINED; /* op_issue says why */
+  }
+  op.issue_time = tc__now();
+  op.seq = c->seq + 1;
+  op_express_t x = {.c = c, .op = &op, .coll_seq = c->coll_seq + 1};
+  int rc = c->ops->express(c->bcomm, &op, express_begin, express_end, &x);
+  if (rc == TC_BACKEND_DECLINED && !x.begun) {
+    tc__unlock(&c->mu);
+    return rc;
+  }
+  /* a backend that left out a call: numbered and reported anyway */
+  express_begin(&x);
+  express_end(&x, rc == TC_BACKEND_DECLINED ? TC_ERR_INTERNAL : rc, NULL);
+  return x.rc;
+}
+
+uint64_t tc__comm_express_ops(const tc_comm_t *h) {
+  tc_comm_t *c = (tc_comm_t *)h;
+  if (tc__comm_enter(&c, "tc__comm_express_ops") != TC_OK) return 0;
+  tc__lock(&c->mu);
+  uint64_t n = c->express_ops;
+  tc__unlock(&c->mu);
+  return n;
+}
+
 /* Never inlined, cloned or split (noipa), as a guard for the public entry
  * that calls it (tc_all_reduce, ...): the flight recorder's stack frames
  * start at that entry's frame (tc__fr_issue, TORCH_FR_CPP_STACK). Under
@@ -381,6 +492,12 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
     h = (tc__waith_t){opts->wait_release, opts->wait_reacquire, opts->wait_arg, 0};
     wh = &h;
     if (!TC_BACKEND_HAS_CAP(c->ops, TC_BACKEND_CAP_BLOCKING_REPORTED)) tc__waith_release(wh);
+  }
+  const tc_op_kind_t k = tc_backend_op_kind(a->type);
+  if (!work && !wh && k != TC_KIND_SEND && k != TC_KIND_RECV && k != TC_KIND_BATCH &&
+      c->express) {
+    int rc = op_express(c, a, opts);
+    if (rc != TC_BACKEND_DECLINED) return rc;
   }
   int rc = op_issue(c, fn, a, opts, work, wh);
   if (wh && wh->released) wh->reacquire(wh->arg);

@@ -64,6 +64,8 @@
     "shared-memory segment bytes per rank")                                              \
   X(SHM_MEMBARRIER, "TORCHCOMMS_SHM_MEMBARRIER", BOOL, 1, 0, 0, NULL,                     \
     "shm: a small broadcast's root posts without a fence; a waiter about to sleep calls membarrier instead (the same on every rank)") \
+  X(EXPRESS, "TORCHCOMMS_EXPRESS", BOOL, 1, 0, 0, NULL,                                    \
+    "synchronous collectives the backend can run at once skip the work object (0: never)") \
   X(CPU_CMA, "TORCHCOMMS_CPU_CMA", BOOL, 1, 0, 0, NULL,                                    \
     "single copy with process_vm_readv")                                                 \
   X(CPU_CMA_BYTES, "TORCHCOMMS_CPU_CMA_BYTES", BYTES, 0, 0, 0, NULL,                        \

@@ -350,6 +350,38 @@ static void host_work_complete(tc_work_t *w, int status, const char *reason) {
   tc__work_unref(w); /* the backend's reference */
 }
 
+int tc__work_express_failed(tc_comm_t *c, const tc_backend_op_t *op, uint64_t coll_seq,
+                            uint64_t fr_id, size_t fr_slot, int status, const char *reason) {
+  char msg[1024];
+  const char *opname = tc__op_name(op->type);
+  tc__comm_message(c, opname, reason && reason[0] ? reason : tc_strerror(status), msg,
+                   sizeof msg);
+  tc_work_t *w = tc__work_alloc_sync(c, opname, op->timeout_s);
+  if (!w) { /* no memory for the work: the failure all the same */
+    tc__fr_set(c, fr_id, fr_slot, TC_FR_FAILED, op->issue_time, op->issue_time, tc__now());
+    tc__board_done_op(c, op->type, coll_seq, 0, status);
+    tc__comm_record_error(c, msg);
+    return tc__set_error(status, "%s", msg);
+  }
+  /* the work it would have had: issued and started at the issue, recorded,
+   * on this thread alone (work_inline) */
+  w->op = *op; /* its lists are the caller's, valid during this call */
+  w->coll_seq = coll_seq;
+  w->p2p_seq = 0;
+  w->fr_id = fr_id;
+  w->fr_slot = fr_slot;
+  w->issue_time = w->start_time = op->issue_time;
+  atomic_store_explicit(&w->status, TC_WORK_INPROGRESS, memory_order_relaxed);
+  w->post_thread = pthread_self();
+  atomic_store_explicit(&w->posting, 1, memory_order_relaxed);
+  work_finish(w, status, msg);
+  atomic_store_explicit(&w->posting, 0, memory_order_relaxed);
+  const int rc = w->rc;
+  tc__set_error_text(rc, w->msg);
+  tc__work_unref_inline(w);
+  return rc;
+}
+
 /* The backend is about to block the posting thread on w: the caller's
  * lock goes (once; taken back when tc__op_issue returns, with no lock of
  * ours held). From any other thread, or outside the post: nothing. */

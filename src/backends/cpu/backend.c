@@ -256,6 +256,16 @@ void tc__cpu_ctx_init(cpu_ctx_t *ctx, cpu_comm_t *c, const char *opname) {
   ctx->size = c->size;
 }
 
+/* An operation ended with rc: a failure breaks the communicator (the
+ * first one's text is kept for every later refusal). */
+static void cpu_ended(cpu_comm_t *c, const cpu_ctx_t *ctx, int rc) {
+  if (rc != TC_OK && c->broken_rc == TC_OK && !atomic_load(&c->aborted)) {
+    c->broken_rc = rc;
+    snprintf(c->broken_msg, sizeof c->broken_msg, "%s #%llu: %.700s", ctx->opname,
+             (unsigned long long)ctx->op->seq, ctx->msg);
+  }
+}
+
 /* Runs (or resumes) one operation. inline_spin >= 0: on the caller's
  * thread, a shared-memory operation may give up at a wait that spun that
  * long; returns 0 then (e keeps its progress, the work is not reported),
@@ -300,11 +310,7 @@ static int cpu_exec(cpu_comm_t *c, cpu_qent_t *e, double inline_spin) {
     c->scratch_cap = 0;
   }
   if (rc == CPU_PENDING) return 0;
-  if (rc != TC_OK && c->broken_rc == TC_OK && !atomic_load(&c->aborted)) {
-    c->broken_rc = rc;
-    snprintf(c->broken_msg, sizeof c->broken_msg, "%s #%llu: %.700s", ctx.opname,
-             (unsigned long long)e->op->seq, ctx.msg);
-  }
+  cpu_ended(c, &ctx, rc);
   if (inline_spin < 0) {
     /* the thread: idle before reporting, so that a caller woken by the
      * report finds the communicator idle and runs its next operation
@@ -420,6 +426,66 @@ static int cpu_queue_room(cpu_comm_t *c) {
   c->qcap = cap;
   c->qhead = 0;
   return TC_OK;
+}
+
+/* tc_backend_ops_t.express: a synchronous collective through the small
+ * slots, run to its end here when the communicator is idle (nothing queued
+ * or running: taking the lane keeps issue order), waiting as the thread
+ * would (spin, then sleep until the deadline; abort wakes it). It spares
+ * the work's report and the posting's classification (cpu_post, cpu_exec);
+ * the slots' protocol is the same, so peers may run the same operation
+ * either way. Anything else is declined before it begins. */
+static int cpu_express(void *bc, const tc_backend_op_t *op, void (*begin)(void *),
+                       void (*end)(void *, int, const char *), void *arg) {
+  cpu_comm_t *c = bc;
+  cpu_ctx_t ctx;
+  cpu_fast_t st;
+  /* the classification and the fingerprint of the last such operation, or
+   * made now (about a tenth of a small operation's instructions) */
+  const int same = c->xc_valid && op->type == c->xc_type && op->count == c->xc_count &&
+                   op->dtype == c->xc_dtype && (int)op->redop.type == c->xc_redop &&
+                   op->root == c->xc_root;
+  if (same) {
+    st = c->xc_st;
+  } else {
+    memset(&st, 0, sizeof st);
+    if (!c->shm || tc__cpu_fast_kind(c, op, &st) != CPU_FAST_SMALL)
+      return TC_BACKEND_DECLINED;
+  }
+  if (c->inline_max == 0 || cpu_on_thread(c) || !cpu_lane_take(c)) return TC_BACKEND_DECLINED;
+  if (atomic_load_explicit(&c->aborted, memory_order_relaxed) || c->broken_rc != TC_OK) {
+    cpu_lane_give(c); /* the post reports it, as for any operation */
+    return TC_BACKEND_DECLINED;
+  }
+  begin(arg);
+  tc__cpu_ctx_init(&ctx, c, tc__op_name(op->type));
+  ctx.op = op;
+  ctx.es = tc__dtype_size(op->dtype);
+  ctx.timeout_s = op->timeout_s > 0 ? op->timeout_s : c->timeout_s;
+  ctx.deadline = op->issue_time + ctx.timeout_s;
+  if (same) {
+    ctx.fp = c->xc_fp;
+    ctx.fp.seq = ++c->coll_seq;
+  } else {
+    tc__cpu_fingerprint(c, op, ++c->coll_seq, &ctx.fp);
+    /* the key says all there is: no per-rank counts, or one for all */
+    c->xc_valid = (!op->send && !op->recv) || (op->flags & TC_OPF_UNIFORM);
+    c->xc_type = op->type;
+    c->xc_dtype = op->dtype;
+    c->xc_count = op->count;
+    c->xc_redop = (int)op->redop.type;
+    c->xc_root = op->root;
+    c->xc_st = st;
+    c->xc_fp = ctx.fp;
+  }
+  int rc = tc__cpu_fast_run(&ctx, &st, -1.0);
+  cpu_ended(c, &ctx, rc);
+  /* reported after the thread's report of the operation before
+   * (cpu_exec), and before the lane goes: abort and destroy wait for it */
+  while (atomic_load(&c->reporting)) sched_yield();
+  end(arg, rc, rc == TC_OK ? NULL : ctx.msg);
+  cpu_lane_give(c);
+  return rc;
 }
 
 static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work, char *err,
@@ -871,6 +937,7 @@ const tc_backend_ops_t tc__cpu_backend = {
     .split = NULL,
     .describe = cpu_describe,
     .caps = TC_BACKEND_CAP_RECONFIGURE | TC_BACKEND_CAP_BLOCKING_REPORTED,
+    .express = cpu_express,
     .window_create = tc__cpu_win_create,
     .window_attach = tc__cpu_win_attach,
     .window_ready = tc__cpu_win_ready,

@@ -281,6 +281,19 @@ typedef struct cpu_comm {
 
   /* the hierarchy across hosts (hier.c), or NULL: flat */
   struct cpu_hier *hier;
+
+  /* the express entry's last classification (cpu_express, under the
+   * core's lock): an operation of the same type, dtype, count, reduction
+   * and root, without per-rank counts or with one for every rank
+   * (TC_OPF_UNIFORM), takes the same path with the same fingerprint but
+   * its number (xc_valid 0: none) */
+  int xc_valid;
+  tc_op_type_t xc_type;
+  tc_dtype_t xc_dtype;
+  int xc_redop, xc_root;
+  size_t xc_count;
+  cpu_fast_t xc_st;
+  tc_opfp_t xc_fp;
 } cpu_comm_t;
 
 /* The context of one running operation. */

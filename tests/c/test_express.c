@@ -1,0 +1,330 @@
+/* test_express.c -- the express path (src/core/ops.c, op_express; the cpu
+ * backend's cpu_express): a synchronous collective small enough for the
+ * shared-memory slots runs on the caller's thread without a work object.
+ *
+ *  - every small synchronous collective takes it (counted), with exact
+ *    values and the flight recorder's entries as the work path writes
+ *    them; asynchronous and large ones do not;
+ *  - it steps aside for queued asynchronous work (issue order), for hooks,
+ *    and when TORCHCOMMS_EXPRESS=0;
+ *  - its failures (mismatch, timeout) read exactly as the work path's:
+ *    the same message, hang report, recorder state and last error;
+ *  - tc_comm_abort from another thread ends a wait in it at once.
+ * Ranks coordinate through an anonymous shared mapping (conditions with
+ * deadlines, never sleeps standing in for synchronisation). */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "coll_util.h"
+#include "core/core.h"
+
+typedef struct {
+  _Atomic int done;
+  char msg[2][2][1024];   /* [express][rank]: the failure's text */
+  char fr[2][2][256];     /* [express][rank]: the failed entry's state */
+} shared_t;
+
+/* TORCHCOMMS_EXPRESS for the communicators created from now on, over
+ * shared memory (the cpu backend's express path is the slots': over TCP
+ * every operation takes the work path, which the rest of the suite runs). */
+static void express_setting(int on) {
+  setenv("TORCHCOMMS_EXPRESS", on ? "1" : "0", 1);
+  setenv("TORCHCOMMS_CPU_TRANSPORT", "shm", 1);
+  char err[512] = "";
+  if (tc__settings_reload(err, sizeof err) != TC_OK) tc_test_fail(__FILE__, __LINE__, "%s", err);
+}
+
+/* The "state" of the entry whose collective_seq_id is seq, from a dump. */
+static void fr_state(tc_comm_t *c, int seq, char *out, size_t len) {
+  char *j, key[64];
+  TC_ASSERT_OK(tc_fr_dump_json(c, 1, &j));
+  snprintf(key, sizeof key, "\"collective_seq_id\": %d,", seq);
+  const char *e = strstr(j, key);
+  TC_ASSERT(e != NULL);
+  const char *s = strstr(e, "\"state\": \"");
+  TC_ASSERT(s != NULL);
+  s += strlen("\"state\": \"");
+  size_t n = strcspn(s, "\"");
+  snprintf(out, len, "%.*s", (int)(n < len ? n : len - 1), s);
+  tc_free(j);
+}
+
+/* ---- small synchronous collectives take it; values and records exact ---- */
+
+static void runs_rank(tc_ctx_t *ctx) {
+  express_setting(1);
+  tc_comm_t *c = tc_ctx_comm(ctx, "xp", NULL);
+  const int me = ctx->rank, n = ctx->size;
+  enum { ROUNDS = 50 };
+  uint64_t ops = 0;
+  for (int i = 0; i < ROUNDS; i++) {
+    int32_t x[3] = {i, me, 7};
+    TC_ASSERT_OK(tc_all_reduce(c, x, 3, TC_INT32, TC_OP(TC_SUM), NULL, NULL));
+    TC_ASSERT_EQ(x[0], i * n);
+    TC_ASSERT_EQ(x[1], n * (n - 1) / 2);
+    TC_ASSERT_EQ(x[2], 7 * n);
+    const int root = i % n;
+    int64_t b = me == root ? 1000 * i + root : -1;
+    TC_ASSERT_OK(tc_broadcast(c, &b, 1, TC_INT64, root, NULL, NULL));
+    TC_ASSERT_EQ(b, 1000 * i + root);
+    int32_t mine = 10 * i + me, all[8];
+    TC_ASSERT_OK(tc_all_gather_single(c, all, &mine, 1, TC_INT32, NULL, NULL));
+    for (int r = 0; r < n; r++) TC_ASSERT_EQ(all[r], 10 * i + r);
+    int32_t in[8], out = -1;
+    for (int r = 0; r < n; r++) in[r] = r + me + i;
+    TC_ASSERT_OK(tc_reduce_scatter_single(c, &out, in, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL));
+    TC_ASSERT_EQ(out, n * (me + i) + n * (n - 1) / 2);
+    int32_t sa[8], ra[8];
+    for (int r = 0; r < n; r++) sa[r] = 100 * me + r;
+    TC_ASSERT_OK(tc_all_to_all_single(c, ra, sa, 1, TC_INT32, NULL, NULL));
+    for (int r = 0; r < n; r++) TC_ASSERT_EQ(ra[r], 100 * r + me);
+    TC_ASSERT_OK(tc_barrier(c, NULL, NULL));
+    ops += 6;
+  }
+  TC_ASSERT_EQ(tc__comm_express_ops(c), ops);
+  /* asynchronous, and larger than the slots: the work path */
+  tc_work_t *w;
+  int32_t y = me;
+  TC_ASSERT_OK(tc_all_reduce(c, &y, 1, TC_INT32, TC_OP(TC_SUM), NULL, &w));
+  TC_ASSERT_OK(tc_work_wait(w));
+  TC_ASSERT_OK(tc_work_release(w));
+  TC_ASSERT_EQ(y, n * (n - 1) / 2);
+  const size_t big = 1 << 20;
+  float *f = tc_xmalloc(big * sizeof *f);
+  for (size_t k = 0; k < big; k++) f[k] = (float)(me + 1);
+  TC_ASSERT_OK(tc_all_reduce(c, f, big, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL));
+  TC_ASSERT_EQ(f[0], (float)(n * (n + 1) / 2));
+  TC_ASSERT_EQ(f[big - 1], (float)(n * (n + 1) / 2));
+  free(f);
+  TC_ASSERT_EQ(tc__comm_express_ops(c), ops);
+  /* the recorder: every express entry completed, numbered as the others */
+  char *j;
+  TC_ASSERT_OK(tc_fr_dump_json(c, 1, &j));
+  TC_ASSERT_CONTAINS(j, "\"collective_seq_id\": 1, \"p2p_seq_id\": 0, \"op_id\": 1, "
+                        "\"profiling_name\": \"gloo:all_reduce\"");
+  TC_ASSERT_CONTAINS(j, "\"input_sizes\": [[3]], \"input_dtypes\": [\"Int\"], "
+                        "\"output_sizes\": [[3]], \"output_dtypes\": [\"Int\"], "
+                        "\"state\": \"completed\"");
+  TC_ASSERT_CONTAINS(j, "\"collective_seq_id\": 2, \"p2p_seq_id\": 0, \"op_id\": 2, "
+                        "\"profiling_name\": \"gloo:broadcast\"");
+  TC_ASSERT_CONTAINS(j, "\"last_completed_collective\": 302");
+  TC_ASSERT(!strstr(j, "\"state\": \"scheduled\""));
+  TC_ASSERT(!strstr(j, "\"state\": \"started\""));
+  tc_free(j);
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(express_small_sync_collectives) { tc_spawn(2, runs_rank, NULL, 60); }
+TC_TEST(express_small_sync_collectives_w3) { tc_spawn(3, runs_rank, NULL, 60); }
+
+/* ---- behind queued asynchronous work; off with hooks or the setting ---- */
+
+static int pre_hook(tc_hook_kind_t kind, const tc_op_info_t *info, void *arg) {
+  (void)kind;
+  (void)info;
+  (*(int *)arg)++;
+  return 0;
+}
+
+static void steps_aside_rank(tc_ctx_t *ctx) {
+  express_setting(1);
+  tc_comm_t *c = tc_ctx_comm(ctx, "xq", NULL);
+  const int me = ctx->rank;
+  const size_t big = 1 << 20;
+  float *f = tc_xmalloc(big * sizeof *f);
+  for (int i = 0; i < 20; i++) {
+    for (size_t k = 0; k < big; k++) f[k] = (float)(me + i);
+    tc_work_t *w;
+    TC_ASSERT_OK(tc_all_reduce(c, f, big, TC_FLOAT32, TC_OP(TC_SUM), NULL, &w));
+    /* issued while that one may still run: after it, in order */
+    int32_t x = me + i;
+    TC_ASSERT_OK(tc_all_reduce(c, &x, 1, TC_INT32, TC_OP(TC_MAX), NULL, NULL));
+    TC_ASSERT_EQ(x, 1 + i);
+    TC_ASSERT_OK(tc_work_wait(w));
+    TC_ASSERT_OK(tc_work_release(w));
+    TC_ASSERT_EQ(f[0], (float)(1 + 2 * i));
+    TC_ASSERT_EQ(f[big - 1], (float)(1 + 2 * i));
+  }
+  free(f);
+  /* hooks see every operation: the work path */
+  uint64_t before = tc__comm_express_ops(c);
+  int calls = 0;
+  uint64_t h;
+  TC_ASSERT_OK(tc_comm_register_hook(c, TC_HOOK_PRE, pre_hook, &calls, &h));
+  for (int i = 0; i < 10; i++) {
+    int32_t x = 1;
+    TC_ASSERT_OK(tc_all_reduce(c, &x, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL));
+    TC_ASSERT_EQ(x, 2);
+  }
+  TC_ASSERT_EQ(calls, 10);
+  TC_ASSERT_EQ(tc__comm_express_ops(c), before);
+  TC_ASSERT_OK(tc_comm_unregister_hook(c, h));
+  int32_t x = 1;
+  TC_ASSERT_OK(tc_all_reduce(c, &x, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL));
+  TC_ASSERT_EQ(tc__comm_express_ops(c), before + 1);
+  TC_ASSERT_OK(tc_comm_destroy(c));
+  /* the setting off: never */
+  express_setting(0);
+  c = tc_ctx_comm(ctx, "xoff", NULL);
+  for (int i = 0; i < 10; i++) {
+    int32_t y = me;
+    TC_ASSERT_OK(tc_all_reduce(c, &y, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL));
+    TC_ASSERT_EQ(y, 1);
+  }
+  TC_ASSERT_EQ(tc__comm_express_ops(c), 0);
+  TC_ASSERT_OK(tc_comm_destroy(c));
+  express_setting(1);
+}
+
+TC_TEST(express_steps_aside) { tc_spawn(2, steps_aside_rank, NULL, 60); }
+
+/* ---- failures read as the work path's ---- */
+
+/* A mismatched count (rank 1 reduces 3 elements, rank 0 two), then a
+ * timeout (rank 1 never joins the next all_reduce), with the express path
+ * on and off; each rank keeps its texts for the parent to compare. */
+static void fails_rank(tc_ctx_t *ctx) {
+  shared_t *sh = ctx->arg;
+  const int me = ctx->rank;
+  for (int on = 1; on >= 0; on--) {
+    express_setting(on);
+    tc_comm_t *c = tc_ctx_comm(ctx, "xfail", NULL);
+    int32_t x[3] = {1, 2, 3};
+    TC_ASSERT_ERR(tc_all_reduce(c, x, me ? 3 : 2, TC_INT32, TC_OP(TC_SUM), NULL, NULL),
+                  TC_ERR_PROTOCOL, "mismatched");
+    snprintf(sh->msg[on][me], sizeof sh->msg[on][me], "%s", tc_last_error());
+    TC_ASSERT_CONTAINS(tc_comm_last_error(c), "mismatched");
+    fr_state(c, 1, sh->fr[on][me], sizeof sh->fr[on][me]);
+    TC_ASSERT_EQ(tc__comm_express_ops(c), on ? 1u : 0u);
+    TC_ASSERT_OK(tc_comm_abort(c));
+    TC_ASSERT_OK(tc_comm_destroy(c));
+  }
+  express_setting(1);
+}
+
+TC_TEST(express_failures_read_as_the_work_path) {
+  shared_t *sh = tc_shared_zalloc(sizeof *sh);
+  tc_spawn(2, fails_rank, sh, 60);
+  for (int r = 0; r < 2; r++) {
+    TC_ASSERT_CONTAINS(sh->msg[1][r], "all_reduce on 'xfail' (rank ");
+    TC_ASSERT_STR_EQ(sh->msg[1][r], sh->msg[0][r]);
+    TC_ASSERT_STR_EQ(sh->fr[1][r], "failed");
+    TC_ASSERT_STR_EQ(sh->fr[0][r], "failed");
+  }
+}
+
+/* A communicator `name` with the express path on, past one all_reduce
+ * (both ranks in step). */
+static tc_comm_t *comm_in_step(tc_ctx_t *ctx, const char *name) {
+  express_setting(1);
+  tc_comm_t *c = tc_ctx_comm(ctx, name, NULL);
+  int32_t x = 1;
+  TC_ASSERT_OK(tc_all_reduce(c, &x, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL));
+  TC_ASSERT_EQ(x, 2);
+  return c;
+}
+
+static void timeout_rank(tc_ctx_t *ctx) {
+  shared_t *sh = ctx->arg;
+  tc_comm_t *c = comm_in_step(ctx, "xtime");
+  int32_t x = 1;
+  if (ctx->rank == 0) {
+    tc_op_options_t o = TC_OP_OPTIONS_INIT;
+    o.timeout_s = 0.5;
+    double t0 = tc__now();
+    TC_ASSERT_ERR(tc_all_reduce(c, &x, 1, TC_INT32, TC_OP(TC_SUM), &o, NULL), TC_ERR_TIMEOUT,
+                  "torchcomms: all_reduce on 'xtime' (rank 0 of 2): timed out after 0.5 s");
+    double dt = tc__now() - t0;
+    TC_ASSERT(dt >= 0.45 && dt < 5);
+    TC_ASSERT_CONTAINS(tc_last_error(), "[hang report: all_reduce #2: rank 1 never entered it");
+    TC_ASSERT_CONTAINS(tc_comm_last_error(c), "timed out");
+    TC_ASSERT_EQ(tc__comm_express_ops(c), 2);
+    char st[64];
+    fr_state(c, 2, st, sizeof st);
+    TC_ASSERT_STR_EQ(st, "timed_out");
+    /* broken from then on, as after any failure */
+    TC_ASSERT_ERR(tc_all_reduce(c, &x, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL), TC_ERR_TIMEOUT,
+                  "an earlier operation failed");
+    sh->done = 1;
+  } else {
+    tc_wait_flag(&sh->done, 1, 30); /* never joins the second all_reduce */
+  }
+  TC_ASSERT_OK(tc_comm_abort(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(express_timeout_reported) { tc_spawn(2, timeout_rank, tc_shared_zalloc(sizeof(shared_t)), 60); }
+
+/* ---- abort from another thread ends a wait in it ---- */
+
+typedef struct {
+  tc_comm_t *c;
+  double aborted_at;
+} abort_arg_t;
+
+static void *abort_later(void *p) {
+  abort_arg_t *a = p;
+  /* once the all_reduce is recorded as started (it waits for rank 1) */
+  double dl = tc__now() + 20;
+  for (;;) {
+    char *j = NULL;
+    int found = tc_fr_dump_json(a->c, 0, &j) == TC_OK && strstr(j, "\"state\": \"started\"");
+    tc_free(j);
+    if (found || tc__now() > dl) break;
+    struct timespec ts = {0, 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  a->aborted_at = tc__now();
+  tc_comm_abort(a->c);
+  return NULL;
+}
+
+static void abort_rank(tc_ctx_t *ctx) {
+  shared_t *sh = ctx->arg;
+  tc_comm_t *c = comm_in_step(ctx, "xabort");
+  int32_t x = 1;
+  if (ctx->rank == 0) {
+    abort_arg_t a = {c, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, abort_later, &a);
+    TC_ASSERT_ERR(tc_all_reduce(c, &x, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL), TC_ERR_ABORTED,
+                  "aborted");
+    double dt = tc__now() - a.aborted_at;
+    pthread_join(th, NULL);
+    TC_ASSERT(a.aborted_at > 0);
+    TC_ASSERT(dt < 2.0); /* not the 600 s deadline */
+    TC_ASSERT(tc_comm_is_aborted(c));
+    sh->done = 1;
+  } else {
+    tc_wait_flag(&sh->done, 1, 30);
+    TC_ASSERT_OK(tc_comm_abort(c));
+  }
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(express_abort_ends_its_wait) { tc_spawn(2, abort_rank, tc_shared_zalloc(sizeof(shared_t)), 60); }
+
+/* ---- over TCP: never (the work path) ---- */
+
+static void tcp_rank(tc_ctx_t *ctx) {
+  express_setting(1);
+  setenv("TORCHCOMMS_CPU_TRANSPORT", "tcp", 1);
+  char err[512] = "";
+  if (tc__settings_reload(err, sizeof err) != TC_OK) tc_test_fail(__FILE__, __LINE__, "%s", err);
+  tc_comm_t *c = tc_ctx_comm(ctx, "xtcp", NULL);
+  for (int i = 0; i < 10; i++) {
+    int32_t x = ctx->rank + i;
+    TC_ASSERT_OK(tc_all_reduce(c, &x, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL));
+    TC_ASSERT_EQ(x, 1 + 2 * i);
+  }
+  TC_ASSERT_EQ(tc__comm_express_ops(c), 0);
+  TC_ASSERT_OK(tc_comm_destroy(c));
+  express_setting(1);
+}
+
+TC_TEST(express_not_over_tcp) { tc_spawn(2, tcp_rank, NULL, 60); }
