@@ -202,32 +202,42 @@ uint64_t tc__fr_record_started(tc_comm_t *c, const tc_backend_op_t *op, uint64_t
   return fr_record(c, op, coll_seq, 0, created, timeout_s, TC_FR_STARTED, slot);
 }
 
-/* Times are the operation's own (monotonic, taken anyway): no clock is
- * read here; the dump turns them into wall-clock nanoseconds. */
+/* Under fr_lock: entry fr_id (id + 1) moves to state with the operation's
+ * times (monotonic, taken anyway: no clock is read here; the dump turns
+ * them into wall-clock nanoseconds); `ended` read only for an end. */
+static void fr_set_locked(tc_comm_t *c, uint64_t fr_id, size_t slot, int state, double issued,
+                          double started, const double *ended) {
+  uint64_t id = fr_id - 1;
+  if (!c->fr_cap || id < fr_lo(c)) return; /* overwritten or reset since */
+  /* where it was put, unless tc_fr_reserve moved it since */
+  if (slot >= c->fr_cap || c->fr[slot].record_id != id) slot = id % c->fr_cap;
+  tc__fr_entry_t *e = &c->fr[slot];
+  if (e->record_id != id || e->state >= TC_FR_COMPLETED) return;
+  e->state = state;
+  e->started = started;
+  if (state != TC_FR_STARTED) {
+    e->done = *ended;
+    double t0 = started > 0 ? started : issued;
+    e->duration_s = *ended > t0 ? *ended - t0 : 0;
+  }
+}
+
 void tc__fr_set(tc_comm_t *c, uint64_t fr_id, size_t slot, int state, double issued,
                 double started, double ended) {
   if (!c || !fr_id) return;
   fr_lock(c);
-  uint64_t id = fr_id - 1;
-  if (c->fr_cap && id >= fr_lo(c)) { /* not overwritten or reset since */
-    /* where it was put, unless tc_fr_reserve moved it since */
-    if (slot >= c->fr_cap || c->fr[slot].record_id != id) slot = id % c->fr_cap;
-    tc__fr_entry_t *e = &c->fr[slot];
-    if (e->record_id == id && e->state < TC_FR_COMPLETED) {
-      e->state = state;
-      e->started = started;
-      if (state != TC_FR_STARTED) {
-        e->done = ended;
-        double t0 = started > 0 ? started : issued;
-        e->duration_s = ended > t0 ? ended - t0 : 0;
-      }
-    }
-  }
+  fr_set_locked(c, fr_id, slot, state, issued, started, &ended);
   fr_unlock(c);
 }
 
+/* The work's times are read under the lock: a start recorded after the
+ * post (tc__work_posted) may meet the backend's thread ending the work. */
 void tc__fr_update(tc_work_t *w, int state) {
-  tc__fr_set(w->comm, w->fr_id, w->fr_slot, state, w->issue_time, w->start_time, w->end_time);
+  tc_comm_t *c = w->comm;
+  if (!c || !w->fr_id) return;
+  fr_lock(c);
+  fr_set_locked(c, w->fr_id, w->fr_slot, state, w->issue_time, w->start_time, &w->end_time);
+  fr_unlock(c);
 }
 
 /* ---- the dump ---- */
