@@ -112,6 +112,9 @@ struct tc_comm {
    * many did (under mu) */
   int express;
   uint64_t express_ops;
+  /* the last (type, dtype, reduction) the backend's supports() accepted
+   * (tc__v_supports), 0: none */
+  _Atomic uint32_t supported;
   int *granks; /* [size]: the job-wide rank of each rank (NULL: the identity) */
   /* hooks (hooks.c): counts per kind, read without a lock (0: none) */
   _Atomic int nhooks[3];

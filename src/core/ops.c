@@ -159,7 +159,14 @@ uint32_t tc_op_flags(tc_op_type_t t) { return tc_backend_op_flags(t); }
 int tc__v_supports(tc_comm_t *c, const char *fn, tc_op_type_t type,
                    tc_dtype_t dt, int redop) {
   const tc_backend_ops_t *o = c->ops;
-  if (!o->supports || !c->bcomm || o->supports(c->bcomm, type, dt, redop)) return TC_OK;
+  /* the last combination the backend said yes to (its answer does not
+   * change): one compare instead of its call, on every operation */
+  const uint32_t key = ((uint32_t)type << 16 | (uint32_t)dt << 8 | (uint32_t)(redop + 1)) + 1;
+  if (atomic_load_explicit(&c->supported, memory_order_relaxed) == key) return TC_OK;
+  if (!o->supports || !c->bcomm || o->supports(c->bcomm, type, dt, redop)) {
+    atomic_store_explicit(&c->supported, key, memory_order_relaxed);
+    return TC_OK;
+  }
   if (!o->supports(c->bcomm, type, TC_DTYPE_COUNT, -1))
     TC_FAIL(c, fn, TC_ERR_NOT_SUPPORTED, "backend '%s' does not implement %s",
             c->backend_name, tc__op_name(type));

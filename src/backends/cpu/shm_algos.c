@@ -516,6 +516,30 @@ static int fp_check_hdrs(cpu_ctx_t *ctx, uint64_t s, int only) {
 /* Small: one sync through the slots                                         */
 /* ------------------------------------------------------------------------ */
 
+/* memcpy for the small path's copies, which do not overlap: up to 16
+ * bytes (an operation whose data shares its header's line) in two loads
+ * and two stores instead of the library's call (about 20 instructions of
+ * an 8-byte broadcast's copy, on each side). */
+static inline void fp_move(void *d, const void *s, size_t n) {
+  char *dc = d;
+  const char *sc = s;
+  if (n >= 8 && n <= 16) {
+    uint64_t a, b;
+    memcpy(&a, sc, 8);
+    memcpy(&b, sc + n - 8, 8);
+    memcpy(dc, &a, 8);
+    memcpy(dc + n - 8, &b, 8);
+  } else if (n >= 4 && n < 8) {
+    uint32_t a, b;
+    memcpy(&a, sc, 4);
+    memcpy(&b, sc + n - 4, 4);
+    memcpy(dc, &a, 4);
+    memcpy(dc + n - 4, &b, 4);
+  } else {
+    memcpy(d, s, n);
+  }
+}
+
 /* Writes this rank's contribution into its slot (after the header). */
 static size_t fp_write(cpu_ctx_t *ctx, char *d) {
   const tc_backend_op_t *op = ctx->op;
@@ -526,15 +550,15 @@ static size_t fp_write(cpu_ctx_t *ctx, char *d) {
   case FAM_AR:
     b = op->count * es;
     if (premul) tc__scale(d, op->recvbuf, op->count, op->dtype, op->redop.factor);
-    else memcpy(d, op->recvbuf, b);
+    else fp_move(d, op->recvbuf, b);
     break;
   case FAM_BCAST:
     b = op->count * es;
-    if (r == op->root) memcpy(d, op->recvbuf, b);
+    if (r == op->root) fp_move(d, op->recvbuf, b);
     break;
   case FAM_AG:
     b = op->recv[r].count * es;
-    if (b) memcpy(d, op->sendbuf, b);
+    if (b) fp_move(d, op->sendbuf, b);
     break;
   case FAM_RS:
     for (int i = 0; i < n; i++) {
@@ -548,7 +572,7 @@ static size_t fp_write(cpu_ctx_t *ctx, char *d) {
     break;
   case FAM_A2A:
     b = (size_t)n * op->count * es;
-    memcpy(d, op->sendbuf, b);
+    fp_move(d, op->sendbuf, b);
     break;
   default: break;
   }
@@ -583,7 +607,7 @@ static int fp_read(cpu_ctx_t *ctx, uint64_t s) {
     break;
   }
   case FAM_BCAST:
-    if (r != op->root) memcpy(op->recvbuf, SLOT(op->root), op->count * es);
+    if (r != op->root) fp_move(op->recvbuf, SLOT(op->root), op->count * es);
     break;
   case FAM_AG: {
     /* the own block first, from the send buffer (which may lie anywhere in
@@ -596,7 +620,7 @@ static int fp_read(cpu_ctx_t *ctx, uint64_t s) {
       memcpy(mine, cpu_overlaps(mine, mylen, in, mylen) ? SLOT(r) : in, mylen);
     for (int q = 0; q < n; q++) {
       size_t len = op->recv[q].count * es;
-      if (q != r && len) memcpy(op->recv[q].buf, SLOT(q), len);
+      if (q != r && len) fp_move(op->recv[q].buf, SLOT(q), len);
     }
     break;
   }
@@ -623,8 +647,8 @@ static int fp_read(cpu_ctx_t *ctx, uint64_t s) {
      * place: other blocks overwrite it) */
     int self_in = !cpu_overlaps(send, (size_t)n * bb, recv, (size_t)n * bb);
     for (int q = 0; q < n; q++)
-      memcpy(recv + (size_t)q * bb,
-             q == r && self_in ? send + (size_t)r * bb : SLOT(q) + (size_t)r * bb, bb);
+      fp_move(recv + (size_t)q * bb,
+              q == r && self_in ? send + (size_t)r * bb : SLOT(q) + (size_t)r * bb, bb);
     break;
   }
   default: break;
