@@ -285,6 +285,7 @@ typedef struct tc_backend_init_args {
 } tc_backend_init_args_t;
 
 struct tc_backend_win_op;
+struct tc_backend_express;
 
 typedef struct tc_backend_ops {
   uint32_t abi_version; /* TC_BACKEND_ABI_VERSION */
@@ -367,23 +368,32 @@ typedef struct tc_backend_ops {
    * synchronous collective to its end on the caller's thread, now, when
    * the backend can (for instance: nothing queued or running, a small
    * message), without a work object; the core offers it the synchronous
-   * collectives of calls without wait hooks (tc_op_options_t.wait_release)
-   * when no hook would see them. When it cannot, it returns
+   * collectives when no hook would see them. When it cannot, it returns
    * TC_BACKEND_DECLINED having done nothing, and the core posts the
-   * operation as usual. Otherwise it calls begin(arg) exactly once before
-   * anything moves (the core numbers and records the operation, so that a
-   * hang shows it, and lets go of its communicator lock: other threads may
-   * issue, abort or finalize meanwhile, and an abort must end the
-   * operation's waits as for any operation), runs it, then calls
-   * end(arg, status, reason) exactly once, before it lets go of anything
-   * an abort or a destroy waits for (TC_OK, or the error with its text, as
-   * work_complete's), and returns status. Called from the issuing thread,
-   * which begin and end run on; op is valid for the call only; its
-   * timeout_s is the operation's and its issue_time the start of the
-   * deadline. */
-  int (*express)(void *bcomm, const tc_backend_op_t *op, void (*begin)(void *arg),
-                 void (*end)(void *arg, int status, const char *reason), void *arg);
+   * operation as usual. Otherwise it calls x->begin(x->arg) exactly once
+   * before anything moves (the core numbers and records the operation, so
+   * that a hang shows it, and lets go of its communicator lock: other
+   * threads may issue, abort or finalize meanwhile, and an abort must end
+   * the operation's waits as for any operation), runs it, then calls
+   * x->end(x->arg, status, reason) exactly once, before it lets go of
+   * anything an abort or a destroy waits for (TC_OK, or the error with its
+   * text, as work_complete's), and returns status. With
+   * TC_BACKEND_OP_REPORT_BLOCKING in op->flags it calls
+   * x->blocking(x->arg) before it could block (a sleep, a long wait: the
+   * caller's lock goes), as host->work_blocking. Called from the issuing
+   * thread, which the callbacks run on; op and x are valid for the call
+   * only; op->timeout_s is the operation's and op->issue_time the start of
+   * its deadline. */
+  int (*express)(void *bcomm, const tc_backend_op_t *op, const struct tc_backend_express *x);
 } tc_backend_ops_t;
+
+/* The core's side of an express operation (tc_backend_ops_t.express). */
+typedef struct tc_backend_express {
+  void *arg;
+  void (*begin)(void *arg);
+  void (*blocking)(void *arg);
+  void (*end)(void *arg, int status, const char *reason);
+} tc_backend_express_t;
 
 /* express's answer when it did nothing (the core posts the operation). */
 #define TC_BACKEND_DECLINED 1

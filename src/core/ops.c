@@ -364,6 +364,7 @@ typedef struct {
   uint64_t coll_seq; /* its collective number (c->coll_seq + 1) */
   uint64_t fr_id;    /* its flight-recorder entry (id + 1, 0: none) */
   size_t fr_slot;
+  tc__waith_t *wh; /* the call's wait hooks, or NULL */
   int begun, ended;
   int rc; /* its result, once ended */
 } op_express_t;
@@ -384,6 +385,9 @@ static void express_begin(void *arg) {
   tc__board_issue_op(c, x->op->type, x->op->root, x->coll_seq, 0);
   tc__unlock(&c->mu);
 }
+
+/* The backend is about to block: the caller's lock goes (once). */
+static void express_blocking(void *arg) { tc__waith_release(((op_express_t *)arg)->wh); }
 
 /* The operation ended (on the issuing thread; the backend still holds
  * what an abort or a destroy of c waits for, so c lives): recorded as
@@ -415,8 +419,10 @@ static void express_end(void *arg, int status, const char *reason) {
  * them: the work path, which has them). TC_BACKEND_DECLINED when the
  * communicator or the backend cannot (nothing done: op_issue goes on);
  * else the operation's result, a failure reported exactly as the work path
- * does (tc__work_express_failed). */
-static int op_express(tc_comm_t *c, const tc__op_args_t *a, const tc_op_options_t *opts) {
+ * does (tc__work_express_failed). wh: the call's wait hooks (NULL: none),
+ * released before anything could block. */
+static int op_express(tc_comm_t *c, const tc__op_args_t *a, const tc_op_options_t *opts,
+                      tc__waith_t *wh) {
   if (atomic_load_explicit(&c->nhooks[TC_HOOK_PRE], memory_order_relaxed) ||
       atomic_load_explicit(&c->nhooks[TC_HOOK_POST], memory_order_relaxed) || c->fr_stacks ||
       tc__log_on(TC_LOG_TRACE, TC_LOG_COLL))
@@ -437,15 +443,22 @@ static int op_express(tc_comm_t *c, const tc__op_args_t *a, const tc_op_options_
     if (opts->size >= offsetof(tc_op_options_t, backend_arg) + sizeof(void *))
       op.backend_arg = opts->backend_arg;
   }
-  tc__lock(&c->mu);
+  if (!wh) {
+    tc__lock(&c->mu);
+  } else if (!tc__trylock(&c->mu)) { /* another thread's operation */
+    tc__waith_release(wh);
+    tc__lock(&c->mu);
+  }
   if (c->state != TC_STATE_ACTIVE) {
     tc__unlock(&c->mu);
     return TC_BACKEND_DECLINED; /* op_issue says why */
   }
+  if (wh && !wh->released) op.flags |= TC_BACKEND_OP_REPORT_BLOCKING;
   op.issue_time = tc__now();
   op.seq = c->seq + 1;
-  op_express_t x = {.c = c, .op = &op, .coll_seq = c->coll_seq + 1};
-  int rc = c->ops->express(c->bcomm, &op, express_begin, express_end, &x);
+  op_express_t x = {.c = c, .op = &op, .coll_seq = c->coll_seq + 1, .wh = wh};
+  const tc_backend_express_t cb = {&x, express_begin, express_blocking, express_end};
+  int rc = c->ops->express(c->bcomm, &op, &cb);
   if (rc == TC_BACKEND_DECLINED && !x.begun) {
     tc__unlock(&c->mu);
     return rc;
@@ -501,10 +514,12 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
     if (!TC_BACKEND_HAS_CAP(c->ops, TC_BACKEND_CAP_BLOCKING_REPORTED)) tc__waith_release(wh);
   }
   const tc_op_kind_t k = tc_backend_op_kind(a->type);
-  if (!work && !wh && k != TC_KIND_SEND && k != TC_KIND_RECV && k != TC_KIND_BATCH &&
-      c->express) {
-    int rc = op_express(c, a, opts);
-    if (rc != TC_BACKEND_DECLINED) return rc;
+  if (!work && k != TC_KIND_SEND && k != TC_KIND_RECV && k != TC_KIND_BATCH && c->express) {
+    int rc = op_express(c, a, opts, wh);
+    if (rc != TC_BACKEND_DECLINED) {
+      if (wh && wh->released) wh->reacquire(wh->arg);
+      return rc;
+    }
   }
   int rc = op_issue(c, fn, a, opts, work, wh);
   if (wh && wh->released) wh->reacquire(wh->arg);

@@ -328,3 +328,44 @@ static void tcp_rank(tc_ctx_t *ctx) {
 }
 
 TC_TEST(express_not_over_tcp) { tc_spawn(2, tcp_rank, NULL, 60); }
+
+/* ---- wait hooks: the caller's lock goes before it blocks ---- */
+
+typedef struct {
+  shared_t *sh;
+  int released, reacquired;
+} hooks_arg_t;
+
+static void hook_release(void *p) {
+  hooks_arg_t *h = p;
+  h->released++;
+  h->sh->done = 1; /* rank 1 joins only now */
+}
+static void hook_reacquire(void *p) { ((hooks_arg_t *)p)->reacquired++; }
+
+static void wait_hooks_rank(tc_ctx_t *ctx) {
+  shared_t *sh = ctx->arg;
+  tc_comm_t *c = comm_in_step(ctx, "xhooks");
+  int32_t x = ctx->rank + 1;
+  if (ctx->rank == 0) {
+    /* rank 1 waits for the release: without it this all_reduce never ends */
+    hooks_arg_t h = {sh, 0, 0};
+    tc_op_options_t o = TC_OP_OPTIONS_INIT;
+    o.wait_release = hook_release;
+    o.wait_reacquire = hook_reacquire;
+    o.wait_arg = &h;
+    TC_ASSERT_OK(tc_all_reduce(c, &x, 1, TC_INT32, TC_OP(TC_SUM), &o, NULL));
+    TC_ASSERT_EQ(h.released, 1);
+    TC_ASSERT_EQ(h.reacquired, 1);
+  } else {
+    tc_wait_flag(&sh->done, 1, 30);
+    TC_ASSERT_OK(tc_all_reduce(c, &x, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL));
+  }
+  TC_ASSERT_EQ(x, 3);
+  TC_ASSERT_EQ(tc__comm_express_ops(c), 2); /* both through the express path */
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(express_wait_hooks_released_before_blocking) {
+  tc_spawn(2, wait_hooks_rank, tc_shared_zalloc(sizeof(shared_t)), 60);
+}

@@ -435,8 +435,7 @@ static int cpu_queue_room(cpu_comm_t *c) {
  * the work's report and the posting's classification (cpu_post, cpu_exec);
  * the slots' protocol is the same, so peers may run the same operation
  * either way. Anything else is declined before it begins. */
-static int cpu_express(void *bc, const tc_backend_op_t *op, void (*begin)(void *),
-                       void (*end)(void *, int, const char *), void *arg) {
+static int cpu_express(void *bc, const tc_backend_op_t *op, const tc_backend_express_t *x) {
   cpu_comm_t *c = bc;
   cpu_ctx_t ctx;
   cpu_fast_t st;
@@ -457,7 +456,7 @@ static int cpu_express(void *bc, const tc_backend_op_t *op, void (*begin)(void *
     cpu_lane_give(c); /* the post reports it, as for any operation */
     return TC_BACKEND_DECLINED;
   }
-  begin(arg);
+  x->begin(x->arg);
   tc__cpu_ctx_init(&ctx, c, tc__op_name(op->type));
   ctx.op = op;
   ctx.es = tc__dtype_size(op->dtype);
@@ -478,12 +477,19 @@ static int cpu_express(void *bc, const tc_backend_op_t *op, void (*begin)(void *
     c->xc_st = st;
     c->xc_fp = ctx.fp;
   }
-  int rc = tc__cpu_fast_run(&ctx, &st, -1.0);
+  /* the caller's lock (wait hooks) is kept over a wait within the spin,
+   * let go before one that may sleep */
+  int rc = tc__cpu_fast_run(
+      &ctx, &st, (op->flags & TC_BACKEND_OP_REPORT_BLOCKING) ? tc__shm_spin_s(c->shm) : -1.0);
+  if (rc == CPU_PENDING) {
+    x->blocking(x->arg);
+    rc = tc__cpu_fast_run(&ctx, &st, -1.0);
+  }
   cpu_ended(c, &ctx, rc);
   /* reported after the thread's report of the operation before
    * (cpu_exec), and before the lane goes: abort and destroy wait for it */
   while (atomic_load(&c->reporting)) sched_yield();
-  end(arg, rc, rc == TC_OK ? NULL : ctx.msg);
+  x->end(x->arg, rc, rc == TC_OK ? NULL : ctx.msg);
   cpu_lane_give(c);
   return rc;
 }
