@@ -382,8 +382,8 @@ typedef struct tc_backend_ops {
    * x->blocking(x->arg) before it could block (a sleep, a long wait: the
    * caller's lock goes), as host->work_blocking. Called from the issuing
    * thread, which the callbacks run on; op and x are valid for the call
-   * only; op->timeout_s is the operation's and op->issue_time the start of
-   * its deadline. */
+   * only; op->timeout_s is the operation's, and op->issue_time, set by
+   * begin, the start of its deadline. */
   int (*express)(void *bcomm, const tc_backend_op_t *op, const struct tc_backend_express *x);
 } tc_backend_ops_t;
 

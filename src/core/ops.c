@@ -244,6 +244,34 @@ void tc__op_describe(const tc__op_args_t *a, int rank, int size, void *arrays,
   }
 }
 
+/* The operation's deadline: the call's timeout, else the communicator's. */
+static inline double op_timeout(const tc_comm_t *c, const tc_op_options_t *opts) {
+  return opts && opts->timeout_s > 0 ? opts->timeout_s : c->timeout_s;
+}
+
+/* The call's options into the descriptor: its hints (borrowed for the
+ * call), stream and backend argument, as far as its size has them. */
+static inline void op_options(tc_backend_op_t *op, const tc_op_options_t *opts) {
+  if (!opts) return;
+  op->hints = opts->hints;
+  op->num_hints = opts->num_hints;
+  if (opts->size >= offsetof(tc_op_options_t, stream) + sizeof(void *))
+    op->stream = opts->stream;
+  if (opts->size >= offsetof(tc_op_options_t, backend_arg) + sizeof(void *))
+    op->backend_arg = opts->backend_arg;
+}
+
+/* Takes the communicator's lock to issue; with wait hooks, the caller's
+ * lock goes first when another thread's operation holds it. */
+static inline void issue_lock(tc_comm_t *c, tc__waith_t *wh) {
+  if (!wh) {
+    tc__lock(&c->mu);
+  } else if (!tc__trylock(&c->mu)) { /* another thread's operation */
+    tc__waith_release(wh);
+    tc__lock(&c->mu);
+  }
+}
+
 /* tc__op_issue's body, inlined into its one call there. wh: the call's
  * wait hooks, NULL when it has none: they let the caller's lock go before
  * anything here could block (a taken communicator lock, the wait for a
@@ -252,15 +280,10 @@ void tc__op_describe(const tc__op_args_t *a, int rank, int size, void *arrays,
 static inline __attribute__((always_inline)) int op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a, const tc_op_options_t *opts,
          tc_work_t **work, tc__waith_t *wh) {
   if (work) *work = NULL;
-  double timeout = opts && opts->timeout_s > 0 ? opts->timeout_s : c->timeout_s;
+  const double timeout = op_timeout(c, opts);
   /* the lock first: the spare work of a synchronous operation is then
    * taken without a locked instruction */
-  if (!wh) {
-    tc__lock(&c->mu);
-  } else if (!tc__trylock(&c->mu)) { /* another thread's operation */
-    tc__waith_release(wh);
-    tc__lock(&c->mu);
-  }
+  issue_lock(c, wh);
   tc_work_t *w = work ? tc__work_alloc(c, tc__op_name(a->type), timeout)
                       : tc__work_alloc_sync(c, tc__op_name(a->type), timeout);
   size_t need = w ? tc__op_arrays_size(a, c->rank, c->size) : 0;
@@ -276,15 +299,7 @@ static inline __attribute__((always_inline)) int op_issue(tc_comm_t *c, const ch
   op->issue_time = w->issue_time;
   if (work) op->flags |= TC_BACKEND_OP_ASYNC;
   if (wh && !wh->released) op->flags |= TC_BACKEND_OP_REPORT_BLOCKING;
-  op->backend_arg = NULL;
-  if (opts) {
-    op->hints = opts->hints; /* borrowed for the post call only */
-    op->num_hints = opts->num_hints;
-    if (opts->size >= offsetof(tc_op_options_t, stream) + sizeof(void *))
-      op->stream = opts->stream;
-    if (opts->size >= offsetof(tc_op_options_t, backend_arg) + sizeof(void *))
-      op->backend_arg = opts->backend_arg;
-  }
+  op_options(op, opts);
   /* the backend's reference: a plain store, not a locked add, since no
    * other thread can see the work yet (it was allocated just above, its
    * handle is not out) */
@@ -360,7 +375,7 @@ static inline __attribute__((always_inline)) int op_issue(tc_comm_t *c, const ch
  * reports. */
 typedef struct {
   tc_comm_t *c;
-  const tc_backend_op_t *op;
+  tc_backend_op_t *op; /* its issue_time set by begin */
   uint64_t coll_seq; /* its collective number (c->coll_seq + 1) */
   uint64_t fr_id;    /* its flight-recorder entry (id + 1, 0: none) */
   size_t fr_slot;
@@ -377,6 +392,7 @@ static void express_begin(void *arg) {
   tc_comm_t *c = x->c;
   if (x->begun) return;
   x->begun = 1;
+  x->op->issue_time = tc__now(); /* not before: a declined operation reads no clock */
   c->seq++;
   c->coll_seq++;
   c->express_ops++;
@@ -434,27 +450,14 @@ static int op_express(tc_comm_t *c, const tc__op_args_t *a, const tc_op_options_
   if (need > sizeof arrays) return TC_BACKEND_DECLINED;
   tc_backend_op_t op;
   tc__op_describe(a, c->rank, c->size, need ? arrays : NULL, &op);
-  op.timeout_s = opts && opts->timeout_s > 0 ? opts->timeout_s : c->timeout_s;
-  if (opts) {
-    op.hints = opts->hints; /* borrowed for the call */
-    op.num_hints = opts->num_hints;
-    if (opts->size >= offsetof(tc_op_options_t, stream) + sizeof(void *))
-      op.stream = opts->stream;
-    if (opts->size >= offsetof(tc_op_options_t, backend_arg) + sizeof(void *))
-      op.backend_arg = opts->backend_arg;
-  }
-  if (!wh) {
-    tc__lock(&c->mu);
-  } else if (!tc__trylock(&c->mu)) { /* another thread's operation */
-    tc__waith_release(wh);
-    tc__lock(&c->mu);
-  }
+  op.timeout_s = op_timeout(c, opts);
+  op_options(&op, opts);
+  issue_lock(c, wh);
   if (c->state != TC_STATE_ACTIVE) {
     tc__unlock(&c->mu);
     return TC_BACKEND_DECLINED; /* op_issue says why */
   }
   if (wh && !wh->released) op.flags |= TC_BACKEND_OP_REPORT_BLOCKING;
-  op.issue_time = tc__now();
   op.seq = c->seq + 1;
   op_express_t x = {.c = c, .op = &op, .coll_seq = c->coll_seq + 1, .wh = wh};
   const tc_backend_express_t cb = {&x, express_begin, express_blocking, express_end};

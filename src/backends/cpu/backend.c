@@ -439,19 +439,32 @@ static int cpu_express(void *bc, const tc_backend_op_t *op, const tc_backend_exp
   cpu_comm_t *c = bc;
   cpu_ctx_t ctx;
   cpu_fast_t st;
-  /* the classification and the fingerprint of the last such operation, or
-   * made now (about a tenth of a small operation's instructions) */
+  tc_opfp_t fp = {0};
+  /* the classification and the fingerprint of the last such operation,
+   * else made now and kept (about a tenth of a small operation's
+   * instructions; a declined one's classification too). Read and written
+   * here only before begin, under the core's lock, which begin lets go */
   const int same = c->xc_valid && op->type == c->xc_type && op->count == c->xc_count &&
                    op->dtype == c->xc_dtype && (int)op->redop.type == c->xc_redop &&
                    op->root == c->xc_root;
   if (same) {
     st = c->xc_st;
+    fp = c->xc_fp;
   } else {
     memset(&st, 0, sizeof st);
-    if (!c->shm || tc__cpu_fast_kind(c, op, &st) != CPU_FAST_SMALL)
-      return TC_BACKEND_DECLINED;
+    if (tc__cpu_fast_kind(c, op, &st) == CPU_FAST_SMALL) tc__cpu_fingerprint(c, op, 0, &fp);
+    /* the key says all there is: no per-rank counts, or one for all */
+    c->xc_valid = (!op->send && !op->recv) || (op->flags & TC_OPF_UNIFORM);
+    c->xc_type = op->type;
+    c->xc_dtype = op->dtype;
+    c->xc_count = op->count;
+    c->xc_redop = (int)op->redop.type;
+    c->xc_root = op->root;
+    c->xc_st = st;
+    c->xc_fp = fp;
   }
-  if (c->inline_max == 0 || cpu_on_thread(c) || !cpu_lane_take(c)) return TC_BACKEND_DECLINED;
+  if (st.kind != CPU_FAST_SMALL || c->inline_max == 0 || cpu_on_thread(c) || !cpu_lane_take(c))
+    return TC_BACKEND_DECLINED;
   if (atomic_load_explicit(&c->aborted, memory_order_relaxed) || c->broken_rc != TC_OK) {
     cpu_lane_give(c); /* the post reports it, as for any operation */
     return TC_BACKEND_DECLINED;
@@ -462,21 +475,8 @@ static int cpu_express(void *bc, const tc_backend_op_t *op, const tc_backend_exp
   ctx.es = tc__dtype_size(op->dtype);
   ctx.timeout_s = op->timeout_s > 0 ? op->timeout_s : c->timeout_s;
   ctx.deadline = op->issue_time + ctx.timeout_s;
-  if (same) {
-    ctx.fp = c->xc_fp;
-    ctx.fp.seq = ++c->coll_seq;
-  } else {
-    tc__cpu_fingerprint(c, op, ++c->coll_seq, &ctx.fp);
-    /* the key says all there is: no per-rank counts, or one for all */
-    c->xc_valid = (!op->send && !op->recv) || (op->flags & TC_OPF_UNIFORM);
-    c->xc_type = op->type;
-    c->xc_dtype = op->dtype;
-    c->xc_count = op->count;
-    c->xc_redop = (int)op->redop.type;
-    c->xc_root = op->root;
-    c->xc_st = st;
-    c->xc_fp = ctx.fp;
-  }
+  ctx.fp = fp;
+  ctx.fp.seq = ++c->coll_seq;
   /* the caller's lock (wait hooks) is kept over a wait within the spin,
    * let go before one that may sleep */
   int rc = tc__cpu_fast_run(

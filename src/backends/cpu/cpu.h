@@ -283,7 +283,7 @@ typedef struct cpu_comm {
   struct cpu_hier *hier;
 
   /* the express entry's last classification (cpu_express, under the
-   * core's lock): an operation of the same type, dtype, count, reduction
+   * core's lock, before its begin): an operation of the same type, dtype, count, reduction
    * and root, without per-rank counts or with one for every rank
    * (TC_OPF_UNIFORM), takes the same path with the same fingerprint but
    * its number (xc_valid 0: none) */
