@@ -24,6 +24,11 @@
  *              without its vfpclassps NaN/subnormal test, without its
  *              vpermw reordering, without both (where the CPU has
  *              AVX512_BF16): what bounds bfloat16 on a given CPU.
+ *   bf16-intrnd, bf16-widen, bf16-ymm
+ *              the same bits as bf16-full by other instructions (integer
+ *              rounding; in-order widening without vpermw; 256-bit
+ *              vectors), each checked against it: whether another step
+ *              would be faster.
  *
  * GB/s of one input's bytes (as tcreduce_bench), median of 5 timings of
  * >= 20 ms each, one thread, hot buffers.
@@ -129,6 +134,85 @@ static BF void bf_nofpc(void *o, const void *a, const void *b, size_t n) { bf_lo
 static BF void bf_noperm(void *o, const void *a, const void *b, size_t n) { bf_loop(o, a, b, n, 1, 0); }
 static BF void bf_bare(void *o, const void *a, const void *b, size_t n) { bf_loop(o, a, b, n, 0, 0); }
 
+/* Three other ways to the same bits, each a whole step with its special
+ * lane test (what a kernel would need), checked against bf16-full:
+ *   bf16-intrnd  tc__f2bf's integer rounding (x + 0x7FFF + bit 16) on
+ *                the vectors, the halves joined by one vpternlogd: no
+ *                vcvtne2ps2bf16 and no vpermw; only NaN needs the test
+ *                (the rounding is exact on subnormals);
+ *   bf16-widen   16 elements at a time widened in order (vpmovzxwd and a
+ *                shift), vcvtneps2bf16 of 16 results: no vpermw, two
+ *                widenings more;
+ *   bf16-ymm     bf16-full on 256-bit vectors (three vector ports on
+ *                Intel instead of two). */
+BFI __m512i bf_round(__m512 r) {
+  const __m512i u = _mm512_castps_si512(r);
+  const __m512i t = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), t);
+}
+static BF void bf_intrnd(void *ov, const void *av, const void *bv, size_t n) {
+  uint16_t *o = ov;
+  const uint16_t *a = av, *b = bv;
+  const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+  for (size_t i = 0; i + 64 <= n; i += 64) {
+    const __m512i xa = _mm512_loadu_si512(a + i), xb = _mm512_loadu_si512(b + i);
+    const __m512i ya = _mm512_loadu_si512(a + i + 32), yb = _mm512_loadu_si512(b + i + 32);
+    const __m512 e0 = _mm512_add_ps(BF_EV(xa), BF_EV(xb)), d0 = _mm512_add_ps(BF_OD(xa), BF_OD(xb));
+    const __m512 e1 = _mm512_add_ps(BF_EV(ya), BF_EV(yb)), d1 = _mm512_add_ps(BF_OD(ya), BF_OD(yb));
+    const __mmask16 f = (__mmask16)(_mm512_fpclass_ps_mask(e0, 0x81) | _mm512_fpclass_ps_mask(d0, 0x81) |
+                                    _mm512_fpclass_ps_mask(e1, 0x81) | _mm512_fpclass_ps_mask(d1, 0x81));
+    if (__builtin_expect(f == 0, 1)) {
+      _mm512_storeu_si512(o + i, _mm512_ternarylogic_epi32(bf_round(d0), _mm512_srli_epi32(bf_round(e0), 16), hi, 0xE4));
+      _mm512_storeu_si512(o + i + 32, _mm512_ternarylogic_epi32(bf_round(d1), _mm512_srli_epi32(bf_round(e1), 16), hi, 0xE4));
+    } else {
+      o[i] = 0x7FC0;
+    }
+  }
+}
+#define BF_WIDE(p) \
+  _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(p))), 16))
+static BF void bf_widen(void *ov, const void *av, const void *bv, size_t n) {
+  uint16_t *o = ov;
+  const uint16_t *a = av, *b = bv;
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    const __m512 r0 = _mm512_add_ps(BF_WIDE(a + i), BF_WIDE(b + i));
+    const __m512 r1 = _mm512_add_ps(BF_WIDE(a + i + 16), BF_WIDE(b + i + 16));
+    const __mmask16 f = (__mmask16)(_mm512_fpclass_ps_mask(r0, 0xA1) | _mm512_fpclass_ps_mask(r1, 0xA1));
+    if (__builtin_expect(f == 0, 1)) {
+      _mm256_storeu_si256((__m256i *)(void *)(o + i), (__m256i)_mm512_cvtneps_pbh(r0));
+      _mm256_storeu_si256((__m256i *)(void *)(o + i + 16), (__m256i)_mm512_cvtneps_pbh(r1));
+    } else {
+      o[i] = 0x7FC0;
+    }
+  }
+}
+#define BF_EVY(x) _mm256_castsi256_ps(_mm256_slli_epi32(x, 16))
+#define BF_ODY(x) _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xFFFF0000u)))
+BFI __m256i bf_pack_y(__m256 ev, __m256 od) {
+  const __m256i idx = _mm256_set_epi16(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
+  return _mm256_permutexvar_epi16(idx, (__m256i)_mm256_cvtne2ps_pbh(od, ev));
+}
+static BF void bf_ymm(void *ov, const void *av, const void *bv, size_t n) {
+  uint16_t *o = ov;
+  const uint16_t *a = av, *b = bv;
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    const __m256i xa = _mm256_loadu_si256((const __m256i *)(const void *)(a + i));
+    const __m256i xb = _mm256_loadu_si256((const __m256i *)(const void *)(b + i));
+    const __m256i ya = _mm256_loadu_si256((const __m256i *)(const void *)(a + i + 16));
+    const __m256i yb = _mm256_loadu_si256((const __m256i *)(const void *)(b + i + 16));
+    const __m256 e0 = _mm256_add_ps(BF_EVY(xa), BF_EVY(xb)), d0 = _mm256_add_ps(BF_ODY(xa), BF_ODY(xb));
+    const __m256 e1 = _mm256_add_ps(BF_EVY(ya), BF_EVY(yb)), d1 = _mm256_add_ps(BF_ODY(ya), BF_ODY(yb));
+    const __mmask8 f = (__mmask8)(_mm256_fpclass_ps_mask(e0, 0xA1) | _mm256_fpclass_ps_mask(d0, 0xA1) |
+                                  _mm256_fpclass_ps_mask(e1, 0xA1) | _mm256_fpclass_ps_mask(d1, 0xA1));
+    if (__builtin_expect(f == 0, 1)) {
+      _mm256_storeu_si256((__m256i *)(void *)(o + i), bf_pack_y(e0, d0));
+      _mm256_storeu_si256((__m256i *)(void *)(o + i + 16), bf_pack_y(e1, d1));
+    } else {
+      o[i] = 0x7FC0;
+    }
+  }
+}
+
 #if (defined(__clang__) && __clang_major__ >= 14) || (!defined(__clang__) && __GNUC__ >= 12)
 #define HAVE_PH 1
 /* float16 out = a + b with AVX512-FP16's vaddph (the library's tier 3
@@ -222,6 +306,20 @@ int main(int argc, char **argv) {
       printf("bf16-nofpc %zu %.1f\n", bytes, rate(bf_nofpc, o, a, b, n, bytes));
       printf("bf16-noperm %zu %.1f\n", bytes, rate(bf_noperm, o, a, b, n, bytes));
       printf("bf16-bare %zu %.1f\n", bytes, rate(bf_bare, o, a, b, n, bytes));
+      /* the three other ways give bf16-full's bits (else the line says so) */
+      uint16_t *ref = malloc(bytes), *got = malloc(bytes);
+      if (!ref || !got) return 1;
+      bf_full(ref, a, b, n);
+      static const struct { const char *name; loop_fn f; } alt[] = {
+          {"bf16-intrnd", bf_intrnd}, {"bf16-widen", bf_widen}, {"bf16-ymm", bf_ymm}};
+      for (size_t k = 0; k < sizeof alt / sizeof alt[0]; k++) {
+        memset(got, 0, bytes);
+        alt[k].f(got, a, b, n);
+        printf("%s %zu %.1f%s\n", alt[k].name, bytes, rate(alt[k].f, o, a, b, n, bytes),
+               memcmp(got, ref, (n & ~(size_t)63) * 2) ? " (WRONG BITS)" : "");
+      }
+      free(ref);
+      free(got);
     }
     memset(m, 0, 3 * bytes); /* float32 zeros */
     printf("f32 %zu %.1f\n", bytes, rate(f32_add, o, a, b, bytes / 4, bytes));
