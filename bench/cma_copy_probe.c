@@ -12,7 +12,9 @@
  *   stream  the own block copied with non-temporal stores (AVX-512 where
  *           the CPU has it, else memcpy), then the read.
  * A spin barrier on a shared page starts and ends each operation, so both
- * processes run it at once. Prints, from the first process, the best and
+ * processes run it at once; a process that does not reach it within 30 s
+ * ends the probe with exit status 1 (as does a failed read, with its
+ * errno). Prints, from the first process, the best and
  * the mean time of ITERS operations (after 5 not counted):
  *   "MODE BYTES best_us mean_us".
  * Usage: tccma_probe [BYTES [ITERS [MODE ...]]]
@@ -21,6 +23,7 @@
  * ptrace permission between the two processes). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,8 +43,10 @@ typedef struct {
   _Atomic long bar[2];
   uint64_t src[2];
   pid_t pid[2];
-  _Atomic int refused;
+  _Atomic int read_errno; /* the first failed read's errno (0: none) */
 } ctl_t;
+
+enum { BARRIER_S = 30 }; /* a peer this late is gone: give up */
 
 static double now(void) {
   struct timespec t;
@@ -49,11 +54,15 @@ static double now(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static void barrier(ctl_t *c, int r, long *gen) {
+/* 0 once both processes reached it, -1 when the other one did not within
+ * BARRIER_S seconds (it exited or failed). */
+static int barrier(ctl_t *c, int r, long *gen) {
   ++*gen;
   atomic_store(&c->bar[r], *gen);
-  while (atomic_load(&c->bar[1 - r]) < *gen) {
-  }
+  const double end = now() + BARRIER_S;
+  for (unsigned spins = 0; atomic_load(&c->bar[1 - r]) < *gen; spins++)
+    if ((spins & 0xFFFF) == 0 && now() > end) return -1;
+  return 0;
 }
 
 #ifdef HAVE_STREAM
@@ -84,7 +93,7 @@ static int read_peer(ctl_t *c, int p, char *dst, size_t n) {
     ssize_t got = process_vm_readv(c->pid[p], &l, 1, &rv, 1, 0);
     if (got <= 0) {
       if (got < 0 && errno == EINTR) continue;
-      return -1;
+      return got < 0 ? errno : EFAULT;
     }
     l.iov_base = (char *)l.iov_base + got;
     l.iov_len -= (size_t)got;
@@ -94,35 +103,37 @@ static int read_peer(ctl_t *c, int p, char *dst, size_t n) {
   return 0;
 }
 
-/* One mode, both processes: 0 on success, 77 refused, 1 another failure. */
+/* One mode, both processes: 0 on success, 77 refused, 1 another failure
+ * (said on stderr). */
 static int run_mode(const char *mode, size_t bytes, int iters) {
   const int copy = strcmp(mode, "read") != 0, rd = strcmp(mode, "copy") != 0;
   const int stream = strcmp(mode, "stream") == 0;
   ctl_t *c = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (c == MAP_FAILED) return 1;
-  memset(c, 0, sizeof *c);
   pid_t child = fork();
   if (child < 0) return 1;
   const int r = child == 0 ? 1 : 0, p = 1 - r;
   char *src = aligned_alloc(4096, bytes), *dst = aligned_alloc(4096, 2 * bytes);
-  if (!src || !dst) {
-    if (r) _exit(1);
-    return 1;
+  const int oom = !src || !dst;
+  int fail = oom;
+  if (!fail) {
+    memset(src, r + 1, bytes);
+    memset(dst, 0, 2 * bytes);
+    c->src[r] = (uint64_t)(uintptr_t)src;
+    c->pid[r] = getpid();
   }
-  memset(src, r + 1, bytes);
-  memset(dst, 0, 2 * bytes);
-  c->src[r] = (uint64_t)(uintptr_t)src;
-  c->pid[r] = getpid();
   long gen = 0;
-  barrier(c, r, &gen);
+  fail = fail || barrier(c, r, &gen);
   double best = 1e30, sum = 0;
-  for (int i = 0; i < iters + 5; i++) {
-    barrier(c, r, &gen);
+  for (int i = 0; i < iters + 5 && !fail; i++) {
+    fail = barrier(c, r, &gen);
     const double t0 = now();
     if (copy) own_copy(dst + (size_t)r * bytes, src, bytes, stream);
-    if (rd && !atomic_load(&c->refused) && read_peer(c, p, dst + (size_t)p * bytes, bytes))
-      atomic_store(&c->refused, errno == EPERM ? 2 : 1);
-    barrier(c, r, &gen);
+    if (rd && !atomic_load(&c->read_errno)) {
+      int e = read_peer(c, p, dst + (size_t)p * bytes, bytes);
+      if (e) atomic_store(&c->read_errno, e);
+    }
+    fail = fail || barrier(c, r, &gen);
     const double t = now() - t0;
     if (i >= 5) {
       sum += t;
@@ -130,17 +141,24 @@ static int run_mode(const char *mode, size_t bytes, int iters) {
     }
   }
   /* a last check that the peer's block arrived */
-  int bad = rd && !atomic_load(&c->refused) && dst[(size_t)p * bytes + bytes - 1] != (char)(p + 1);
+  const int bad = !fail && rd && !atomic_load(&c->read_errno) &&
+                  dst[(size_t)p * bytes + bytes - 1] != (char)(p + 1);
   free(src);
   free(dst);
-  if (r) _exit(bad ? 1 : 0);
+  if (r) _exit(fail || bad ? 1 : 0);
+  if (fail) kill(child, SIGKILL); /* it may still wait in a barrier */
   int st = 0;
   waitpid(child, &st, 0);
-  const int refused = atomic_load(&c->refused);
+  const int e = atomic_load(&c->read_errno);
   munmap(c, 4096);
-  if (refused == 2) return 77;
-  if (refused || bad || !WIFEXITED(st) || WEXITSTATUS(st)) {
-    fprintf(stderr, "tccma_probe: %s: the read failed or gave wrong bytes\n", mode);
+  if (e == EPERM) return 77;
+  if (fail || e || bad || !WIFEXITED(st) || WEXITSTATUS(st)) {
+    fprintf(stderr, "tccma_probe: %s: %s\n", mode,
+            e     ? strerror(e)
+            : oom ? "out of memory for its buffers"
+            : fail ? "the other process did not reach a barrier within 30 s (out of memory, or it died)"
+            : bad ? "the peer's block arrived with wrong bytes"
+                  : "the second process failed");
     return 1;
   }
   printf("%s %zu %.1f %.1f\n", mode, bytes, best * 1e6, sum / iters * 1e6);

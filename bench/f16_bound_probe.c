@@ -105,13 +105,25 @@ static Z void f32_add(void *ov, const void *av, const void *bv, size_t n) {
 #define BFI static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
 #define BF_EV(x) _mm512_castsi512_ps(_mm512_slli_epi32(x, 16))
 #define BF_OD(x) _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xFFFF0000u)))
-BFI __m512i bf_pack(__m512 ev, __m512 od, int perm) {
+/* The ways bf_loop joins 32 results into bfloat16 (see bf16-intrnd below
+ * for BF_INTRND). */
+enum { BF_CVT, BF_CVT_PERM, BF_INTRND };
+BFI __m512i bf_round(__m512 r) {
+  const __m512i u = _mm512_castps_si512(r);
+  const __m512i t = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), t);
+}
+BFI __m512i bf_pack(__m512 ev, __m512 od, int pack) {
   const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
                                        8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  if (pack == BF_INTRND)
+    return _mm512_ternarylogic_epi32(bf_round(od), _mm512_srli_epi32(bf_round(ev), 16),
+                                     _mm512_set1_epi32((int)0xFFFF0000u), 0xE4);
   const __m512i r = (__m512i)_mm512_cvtne2ps_pbh(od, ev);
-  return perm ? _mm512_permutexvar_epi16(idx, r) : r;
+  return pack == BF_CVT_PERM ? _mm512_permutexvar_epi16(idx, r) : r;
 }
-BFI void bf_loop(uint16_t *o, const uint16_t *a, const uint16_t *b, size_t n, int fpc, int perm) {
+/* fpc: the vfpclassps classes a step tests (0: no test) */
+BFI void bf_loop(uint16_t *o, const uint16_t *a, const uint16_t *b, size_t n, int fpc, int pack) {
   for (size_t i = 0; i + 64 <= n; i += 64) {
     const __m512i xa = _mm512_loadu_si512(a + i), xb = _mm512_loadu_si512(b + i);
     const __m512i ya = _mm512_loadu_si512(a + i + 32), yb = _mm512_loadu_si512(b + i + 32);
@@ -119,20 +131,20 @@ BFI void bf_loop(uint16_t *o, const uint16_t *a, const uint16_t *b, size_t n, in
     const __m512 e1 = _mm512_add_ps(BF_EV(ya), BF_EV(yb)), d1 = _mm512_add_ps(BF_OD(ya), BF_OD(yb));
     __mmask16 f = 0;
     if (fpc)
-      f = (__mmask16)(_mm512_fpclass_ps_mask(e0, 0xA1) | _mm512_fpclass_ps_mask(d0, 0xA1) |
-                      _mm512_fpclass_ps_mask(e1, 0xA1) | _mm512_fpclass_ps_mask(d1, 0xA1));
+      f = (__mmask16)(_mm512_fpclass_ps_mask(e0, fpc) | _mm512_fpclass_ps_mask(d0, fpc) |
+                      _mm512_fpclass_ps_mask(e1, fpc) | _mm512_fpclass_ps_mask(d1, fpc));
     if (__builtin_expect(f == 0, 1)) {
-      _mm512_storeu_si512(o + i, bf_pack(e0, d0, perm));
-      _mm512_storeu_si512(o + i + 32, bf_pack(e1, d1, perm));
+      _mm512_storeu_si512(o + i, bf_pack(e0, d0, pack));
+      _mm512_storeu_si512(o + i + 32, bf_pack(e1, d1, pack));
     } else {
       o[i] = 0x7FC0;
     }
   }
 }
-static BF void bf_full(void *o, const void *a, const void *b, size_t n) { bf_loop(o, a, b, n, 1, 1); }
-static BF void bf_nofpc(void *o, const void *a, const void *b, size_t n) { bf_loop(o, a, b, n, 0, 1); }
-static BF void bf_noperm(void *o, const void *a, const void *b, size_t n) { bf_loop(o, a, b, n, 1, 0); }
-static BF void bf_bare(void *o, const void *a, const void *b, size_t n) { bf_loop(o, a, b, n, 0, 0); }
+static BF void bf_full(void *o, const void *a, const void *b, size_t n) { bf_loop(o, a, b, n, 0xA1, BF_CVT_PERM); }
+static BF void bf_nofpc(void *o, const void *a, const void *b, size_t n) { bf_loop(o, a, b, n, 0, BF_CVT_PERM); }
+static BF void bf_noperm(void *o, const void *a, const void *b, size_t n) { bf_loop(o, a, b, n, 0xA1, BF_CVT); }
+static BF void bf_bare(void *o, const void *a, const void *b, size_t n) { bf_loop(o, a, b, n, 0, BF_CVT); }
 
 /* Three other ways to the same bits, each a whole step with its special
  * lane test (what a kernel would need), checked against bf16-full:
@@ -145,29 +157,8 @@ static BF void bf_bare(void *o, const void *a, const void *b, size_t n) { bf_loo
  *                widenings more;
  *   bf16-ymm     bf16-full on 256-bit vectors (three vector ports on
  *                Intel instead of two). */
-BFI __m512i bf_round(__m512 r) {
-  const __m512i u = _mm512_castps_si512(r);
-  const __m512i t = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  return _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), t);
-}
-static BF void bf_intrnd(void *ov, const void *av, const void *bv, size_t n) {
-  uint16_t *o = ov;
-  const uint16_t *a = av, *b = bv;
-  const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
-  for (size_t i = 0; i + 64 <= n; i += 64) {
-    const __m512i xa = _mm512_loadu_si512(a + i), xb = _mm512_loadu_si512(b + i);
-    const __m512i ya = _mm512_loadu_si512(a + i + 32), yb = _mm512_loadu_si512(b + i + 32);
-    const __m512 e0 = _mm512_add_ps(BF_EV(xa), BF_EV(xb)), d0 = _mm512_add_ps(BF_OD(xa), BF_OD(xb));
-    const __m512 e1 = _mm512_add_ps(BF_EV(ya), BF_EV(yb)), d1 = _mm512_add_ps(BF_OD(ya), BF_OD(yb));
-    const __mmask16 f = (__mmask16)(_mm512_fpclass_ps_mask(e0, 0x81) | _mm512_fpclass_ps_mask(d0, 0x81) |
-                                    _mm512_fpclass_ps_mask(e1, 0x81) | _mm512_fpclass_ps_mask(d1, 0x81));
-    if (__builtin_expect(f == 0, 1)) {
-      _mm512_storeu_si512(o + i, _mm512_ternarylogic_epi32(bf_round(d0), _mm512_srli_epi32(bf_round(e0), 16), hi, 0xE4));
-      _mm512_storeu_si512(o + i + 32, _mm512_ternarylogic_epi32(bf_round(d1), _mm512_srli_epi32(bf_round(e1), 16), hi, 0xE4));
-    } else {
-      o[i] = 0x7FC0;
-    }
-  }
+static BF void bf_intrnd(void *o, const void *a, const void *b, size_t n) {
+  bf_loop(o, a, b, n, 0x81, BF_INTRND); /* NaN only: the rounding is exact on subnormals */
 }
 #define BF_WIDE(p) \
   _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(p))), 16))

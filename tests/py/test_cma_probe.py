@@ -2,7 +2,8 @@
 all_gather's copies (memcpy of the own block, process_vm_readv of the
 peer's). Every mode prints "MODE BYTES best_us mean_us" with best <= mean,
 the peer's bytes are checked (exit 1 when wrong), and a bad mode is
-refused with exit status 2 before anything runs."""
+refused with exit status 2 before anything runs; a failure is said and
+ends the probe, it is not waited on."""
 import os
 import subprocess
 from pathlib import Path
@@ -33,3 +34,12 @@ def test_cma_probe_bad_mode():
     assert r.returncode == 2
     assert "unknown mode 'bogus'" in r.stderr
     assert r.stdout == ""
+
+
+def test_cma_probe_failure_is_reported_not_waited_on():
+    # 1 TiB buffers cannot be had: both processes fail before the first
+    # barrier; the probe says so and exits 1 at once instead of waiting
+    r = subprocess.run([str(PROBE), str(1 << 40), "1", "both"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1
+    assert "tccma_probe: both: out of memory for its buffers" in r.stderr
