@@ -63,7 +63,7 @@
   X(SHM_BYTES, "TORCHCOMMS_SHM_BYTES", NUMP, 4 << 20, 0, 1ull << 40, NULL,                 \
     "shared-memory segment bytes per rank")                                              \
   X(SHM_MEMBARRIER, "TORCHCOMMS_SHM_MEMBARRIER", BOOL, 1, 0, 0, NULL,                     \
-    "shm: a small broadcast's root posts without a fence; a waiter about to sleep calls membarrier instead (the same on every rank)") \
+    "shm: a small broadcast posts without a fence; a waiter about to sleep calls membarrier instead (the same on every rank)") \
   X(EXPRESS, "TORCHCOMMS_EXPRESS", BOOL, 1, 0, 0, NULL,                                    \
     "synchronous collectives the backend can run at once skip the work object (0: never)") \
   X(CPU_CMA, "TORCHCOMMS_CPU_CMA", BOOL, 1, 0, 0, NULL,                                    \

@@ -95,10 +95,12 @@ TC_INTERNAL _Atomic uint64_t *tc__shm_aux(tc_shm_t *s, int r);
  * reader that sees the flag) and wakes sleeping peers. */
 TC_INTERNAL void tc__shm_post(tc_shm_t *s, uint64_t v);
 /* The same, without the fence where this process posts light (shm.c,
- * shm_post_flag): for a rank that does not wait on its peers next (the root
- * of a small broadcast). A rank that polls a peer's line at once after its
- * post gains nothing from it: measured slower at 8 B (docs/benchmarks.md,
- * "Posts without a fence"). */
+ * shm_post_flag): every rank of a small broadcast (its root does not wait
+ * on its receivers next; a receiver's fence waited for its header line,
+ * which the root had read). Ranks of all_reduce, all_gather,
+ * reduce_scatter and the message rings gain nothing from it: measured
+ * slower or the same at 8 B (docs/benchmarks.md, "Posts without a fence"
+ * and "The broadcast's receivers post without a fence"). */
 TC_INTERNAL void tc__shm_post_light(tc_shm_t *s, uint64_t v);
 /* Waits until rank r's flag >= v: spins up to spin_s (never when the
  * machine is oversubscribed, see tc__shm_spin_s), then, if may_sleep,

@@ -440,7 +440,7 @@ static void shm_describe(void *tp, char *buf, size_t len) {
            "%s %g us, then sleep on a futex; posts %s; single copy (process_vm_readv) %s; "
            "liveness over TCP", s->total, s->ring_bytes, s->slot_bytes, s->half_bytes,
            s->yield_poll ? "yield-poll" : "spin", s->spin_s * 1e6,
-           s->light_post ? "with a fence, a broadcast root's without (membarrier)" : "with a fence",
+           s->light_post ? "with a fence, a small broadcast's without (membarrier)" : "with a fence",
            s->cma ? "on" : "off");
 }
 

@@ -1,5 +1,5 @@
 /* test_shm_wake.c -- posts without a fence (transport/shm.c, shm_post_flag;
- * the root of a small broadcast posts so): a rank that sleeps on a futex
+ * every rank of a small broadcast posts so): a rank that sleeps on a futex
  * is still woken by every post, with
  * TORCHCOMMS_SHM_MEMBARRIER on (the default: membarrier where the kernel
  * has MEMBARRIER_CMD_GLOBAL_EXPEDITED) and off (a fence on every post).
@@ -99,7 +99,7 @@ static void run_case(int membarrier) {
   snprintf(j.dir, sizeof j.dir, "/tmp/tc_shmwake.XXXXXX");
   TC_ASSERT(mkdtemp(j.dir) != NULL);
   tc_spawn(2, rank_fn, &j, 90);
-  const char *want = membarrier && kernel_has_membarrier() ? "posts with a fence, a broadcast root's without (membarrier)"
+  const char *want = membarrier && kernel_has_membarrier() ? "posts with a fence, a small broadcast's without (membarrier)"
                                                            : "posts with a fence";
   for (int r = 0; r < 2; r++) {
     char path[128];
