@@ -24,11 +24,12 @@
  *              without its vfpclassps NaN/subnormal test, without its
  *              vpermw reordering, without both (where the CPU has
  *              AVX512_BF16): what bounds bfloat16 on a given CPU.
- *   bf16-intrnd, bf16-widen, bf16-ymm
+ *   bf16-intrnd, bf16-widen, bf16-ymm, bf16-ochk, bf16-acc
  *              the same bits as bf16-full by other instructions (integer
  *              rounding; in-order widening without vpermw; 256-bit
- *              vectors), each checked against it: whether another step
- *              would be faster.
+ *              vectors; the special-lane test on the packed results, per
+ *              step or per block), each checked against it: whether
+ *              another step would be faster.
  *
  * GB/s of one input's bytes (as tcreduce_bench), median of 5 timings of
  * >= 20 ms each, one thread, hot buffers.
@@ -177,6 +178,54 @@ static BF void bf_widen(void *ov, const void *av, const void *bv, size_t n) {
     }
   }
 }
+/* Two more tests for the lanes tc__f2bf must redo, on the packed results
+ * instead of the float32 sums (a flushed subnormal comes out as a zero, a
+ * NaN with exponent 0xFF, so a result whose exponent is 0 or 0xFF marks
+ * its step; true zeros too, which a kernel would then recheck with
+ * vfpclassps): per 32 results a rotate that puts each exponent in the top
+ * byte of its 16 bits, an add and one vpcmpuw (bf16-ochk); or the same
+ * kept as a running minimum and tested once per 1 024 results (bf16-acc,
+ * whose kernel would redo a marked block from its inputs). Both have no
+ * vfpclassps and no per-step mask work; same bits as bf16-full. */
+BFI __m512i bf_exp_key(__m512i p) { /* < 0x0200 where the exponent is 0 or 0xFF */
+  return _mm512_add_epi16(_mm512_rol_epi32(p, 1), _mm512_set1_epi16(0x0100));
+}
+static BF void bf_ochk(void *ov, const void *av, const void *bv, size_t n) {
+  uint16_t *o = ov;
+  const uint16_t *a = av, *b = bv;
+  const __m512i lim = _mm512_set1_epi16(0x0200);
+  for (size_t i = 0; i + 64 <= n; i += 64) {
+    const __m512i xa = _mm512_loadu_si512(a + i), xb = _mm512_loadu_si512(b + i);
+    const __m512i ya = _mm512_loadu_si512(a + i + 32), yb = _mm512_loadu_si512(b + i + 32);
+    const __m512i p0 = bf_pack(_mm512_add_ps(BF_EV(xa), BF_EV(xb)), _mm512_add_ps(BF_OD(xa), BF_OD(xb)), BF_CVT_PERM);
+    const __m512i p1 = bf_pack(_mm512_add_ps(BF_EV(ya), BF_EV(yb)), _mm512_add_ps(BF_OD(ya), BF_OD(yb)), BF_CVT_PERM);
+    if (__builtin_expect(_kortestz_mask32_u8(_mm512_cmplt_epu16_mask(bf_exp_key(p0), lim),
+                                             _mm512_cmplt_epu16_mask(bf_exp_key(p1), lim)), 1)) {
+      _mm512_storeu_si512(o + i, p0);
+      _mm512_storeu_si512(o + i + 32, p1);
+    } else {
+      o[i] = 0x7FC0;
+    }
+  }
+}
+static BF void bf_acc(void *ov, const void *av, const void *bv, size_t n) {
+  uint16_t *o = ov;
+  const uint16_t *a = av, *b = bv;
+  for (size_t j = 0; j + 64 <= n; j += 1024) {
+    const size_t end = j + 1024 < n ? j + 1024 : n;
+    __m512i acc = _mm512_set1_epi16(-1);
+    for (size_t i = j; i + 64 <= end; i += 64) {
+      const __m512i xa = _mm512_loadu_si512(a + i), xb = _mm512_loadu_si512(b + i);
+      const __m512i ya = _mm512_loadu_si512(a + i + 32), yb = _mm512_loadu_si512(b + i + 32);
+      const __m512i p0 = bf_pack(_mm512_add_ps(BF_EV(xa), BF_EV(xb)), _mm512_add_ps(BF_OD(xa), BF_OD(xb)), BF_CVT_PERM);
+      const __m512i p1 = bf_pack(_mm512_add_ps(BF_EV(ya), BF_EV(yb)), _mm512_add_ps(BF_OD(ya), BF_OD(yb)), BF_CVT_PERM);
+      acc = _mm512_min_epu16(acc, _mm512_min_epu16(bf_exp_key(p0), bf_exp_key(p1)));
+      _mm512_storeu_si512(o + i, p0);
+      _mm512_storeu_si512(o + i + 32, p1);
+    }
+    if (_mm512_cmplt_epu16_mask(acc, _mm512_set1_epi16(0x0200))) o[j] = 0x7FC0;
+  }
+}
 #define BF_EVY(x) _mm256_castsi256_ps(_mm256_slli_epi32(x, 16))
 #define BF_ODY(x) _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xFFFF0000u)))
 BFI __m256i bf_pack_y(__m256 ev, __m256 od) {
@@ -302,7 +351,8 @@ int main(int argc, char **argv) {
       if (!ref || !got) return 1;
       bf_full(ref, a, b, n);
       static const struct { const char *name; loop_fn f; } alt[] = {
-          {"bf16-intrnd", bf_intrnd}, {"bf16-widen", bf_widen}, {"bf16-ymm", bf_ymm}};
+          {"bf16-intrnd", bf_intrnd}, {"bf16-widen", bf_widen}, {"bf16-ymm", bf_ymm},
+          {"bf16-ochk", bf_ochk}, {"bf16-acc", bf_acc}};
       for (size_t k = 0; k < sizeof alt / sizeof alt[0]; k++) {
         memset(got, 0, bytes);
         alt[k].f(got, a, b, n);

@@ -1,5 +1,6 @@
 """build/tcf16_probe (bench/f16_bound_probe.c): the loops behind issue 16's
-point 5. The three other bfloat16 steps (bf16-intrnd, bf16-widen, bf16-ymm)
+point 5. The other bfloat16 steps (bf16-intrnd, bf16-widen, bf16-ymm,
+bf16-ochk, bf16-acc)
 must give the library step's bits (bf16-full): the probe marks a line
 "(WRONG BITS)" when they do not, and every line is "loop BYTES GB/s" with a
 positive rate. Where the CPU lacks AVX-512 the probe prints "SKIP: ..."."""
@@ -29,4 +30,5 @@ def test_f16_probe_lines_and_bits():
     assert {"zmm-bare", "ymm-bare", "f32"} <= names, names
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     if " avx512_bf16" in flags:
-        assert {"bf16-full", "bf16-intrnd", "bf16-widen", "bf16-ymm"} <= names, names
+        assert {"bf16-full", "bf16-intrnd", "bf16-widen", "bf16-ymm", "bf16-ochk",
+                "bf16-acc"} <= names, names
