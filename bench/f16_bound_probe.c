@@ -123,13 +123,21 @@ BFI __m512i bf_pack(__m512 ev, __m512 od, int pack) {
   const __m512i r = (__m512i)_mm512_cvtne2ps_pbh(od, ev);
   return pack == BF_CVT_PERM ? _mm512_permutexvar_epi16(idx, r) : r;
 }
+/* The float32 sums of 64 bfloat16 pairs from element i on: even and odd
+ * elements of the first 32 (s[0], s[1]), then of the next 32 (s[2], s[3]). */
+BFI void bf_sums(const uint16_t *a, const uint16_t *b, size_t i, __m512 s[4]) {
+  for (int h = 0; h < 2; h++) {
+    const __m512i x = _mm512_loadu_si512(a + i + 32 * h), y = _mm512_loadu_si512(b + i + 32 * h);
+    s[2 * h] = _mm512_add_ps(BF_EV(x), BF_EV(y));
+    s[2 * h + 1] = _mm512_add_ps(BF_OD(x), BF_OD(y));
+  }
+}
 /* fpc: the vfpclassps classes a step tests (0: no test) */
 BFI void bf_loop(uint16_t *o, const uint16_t *a, const uint16_t *b, size_t n, int fpc, int pack) {
   for (size_t i = 0; i + 64 <= n; i += 64) {
-    const __m512i xa = _mm512_loadu_si512(a + i), xb = _mm512_loadu_si512(b + i);
-    const __m512i ya = _mm512_loadu_si512(a + i + 32), yb = _mm512_loadu_si512(b + i + 32);
-    const __m512 e0 = _mm512_add_ps(BF_EV(xa), BF_EV(xb)), d0 = _mm512_add_ps(BF_OD(xa), BF_OD(xb));
-    const __m512 e1 = _mm512_add_ps(BF_EV(ya), BF_EV(yb)), d1 = _mm512_add_ps(BF_OD(ya), BF_OD(yb));
+    __m512 r[4];
+    bf_sums(a, b, i, r);
+    const __m512 e0 = r[0], d0 = r[1], e1 = r[2], d1 = r[3];
     __mmask16 f = 0;
     if (fpc)
       f = (__mmask16)(_mm512_fpclass_ps_mask(e0, fpc) | _mm512_fpclass_ps_mask(d0, fpc) |
@@ -195,10 +203,9 @@ static BF void bf_ochk(void *ov, const void *av, const void *bv, size_t n) {
   const uint16_t *a = av, *b = bv;
   const __m512i lim = _mm512_set1_epi16(0x0200);
   for (size_t i = 0; i + 64 <= n; i += 64) {
-    const __m512i xa = _mm512_loadu_si512(a + i), xb = _mm512_loadu_si512(b + i);
-    const __m512i ya = _mm512_loadu_si512(a + i + 32), yb = _mm512_loadu_si512(b + i + 32);
-    const __m512i p0 = bf_pack(_mm512_add_ps(BF_EV(xa), BF_EV(xb)), _mm512_add_ps(BF_OD(xa), BF_OD(xb)), BF_CVT_PERM);
-    const __m512i p1 = bf_pack(_mm512_add_ps(BF_EV(ya), BF_EV(yb)), _mm512_add_ps(BF_OD(ya), BF_OD(yb)), BF_CVT_PERM);
+    __m512 r[4];
+    bf_sums(a, b, i, r);
+    const __m512i p0 = bf_pack(r[0], r[1], BF_CVT_PERM), p1 = bf_pack(r[2], r[3], BF_CVT_PERM);
     if (__builtin_expect(_kortestz_mask32_u8(_mm512_cmplt_epu16_mask(bf_exp_key(p0), lim),
                                              _mm512_cmplt_epu16_mask(bf_exp_key(p1), lim)), 1)) {
       _mm512_storeu_si512(o + i, p0);
@@ -215,10 +222,9 @@ static BF void bf_acc(void *ov, const void *av, const void *bv, size_t n) {
     const size_t end = j + 1024 < n ? j + 1024 : n;
     __m512i acc = _mm512_set1_epi16(-1);
     for (size_t i = j; i + 64 <= end; i += 64) {
-      const __m512i xa = _mm512_loadu_si512(a + i), xb = _mm512_loadu_si512(b + i);
-      const __m512i ya = _mm512_loadu_si512(a + i + 32), yb = _mm512_loadu_si512(b + i + 32);
-      const __m512i p0 = bf_pack(_mm512_add_ps(BF_EV(xa), BF_EV(xb)), _mm512_add_ps(BF_OD(xa), BF_OD(xb)), BF_CVT_PERM);
-      const __m512i p1 = bf_pack(_mm512_add_ps(BF_EV(ya), BF_EV(yb)), _mm512_add_ps(BF_OD(ya), BF_OD(yb)), BF_CVT_PERM);
+      __m512 r[4];
+      bf_sums(a, b, i, r);
+      const __m512i p0 = bf_pack(r[0], r[1], BF_CVT_PERM), p1 = bf_pack(r[2], r[3], BF_CVT_PERM);
       acc = _mm512_min_epu16(acc, _mm512_min_epu16(bf_exp_key(p0), bf_exp_key(p1)));
       _mm512_storeu_si512(o + i, p0);
       _mm512_storeu_si512(o + i + 32, p1);

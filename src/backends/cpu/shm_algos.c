@@ -673,8 +673,8 @@ static int small_run(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
     /* a broadcast posts without a fence on every rank (transport/shm.c,
      * "Posts without a fence"): the root does not wait for its receivers,
      * and a receiver's fence waited for its header line, which the root
-     * read a lap before (2 ranks, 8 B, medians of 12 alternating launches:
-     * 0.20 -> 0.17 us; 32 B - 8 KiB the same either way) */
+     * read a lap before (2 ranks, 8 B, medians of 12-16 alternating
+     * launches: 0.20 -> 0.17-0.18 us; 32 B - 8 KiB the same either way) */
     if (ctx->fam == FAM_BCAST) tc__shm_post_light(c->shm, s);
     else tc__shm_post(c->shm, s);
     st->stage = 1;
