@@ -132,16 +132,23 @@ BFI void bf_sums(const uint16_t *a, const uint16_t *b, size_t i, __m512 s[4]) {
     s[2 * h + 1] = _mm512_add_ps(BF_OD(x), BF_OD(y));
   }
 }
-/* fpc: the vfpclassps classes a step tests (0: no test) */
+/* fpc: the vfpclassps classes a step tests: 0xA1 or 0x81 (0: no test) */
 BFI void bf_loop(uint16_t *o, const uint16_t *a, const uint16_t *b, size_t n, int fpc, int pack) {
   for (size_t i = 0; i + 64 <= n; i += 64) {
     __m512 r[4];
     bf_sums(a, b, i, r);
     const __m512 e0 = r[0], d0 = r[1], e1 = r[2], d1 = r[3];
     __mmask16 f = 0;
-    if (fpc)
-      f = (__mmask16)(_mm512_fpclass_ps_mask(e0, fpc) | _mm512_fpclass_ps_mask(d0, fpc) |
-                      _mm512_fpclass_ps_mask(e1, fpc) | _mm512_fpclass_ps_mask(d1, fpc));
+    /* the classes as immediates (an unoptimised build does not fold a
+     * parameter into one): 0xA1 NaN or subnormal, 0x81 NaN only */
+#define BF_FPC4(k)                                                                      \
+  (__mmask16)(_mm512_fpclass_ps_mask(e0, k) | _mm512_fpclass_ps_mask(d0, k) |            \
+              _mm512_fpclass_ps_mask(e1, k) | _mm512_fpclass_ps_mask(d1, k))
+    if (fpc == 0xA1)
+      f = BF_FPC4(0xA1);
+    else if (fpc == 0x81)
+      f = BF_FPC4(0x81);
+#undef BF_FPC4
     if (__builtin_expect(f == 0, 1)) {
       _mm512_storeu_si512(o + i, bf_pack(e0, d0, pack));
       _mm512_storeu_si512(o + i + 32, bf_pack(e1, d1, pack));
