@@ -404,14 +404,22 @@ static int cpu_lane_take(cpu_comm_t *c) {
  * the queue only), and the waits for idle look again every millisecond
  * (cpu_wait_idle). */
 static void cpu_lane_give(cpu_comm_t *c) {
-  atomic_store_explicit(&c->running, 0, memory_order_release);
-  if (atomic_load_explicit(&c->qlen, memory_order_relaxed) ||
-      atomic_load_explicit(&c->idle_waiters, memory_order_relaxed)) {
-    pthread_mutex_lock(&c->mu);
+  /* who to wake is read before the lane goes, and the store that lets it
+   * go is the last touch of c: an abort from another thread waits for the
+   * lane, then frees c (ThreadSanitizer saw the reads after the store
+   * race with that free). A waiter that comes after the reads looks again
+   * within the millisecond, as it would after a missed broadcast. */
+  if (__builtin_expect(atomic_load_explicit(&c->qlen, memory_order_relaxed) ||
+                           atomic_load_explicit(&c->idle_waiters, memory_order_relaxed),
+                       0)) {
+    pthread_mutex_lock(&c->mu); /* the freer takes it after us */
+    atomic_store_explicit(&c->running, 0, memory_order_release);
     if (atomic_load(&c->qlen)) pthread_cond_signal(&c->cv);
     pthread_cond_broadcast(&c->idle_cv);
     pthread_mutex_unlock(&c->mu);
+    return;
   }
+  atomic_store_explicit(&c->running, 0, memory_order_release);
 }
 
 /* With mu held: room for one more entry. */
