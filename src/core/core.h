@@ -112,6 +112,11 @@ struct tc_comm {
    * many did (under mu) */
   int express;
   uint64_t express_ops;
+  /* an express operation runs (between its begin and its end): set under
+   * mu, cleared by its end without it; another thread's synchronous
+   * collective meanwhile takes the work path, so that express operations
+   * on one communicator never overlap (flight.c relies on it) */
+  _Atomic int express_busy;
   /* the last (type, dtype, reduction) the backend's supports() accepted
    * (tc__v_supports), 0: none */
   _Atomic uint32_t supported;
@@ -130,6 +135,12 @@ struct tc_comm {
   uint64_t fr_base;  /* ids below were reset: not dumped */
   void **fr_stacks;  /* [fr_cap][TC_FR_FRAMES] return addresses (TORCH_FR_CPP_STACK), or NULL */
   _Atomic int fr_dumped; /* an automatic dump was written for this communicator */
+  /* the last express operation's completion, written without fr_lock
+   * (tc__fr_end_express) and moved into its entry by whoever takes
+   * fr_lock next: fr_pend_id is its id + 1 (0: none), stored last */
+  _Atomic uint64_t fr_pend_id;
+  size_t fr_pend_slot;
+  double fr_pend_started, fr_pend_end;
   /* status board (hang.c): every rank's progress, in shared memory */
   struct tc__board_slot *board; /* [size], or NULL */
   size_t board_bytes;
@@ -429,6 +440,15 @@ TC_INTERNAL uint64_t tc__fr_record_started(tc_comm_t *c, const tc_backend_op_t *
                                            size_t *slot);
 TC_INTERNAL void tc__fr_set(tc_comm_t *c, uint64_t fr_id, size_t slot, int state, double issued,
                             double started, double ended);
+/* An express operation's completion (TC_FR_COMPLETED, started at `started`,
+ * ended at `ended`), without taking fr_lock: kept aside in c and moved into
+ * the entry by the next taker of the lock (the next operation's record, a
+ * dump, any reader), so that no locked instruction waits on the
+ * operation's stores at its end. Only from the express path's end: express
+ * operations on c never overlap (express_busy), and each one's record took
+ * the lock, so nothing kept aside is overwritten unread. */
+TC_INTERNAL void tc__fr_end_express(tc_comm_t *c, uint64_t fr_id, size_t slot, double started,
+                                    double ended);
 /* The automatic dump on a failure or abort: once per communicator, to
  * <TORCH_FR_DUMP_TEMP_FILE><rank> when that prefix is set. */
 TC_INTERNAL void tc__fr_auto_dump(tc_comm_t *c, const char *why);

@@ -418,13 +418,17 @@ static void express_end(void *arg, int status, const char *reason) {
   if (status != TC_OK) {
     tc__lock(&c->mu); /* the spare work */
     x->rc = tc__work_express_failed(c, op, x->coll_seq, x->fr_id, x->fr_slot, status, reason);
+    atomic_store_explicit(&c->express_busy, 0, memory_order_relaxed); /* under mu */
     tc__unlock(&c->mu);
     return;
   }
   const double end = tc__now();
-  tc__fr_set(c, x->fr_id, x->fr_slot, TC_FR_COMPLETED, op->issue_time, op->issue_time, end);
+  tc__fr_end_express(c, x->fr_id, x->fr_slot, op->issue_time, end);
   tc__board_done_op(c, op->type, x->coll_seq, 0, TC_OK);
   atomic_store_explicit(&c->last_progress_ns, (int64_t)(end * 1e9), memory_order_relaxed);
+  /* after the completion kept aside: the next express operation's record
+   * (another thread's, which reads this under mu) takes it */
+  atomic_store_explicit(&c->express_busy, 0, memory_order_release);
 }
 
 /* A synchronous collective through the backend's express entry
@@ -453,16 +457,18 @@ static int op_express(tc_comm_t *c, const tc__op_args_t *a, const tc_op_options_
   op.timeout_s = op_timeout(c, opts);
   op_options(&op, opts);
   issue_lock(c, wh);
-  if (c->state != TC_STATE_ACTIVE) {
+  if (c->state != TC_STATE_ACTIVE || atomic_load_explicit(&c->express_busy, memory_order_acquire)) {
     tc__unlock(&c->mu);
-    return TC_BACKEND_DECLINED; /* op_issue says why */
+    return TC_BACKEND_DECLINED; /* op_issue says why, or posts it */
   }
   if (wh && !wh->released) op.flags |= TC_BACKEND_OP_REPORT_BLOCKING;
   op.seq = c->seq + 1;
   op_express_t x = {.c = c, .op = &op, .coll_seq = c->coll_seq + 1, .wh = wh};
   const tc_backend_express_t cb = {&x, express_begin, express_blocking, express_end};
+  atomic_store_explicit(&c->express_busy, 1, memory_order_relaxed); /* under mu */
   int rc = c->ops->express(c->bcomm, &op, &cb);
   if (rc == TC_BACKEND_DECLINED && !x.begun) {
+    atomic_store_explicit(&c->express_busy, 0, memory_order_relaxed);
     tc__unlock(&c->mu);
     return rc;
   }

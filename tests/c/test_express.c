@@ -4,7 +4,9 @@
  *
  *  - every small synchronous collective takes it (counted), with exact
  *    values and the flight recorder's entries as the work path writes
- *    them; asynchronous and large ones do not;
+ *    them (the last one's completion included, which its end keeps aside
+ *    for the next taker of the recorder's lock); asynchronous and large
+ *    ones do not;
  *  - it steps aside for queued asynchronous work (issue order), for hooks,
  *    and when TORCHCOMMS_EXPRESS=0;
  *  - its failures (mismatch, timeout) read exactly as the work path's:
@@ -86,6 +88,18 @@ static void runs_rank(tc_ctx_t *ctx) {
     ops += 6;
   }
   TC_ASSERT_EQ(tc__comm_express_ops(c), ops);
+  /* the last one's completion, kept aside without the recorder's lock
+   * (tc__fr_end_express), is in the dump that follows it at once */
+  {
+    char *d;
+    TC_ASSERT_OK(tc_fr_dump_json(c, 1, &d));
+    TC_ASSERT_CONTAINS(d, "\"last_started_collective\": 300, \"last_completed_collective\": 300");
+    TC_ASSERT(!strstr(d, "\"state\": \"started\""));
+    tc_free(d);
+    char st[32];
+    fr_state(c, 300, st, sizeof st);
+    TC_ASSERT_STR_EQ(st, "completed");
+  }
   /* asynchronous, and larger than the slots: the work path */
   tc_work_t *w;
   int32_t y = me;
