@@ -383,7 +383,9 @@ typedef struct tc_backend_ops {
    * caller's lock goes), as host->work_blocking. Called from the issuing
    * thread, which the callbacks run on; op and x are valid for the call
    * only; op->timeout_s is the operation's, and op->issue_time, set by
-   * begin, the start of its deadline. */
+   * begin, the start of its deadline. The core offers a communicator one
+   * express operation at a time: while one runs, another thread's
+   * synchronous collective is posted instead. */
   int (*express)(void *bcomm, const tc_backend_op_t *op, const struct tc_backend_express *x);
 } tc_backend_ops_t;
 
