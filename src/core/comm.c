@@ -506,7 +506,6 @@ int tc_comm_create(const char *backend, const char *device,
   c->size = size;
   c->ops = ops;
   c->express = TC_BACKEND_HAS_EXPRESS(ops) && tc__setting_bool(TC_SET_EXPRESS);
-  atomic_store(&c->express_busy, 0);
   c->timeout_s = o.timeout_s > 0 ? o.timeout_s : default_timeout();
   c->abort_process = o.abort_process_on_timeout_or_error >= 0
                          ? o.abort_process_on_timeout_or_error != 0
