@@ -142,6 +142,11 @@ static int shm_block(struct tc_shm *s, shm_waiter_t *w, double spin_s, int may_s
   if (atomic_load_explicit(s->aborted, memory_order_relaxed))
     return tc__shm_fail(s, op, TC_ERR_ABORTED, "communicator was aborted");
   double now = tc__now();
+  /* a load and a store, not a locked add: two threads waiting at once may
+   * lose a count, never leave it unchanged (tc__shm_clock_waits) */
+  atomic_store_explicit(&s->clock_waits,
+                        atomic_load_explicit(&s->clock_waits, memory_order_relaxed) + 1,
+                        memory_order_relaxed);
   if (w->spin_until == 0) {
     if (s->yield_poll && spin_s > s->spin_s) spin_s = s->spin_s;
     w->spin_until = now + spin_s;
@@ -300,6 +305,9 @@ int tc__shm_wait_flag(tc_shm_t *s, int r, uint64_t v, double spin_s, int may_sle
 }
 
 double tc__shm_spin_s(const tc_shm_t *s) { return s->spin_s; }
+uint64_t tc__shm_clock_waits(const tc_shm_t *s) {
+  return atomic_load_explicit(&s->clock_waits, memory_order_relaxed);
+}
 int tc__shm_cma(const tc_shm_t *s) { return s->cma; }
 
 int tc__shm_read_peer(tc_shm_t *s, int q, void *dst, uint64_t remote, size_t len,

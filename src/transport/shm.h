@@ -135,6 +135,12 @@ TC_INTERNAL int tc__shm_wait_word(tc_shm_t *s, int r, const _Atomic uint64_t *wo
                                   const tc_tp_op_t *op);
 /* The spin time the transport uses before sleeping (0 when oversubscribed). */
 TC_INTERNAL double tc__shm_spin_s(const tc_shm_t *s);
+/* How many times a wait on s has read the clock (it did not find its word
+ * within its first few pauses, or the machine is oversubscribed): a caller
+ * that sees the count unchanged over an operation knows that no wait of it
+ * took more than about a microsecond (SHM_PRESPIN). Any thread's waits
+ * count; it only grows. */
+TC_INTERNAL uint64_t tc__shm_clock_waits(const tc_shm_t *s);
 
 /* Removes from /dev/shm every segment name of this transport whose creating
  * process is dead (killed before it could unlink it); returns how many

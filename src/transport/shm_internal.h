@@ -86,6 +86,7 @@ struct tc_shm {
   int *pids;        /* [size] every rank's process id, for process_vm_readv */
   tc_shm_owner_t *owners; /* [size] every segment's creator: its name */
   uint32_t epoch;   /* the configuration, in every message header */
+  _Atomic uint64_t clock_waits; /* shm_block's clock reads (tc__shm_clock_waits) */
 };
 
 /* Registers this process for membarrier posts (shm.c, shm_post_flag); 1 if

@@ -11,7 +11,9 @@
  *    and when TORCHCOMMS_EXPRESS=0;
  *  - its failures (mismatch, timeout) read exactly as the work path's:
  *    the same message, hang report, recorder state and last error;
- *  - tc_comm_abort from another thread ends a wait in it at once.
+ *  - tc_comm_abort from another thread ends a wait in it at once;
+ *  - one that waited for its peer records the end it read (a prompt one
+ *    may take its begin for its end: end_prompt).
  * Ranks coordinate through an anonymous shared mapping (conditions with
  * deadlines, never sleeps standing in for synchronisation). */
 #include <pthread.h>
@@ -273,6 +275,59 @@ static void timeout_rank(tc_ctx_t *ctx) {
 }
 
 TC_TEST(express_timeout_reported) { tc_spawn(2, timeout_rank, tc_shared_zalloc(sizeof(shared_t)), 60); }
+
+/* ---- an operation that waited records the end it read ---- */
+
+/* The number after `field` in the entry whose collective_seq_id is seq. */
+static double fr_number(tc_comm_t *c, int seq, const char *field) {
+  char *j, key[64];
+  TC_ASSERT_OK(tc_fr_dump_json(c, 1, &j));
+  snprintf(key, sizeof key, "\"collective_seq_id\": %d,", seq);
+  const char *e = strstr(j, key);
+  TC_ASSERT(e != NULL);
+  const char *f = strstr(e, field);
+  TC_ASSERT(f != NULL);
+  double v = strtod(f + strlen(field), NULL);
+  tc_free(j);
+  return v;
+}
+
+/* A prompt operation takes its begin for its end (end_prompt: no clock
+ * read); one that waited for its peer must not: rank 0's all_reduce waits
+ * 50 ms for rank 1, and its recorded duration says so. */
+static void waited_rank(tc_ctx_t *ctx) {
+  shared_t *sh = ctx->arg;
+  tc_comm_t *c = comm_in_step(ctx, "xwait");
+  int32_t x = 1;
+  if (ctx->rank == 0) {
+    sh->done = 1;
+  } else {
+    tc_wait_flag(&sh->done, 1, 30);
+    struct timespec ts = {0, 50 * 1000 * 1000}; /* the delay measured, not a synchronisation */
+    nanosleep(&ts, NULL);
+  }
+  TC_ASSERT_OK(tc_all_reduce(c, &x, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL));
+  TC_ASSERT_EQ(x, 2);
+  for (int i = 0; i < 20; i++) {
+    x = ctx->rank + i;
+    TC_ASSERT_OK(tc_all_reduce(c, &x, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL));
+    TC_ASSERT_EQ(x, 2 * i + 1);
+  }
+  TC_ASSERT_EQ(tc__comm_express_ops(c), 22);
+  if (ctx->rank == 0) {
+    double ms = fr_number(c, 2, "\"duration_ms\": ");
+    TC_ASSERT(ms >= 40 && ms < 30000);
+  }
+  for (int s = 1; s <= 22; s++) {
+    TC_ASSERT(fr_number(c, s, "\"time_discovered_completed_ns\": ") >=
+              fr_number(c, s, "\"time_created_ns\": "));
+    TC_ASSERT(fr_number(c, s, "\"duration_ms\": ") >= 0);
+  }
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(express_waited_end_read) { tc_spawn(2, waited_rank, tc_shared_zalloc(sizeof(shared_t)), 60); }
 
 /* ---- abort from another thread ends a wait in it ---- */
 

@@ -478,6 +478,7 @@ static int cpu_express(void *bc, const tc_backend_op_t *op, const tc_backend_exp
     return TC_BACKEND_DECLINED;
   }
   x->begin(x->arg);
+  const uint64_t clock_waits = tc__shm_clock_waits(c->shm);
   tc__cpu_ctx_init(&ctx, c, tc__op_name(op->type));
   ctx.op = op;
   ctx.es = tc__dtype_size(op->dtype);
@@ -496,8 +497,14 @@ static int cpu_express(void *bc, const tc_backend_op_t *op, const tc_backend_exp
   cpu_ended(c, &ctx, rc);
   /* reported after the thread's report of the operation before
    * (cpu_exec), and before the lane goes: abort and destroy wait for it */
-  while (atomic_load(&c->reporting)) sched_yield();
-  x->end(x->arg, rc, rc == TC_OK ? NULL : ctx.msg);
+  int prompt = rc == TC_OK && tc__shm_clock_waits(c->shm) == clock_waits;
+  while (atomic_load(&c->reporting)) {
+    prompt = 0;
+    sched_yield();
+  }
+  /* no wait of it read the clock: the core takes its begin for its end */
+  if (prompt) x->end_prompt(x->arg);
+  else x->end(x->arg, rc, rc == TC_OK ? NULL : ctx.msg);
   cpu_lane_give(c);
   return rc;
 }
