@@ -160,11 +160,23 @@ static inline __attribute__((always_inline)) uint64_t
 fr_record(tc_comm_t *c, const tc_backend_op_t *op, uint64_t coll_seq, uint64_t p2p_seq,
           double created, double timeout_s, int state, size_t *slot_out) {
   if (!c->fr_cap) return 0;
-  /* element sizes are powers of two: shifts, not divisions (a 64-bit
-   * division costs tens of cycles, several per operation added up) */
-  size_t es = tc__dtype_size(op->dtype), in, out;
-  const int sh = es ? __builtin_ctzll(es) : 0;
-  tc__op_bytes(op, c->rank, c->size, &in, &out);
+  size_t in, out; /* elements */
+  switch (op->kind) {
+  /* torch records a broadcast's tensor as input on every rank: its
+   * analyser compares input sizes across ranks */
+  case TC_KIND_BROADCAST:
+  case TC_KIND_ALL_REDUCE:
+  case TC_KIND_REDUCE: in = out = op->count; break; /* without a call (~35 instructions) */
+  default: {
+    /* element sizes are powers of two: shifts, not divisions (a 64-bit
+     * division costs tens of cycles, several per operation added up) */
+    const size_t es = tc__dtype_size(op->dtype);
+    const int sh = es ? __builtin_ctzll(es) : 0;
+    tc__op_bytes(op, c->rank, c->size, &in, &out);
+    in = es ? in >> sh : 0;
+    out = es ? out >> sh : 0;
+  }
+  }
   void *frames[TC_FR_FRAMES + 1];
   int nf = c->fr_stacks ? backtrace(frames, TC_FR_FRAMES + 1) - 1 : 0; /* from our caller */
   if (nf < 0) nf = 0;
@@ -187,12 +199,9 @@ fr_record(tc_comm_t *c, const tc_backend_op_t *op, uint64_t coll_seq, uint64_t p
                           .p2p_seq = p2p_seq, .type = op->type, .dtype = op->dtype,
                           .peer = op->root, .state = state,
                           .async_op = (op->flags & TC_BACKEND_OP_ASYNC) != 0,
-                          .in_elems = es ? in >> sh : 0, .out_elems = es ? out >> sh : 0,
+                          .in_elems = in, .out_elems = out,
                           .created = created, .timeout_s = timeout_s,
                           .started = state == TC_FR_STARTED ? created : 0};
-    /* torch records a broadcast's tensor as input on every rank: its
-     * analyser compares input sizes across ranks */
-    if (op->type == TC_OP_BROADCAST) e->in_elems = op->count;
     if (c->fr_stacks) {
       memcpy(&c->fr_stacks[slot * TC_FR_FRAMES], frames + 1,
              (size_t)nf * sizeof(void *));

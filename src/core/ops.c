@@ -488,8 +488,9 @@ static int op_express(tc_comm_t *c, const tc__op_args_t *a, const tc_op_options_
     return rc;
   }
   /* a backend that left out a call: numbered and reported anyway */
-  express_begin(&x);
-  express_end(&x, rc == TC_BACKEND_DECLINED ? TC_ERR_INTERNAL : rc, NULL);
+  if (__builtin_expect(!x.begun, 0)) express_begin(&x);
+  if (__builtin_expect(!x.ended, 0))
+    express_end(&x, rc == TC_BACKEND_DECLINED ? TC_ERR_INTERNAL : rc, NULL);
   return x.rc;
 }
 

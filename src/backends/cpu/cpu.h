@@ -296,7 +296,8 @@ typedef struct cpu_comm {
   tc_opfp_t xc_fp;
 } cpu_comm_t;
 
-/* The context of one running operation. */
+/* The context of one running operation (every field set by
+ * tc__cpu_ctx_init, which asserts the layout). */
 typedef struct cpu_ctx {
   cpu_comm_t *c;
   const tc_backend_op_t *op;
