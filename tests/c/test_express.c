@@ -42,16 +42,24 @@ static void express_setting(int on) {
   if (tc__settings_reload(err, sizeof err) != TC_OK) tc_test_fail(__FILE__, __LINE__, "%s", err);
 }
 
-/* The "state" of the entry whose collective_seq_id is seq, from a dump. */
-static void fr_state(tc_comm_t *c, int seq, char *out, size_t len) {
-  char *j, key[64];
-  TC_ASSERT_OK(tc_fr_dump_json(c, 1, &j));
+/* Where field's value begins in the entry whose collective_seq_id is seq,
+ * in the dump j (times compared within one dump: each dump converts the
+ * monotonic times to the wall clock at its own moment). */
+static const char *fr_field(const char *j, int seq, const char *field) {
+  char key[64];
   snprintf(key, sizeof key, "\"collective_seq_id\": %d,", seq);
   const char *e = strstr(j, key);
   TC_ASSERT(e != NULL);
-  const char *s = strstr(e, "\"state\": \"");
-  TC_ASSERT(s != NULL);
-  s += strlen("\"state\": \"");
+  const char *f = strstr(e, field);
+  TC_ASSERT(f != NULL);
+  return f + strlen(field);
+}
+
+/* The "state" of the entry whose collective_seq_id is seq, from a dump. */
+static void fr_state(tc_comm_t *c, int seq, char *out, size_t len) {
+  char *j;
+  TC_ASSERT_OK(tc_fr_dump_json(c, 1, &j));
+  const char *s = fr_field(j, seq, "\"state\": \"");
   size_t n = strcspn(s, "\"");
   snprintf(out, len, "%.*s", (int)(n < len ? n : len - 1), s);
   tc_free(j);
@@ -278,17 +286,9 @@ TC_TEST(express_timeout_reported) { tc_spawn(2, timeout_rank, tc_shared_zalloc(s
 
 /* ---- an operation that waited records the end it read ---- */
 
-/* The number after `field` in the entry whose collective_seq_id is seq, in
- * the dump j (one dump for every comparison: each dump converts the
- * monotonic times to the wall clock at its own moment). */
+/* The number after `field` in the entry whose collective_seq_id is seq. */
 static double fr_number(const char *j, int seq, const char *field) {
-  char key[64];
-  snprintf(key, sizeof key, "\"collective_seq_id\": %d,", seq);
-  const char *e = strstr(j, key);
-  TC_ASSERT(e != NULL);
-  const char *f = strstr(e, field);
-  TC_ASSERT(f != NULL);
-  return strtod(f + strlen(field), NULL);
+  return strtod(fr_field(j, seq, field), NULL);
 }
 
 /* A prompt operation takes its begin for its end (end_prompt: no clock

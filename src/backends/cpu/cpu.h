@@ -297,7 +297,8 @@ typedef struct cpu_comm {
 } cpu_comm_t;
 
 /* The context of one running operation (every field set by
- * tc__cpu_ctx_init, which asserts the layout). */
+ * tc__cpu_ctx_init, which asserts the layout: no hole before msg, so that
+ * any field added moves msg). */
 typedef struct cpu_ctx {
   cpu_comm_t *c;
   const tc_backend_op_t *op;
@@ -311,8 +312,8 @@ typedef struct cpu_ctx {
                  * through the slots */
   int fp_any;   /* some fingerprint was exchanged (TCP) */
   int fam;       /* a shared-memory operation: its family and bytes per rank */
-  size_t fbytes; /* (cpu_fast_t's, copied here by tc__cpu_fast_run) */
   int line;      /* its headers are in the ring of header lines (shm_algos.c) */
+  size_t fbytes; /* (cpu_fast_t's, copied here by tc__cpu_fast_run) */
   char msg[1024]; /* the error text when the op fails */
 } cpu_ctx_t;
 
