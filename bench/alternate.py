@@ -10,7 +10,9 @@ IMPL: a build directory (its tcrun and tcperf), optionally with settings,
 BUILD:NAME=VALUE,NAME=VALUE; or an anchor of ../shared/bench/anchors
 (ompi, mpich, impi, ccl; run_anchor.sh, its cache in ANCHOR_CACHE). Sizes:
 LO and HI in bytes (default 8 and 8). Prints the median time per operation
-(us) of every size and IMPL; SPREAD=1 adds each one's range.
+(us) of every size and IMPL; SPREAD=1 adds each one's range. ITERS: our
+launches' operations per size (tcperf -n; default 0, its own choice: about
+a second; ITERS=2000000 at 8 B gives steadier medians).
 Example: SPREAD=1 python3 bench/alternate.py 12 broadcast 2 build ompi
 """
 import os
@@ -37,7 +39,8 @@ def run(impl, coll, n, lo, hi, csv):
         k, v = kv.split("=", 1)
         env[k] = v
     subprocess.run([os.path.join(build, "tcrun"), "-n", n, os.path.join(build, "tcperf"),
-                    "-c", coll, "-b", lo, "-e", hi, "-n", "0", "-w", "5", "--csv", csv],
+                    "-c", coll, "-b", lo, "-e", hi, "-n", os.environ.get("ITERS", "0"), "-w", "5",
+                    "--csv", csv],
                    capture_output=True, text=True, env=env, check=False)
     with open(csv) as f:
         rows = [line.split(",") for line in f.read().splitlines()[1:]]

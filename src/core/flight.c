@@ -152,6 +152,9 @@ void tc__fr_free(tc_comm_t *c) {
   c->fr_next = 0;
 }
 
+/* How many entries ahead fr_record asks for the lines it writes next (see
+ * there). */
+#define FR_AHEAD 3
 /* Records op (coll_seq / p2p_seq as tc_op_info_t's), issued at `created`,
  * in state `state` (TC_FR_STARTED: started at `created`); stack frames
  * from our caller's caller when they are kept. Returns the record id + 1
@@ -189,11 +192,18 @@ fr_record(tc_comm_t *c, const tc_backend_op_t *op, uint64_t coll_seq, uint64_t p
     const size_t slot = c->fr_next;
     c->fr_next = slot + 1 == c->fr_cap ? 0 : slot + 1;
     tc__fr_entry_t *e = &c->fr[slot];
-    /* the next entry's two lines, for writing: a ring of 2000 does not
-     * stay in L1, and the lock's exchange would wait for their misses
-     * (8 B broadcast at 2 ranks, bench form, with the alignment: 0.25 -> 0.20 us) */
-    __builtin_prefetch(&c->fr[c->fr_next], 1);
-    __builtin_prefetch((char *)&c->fr[c->fr_next] + 64, 1);
+    /* the two lines of the entry FR_AHEAD on, for writing: a ring of 2000
+     * does not stay in L1, and the lock's exchange would wait for their
+     * misses (8 B broadcast at 2 ranks, bench form, with the alignment: 0.25
+     * -> 0.20 us). The next entry alone was too late in the ring's first
+     * lap, whose lines are then not in this core's caches: with it, the
+     * first 2 000 8-byte broadcasts took 0.01-0.02 us more each than the
+     * next 2 000 in each of 6 launches (not so with a ring of 16); three
+     * ahead, in 2 of 6 (docs/benchmarks.md, "The first laps"). */
+    size_t pf = c->fr_next + FR_AHEAD;
+    while (pf >= c->fr_cap) pf -= c->fr_cap;
+    __builtin_prefetch(&c->fr[pf], 1);
+    __builtin_prefetch((char *)&c->fr[pf] + 64, 1);
     old = e->caller_frames;
     *e = (tc__fr_entry_t){.record_id = id, .op_id = op->seq, .coll_seq = coll_seq,
                           .p2p_seq = p2p_seq, .type = op->type, .dtype = op->dtype,
