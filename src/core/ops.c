@@ -156,12 +156,16 @@ uint32_t tc_op_flags(tc_op_type_t t) { return tc_backend_op_flags(t); }
 
 /* The backend runs type on dt with reduction redop (-1: none)? When not,
  * the message says whether the operation or the dtype is missing. */
+/* The last combination the backend said yes to (c->supported; its answer
+ * does not change): one compare instead of its call, on every operation. */
+static inline uint32_t supports_key(tc_op_type_t type, tc_dtype_t dt, int redop) {
+  return ((uint32_t)type << 16 | (uint32_t)dt << 8 | (uint32_t)(redop + 1)) + 1;
+}
+
 int tc__v_supports(tc_comm_t *c, const char *fn, tc_op_type_t type,
                    tc_dtype_t dt, int redop) {
   const tc_backend_ops_t *o = c->ops;
-  /* the last combination the backend said yes to (its answer does not
-   * change): one compare instead of its call, on every operation */
-  const uint32_t key = ((uint32_t)type << 16 | (uint32_t)dt << 8 | (uint32_t)(redop + 1)) + 1;
+  const uint32_t key = supports_key(type, dt, redop);
   if (atomic_load_explicit(&c->supported, memory_order_relaxed) == key) return TC_OK;
   if (!o->supports || !c->bcomm || o->supports(c->bcomm, type, dt, redop)) {
     atomic_store_explicit(&c->supported, key, memory_order_relaxed);
@@ -214,7 +218,7 @@ size_t tc__op_arrays_size(const tc__op_args_t *a, int rank, int size) {
 
 void tc__op_describe(const tc__op_args_t *a, int rank, int size, void *arrays,
                      tc_backend_op_t *op) {
-  const uint32_t f = tc_op_flags(a->type);
+  const uint32_t f = tc_backend_op_flags(a->type);
   char *arr = arrays;
   int send_side, recv_side;
   op_sides(a, rank, &send_side, &recv_side);
@@ -520,11 +524,14 @@ __attribute__((noinline))
 #endif
 int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
                  const tc_op_options_t *opts, tc_work_t **work) {
-  const uint32_t f = tc_op_flags(a->type);
-  TC_CHECK(tc__v_supports(c, fn, a->type,
-                          a->type == TC_OP_BARRIER || a->type == TC_OP_BATCH ? TC_DTYPE_COUNT
-                                                                             : a->dtype,
-                          (f & TC_OPF_REDUCE) ? (int)a->redop.type : -1));
+  const uint32_t f = tc_backend_op_flags(a->type);
+  const tc_dtype_t sdt =
+      a->type == TC_OP_BARRIER || a->type == TC_OP_BATCH ? TC_DTYPE_COUNT : a->dtype;
+  const int sredop = (f & TC_OPF_REDUCE) ? (int)a->redop.type : -1;
+  /* the known answer inline, the backend's question in tc__v_supports */
+  if (atomic_load_explicit(&c->supported, memory_order_relaxed) !=
+      supports_key(a->type, sdt, sredop))
+    TC_CHECK(tc__v_supports(c, fn, a->type, sdt, sredop));
   /* wait hooks (tc_op_options_t.wait_release): the caller's lock goes at
    * once when the backend may block in its post without saying so, else
    * only when something here is about to block; it comes back last, with

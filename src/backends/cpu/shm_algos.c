@@ -65,6 +65,16 @@ typedef struct fp_hdr {
   uint64_t addr; /* single copy: where this rank's data lies, in its own address space */
 } fp_hdr_t;
 
+/* Two fingerprints equal to the byte (the common case of every check): three
+ * 8-byte compares, not memcmp's call. */
+_Static_assert(sizeof(tc_opfp_t) == 24, "a fingerprint is three 8-byte words");
+static inline int fp_same(const tc_opfp_t *a, const tc_opfp_t *b) {
+  uint64_t x[3], y[3];
+  memcpy(x, a, sizeof x);
+  memcpy(y, b, sizeof y);
+  return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2])) == 0;
+}
+
 /* Header at the start of a small slot, data from FP_HDR on (cache-line
  * aligned); data that fits beside the header follows it at once instead, so
  * that a tiny operation's sync word, header and data share one cache line. */
@@ -329,7 +339,7 @@ static int fp_lazy_check(cpu_ctx_t *ctx, uint64_t upto) {
                             "overwritten (%llu) before this rank checked it",
                             q, (unsigned long long)t, (unsigned long long)hs);
       /* the common case: the same fingerprint to the byte (fp_mismatch's) */
-      if (!other && !memcmp(&c->lazy[t % k].fp, &h->fp, sizeof h->fp)) continue;
+      if (!other && fp_same(&c->lazy[t % k].fp, &h->fp)) continue;
       if (tc__opfp_mismatch(&c->lazy[t % k].fp, c->rank, &h->fp, q, why, sizeof why) ||
           (other && fp_other_size(q, h, why, sizeof why)))
         return tc__cpu_fail(ctx, TC_ERR_PROTOCOL,
@@ -444,7 +454,7 @@ int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, cpu_fast_t
 /* Headers: what every rank is doing, checked at an operation's first sync   */
 /* ------------------------------------------------------------------------ */
 
-static void fp_put_hdr(cpu_ctx_t *ctx, uint64_t s, size_t bytes) {
+static inline void fp_put_hdr(cpu_ctx_t *ctx, uint64_t s, size_t bytes) {
   fp_hdr_t *h = (fp_hdr_t *)fp_slot(ctx->c, ctx->rank, s, ctx->line);
   h->fp = ctx->fp; /* set for every collective, the check on or off */
   h->bytes = bytes;
@@ -478,7 +488,7 @@ static int fp_mismatch(cpu_ctx_t *ctx, int q, const fp_hdr_t *h, uint32_t fam, s
   /* the common case in a few compares: the peer's fingerprint is this
    * rank's to the byte (the same operation, dtype, reduction, root and
    * counts: every check below passes) and its bytes are the expected */
-  if (!memcmp(&h->fp, &ctx->fp, sizeof h->fp) && h->bytes == bytes) return TC_OK;
+  if (fp_same(&h->fp, &ctx->fp) && h->bytes == bytes) return TC_OK;
   const tc_backend_op_t *op = ctx->op;
   char why[400];
   if (ctx->c->check_fp && tc__opfp_mismatch(&ctx->fp, ctx->rank, &h->fp, q, why, sizeof why))
@@ -535,7 +545,7 @@ static inline int fp_hdr2_same(const cpu_ctx_t *ctx, uint64_t s) {
   const fp_hdr_t *h = (const fp_hdr_t *)fp_slot(ctx->c, q, s, ctx->line);
   const size_t want = ctx->fam == FAM_AG ? ctx->op->recv[q].count * ctx->es : ctx->fbytes;
   return atomic_load_explicit(&h->sync, memory_order_acquire) == s && h->bytes == want &&
-         !memcmp(&h->fp, &ctx->fp, sizeof h->fp);
+         fp_same(&h->fp, &ctx->fp);
 }
 
 /* ------------------------------------------------------------------------ */
