@@ -155,6 +155,7 @@ void tc__fr_free(tc_comm_t *c) {
 /* How many entries ahead fr_record asks for the lines it writes next (see
  * there). */
 #define FR_AHEAD 3
+
 /* Records op (coll_seq / p2p_seq as tc_op_info_t's), issued at `created`,
  * in state `state` (TC_FR_STARTED: started at `created`); stack frames
  * from our caller's caller when they are kept. Returns the record id + 1

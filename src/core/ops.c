@@ -154,14 +154,14 @@ const char *tc_op_name(tc_op_type_t t) { return tc_backend_op_name(t); }
 
 uint32_t tc_op_flags(tc_op_type_t t) { return tc_backend_op_flags(t); }
 
-/* The backend runs type on dt with reduction redop (-1: none)? When not,
- * the message says whether the operation or the dtype is missing. */
 /* The last combination the backend said yes to (c->supported; its answer
  * does not change): one compare instead of its call, on every operation. */
 static inline uint32_t supports_key(tc_op_type_t type, tc_dtype_t dt, int redop) {
   return ((uint32_t)type << 16 | (uint32_t)dt << 8 | (uint32_t)(redop + 1)) + 1;
 }
 
+/* The backend runs type on dt with reduction redop (-1: none)? When not,
+ * the message says whether the operation or the dtype is missing. */
 int tc__v_supports(tc_comm_t *c, const char *fn, tc_op_type_t type,
                    tc_dtype_t dt, int redop) {
   const tc_backend_ops_t *o = c->ops;

@@ -516,18 +516,22 @@ static int fp_mismatch(cpu_ctx_t *ctx, int q, const fp_hdr_t *h, uint32_t fam, s
   return TC_OK;
 }
 
+/* The bytes peer q's header must say it put in (all_gather: its own
+ * block; else the same for every rank). */
+static inline size_t fp_want(const cpu_ctx_t *ctx, int q) {
+  return ctx->fam == FAM_AG ? ctx->op->recv[q].count * ctx->es : ctx->fbytes;
+}
+
 /* Checks the headers of sync s: of rank `only`, or of every peer (-1). */
 static int fp_check_hdrs(cpu_ctx_t *ctx, uint64_t s, int only) {
   cpu_comm_t *c = ctx->c;
-  const tc_backend_op_t *op = ctx->op;
   int fam = ctx->fam;
   for (int q = 0; q < ctx->size; q++) {
     if (q == ctx->rank || (only >= 0 && q != only)) continue;
     int other;
     const fp_hdr_t *h =
         fp_hdr_at(c, (const fp_hdr_t *)fp_slot(c, q, s, ctx->line), q, s, ctx->line, &other);
-    size_t want = fam == FAM_AG ? op->recv[q].count * ctx->es : ctx->fbytes;
-    TC_CHECK(fp_mismatch(ctx, q, h, (uint32_t)fam, want));
+    TC_CHECK(fp_mismatch(ctx, q, h, (uint32_t)fam, fp_want(ctx, q)));
     char why[400];
     if (other && fp_other_size(q, h, why, sizeof why))
       return tc__cpu_fail(ctx, TC_ERR_PROTOCOL, "%s", why);
@@ -543,8 +547,7 @@ static inline int fp_hdr2_same(const cpu_ctx_t *ctx, uint64_t s) {
   if (ctx->size != 2) return 0;
   const int q = ctx->rank ^ 1;
   const fp_hdr_t *h = (const fp_hdr_t *)fp_slot(ctx->c, q, s, ctx->line);
-  const size_t want = ctx->fam == FAM_AG ? ctx->op->recv[q].count * ctx->es : ctx->fbytes;
-  return atomic_load_explicit(&h->sync, memory_order_acquire) == s && h->bytes == want &&
+  return atomic_load_explicit(&h->sync, memory_order_acquire) == s && h->bytes == fp_want(ctx, q) &&
          fp_same(&h->fp, &ctx->fp);
 }
 
