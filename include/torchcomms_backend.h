@@ -368,7 +368,10 @@ typedef struct tc_backend_ops {
    * synchronous collective to its end on the caller's thread, now, when
    * the backend can (for instance: nothing queued or running, a small
    * message), without a work object; the core offers it the synchronous
-   * collectives when no hook would see them. When it cannot, it returns
+   * collectives when no hook would see them, and the synchronous send,
+   * recv and batch operations too when the table has
+   * TC_BACKEND_CAP_EXPRESS_P2P (numbered and recorded as point-to-point
+   * operations, as the work path does). When it cannot, it returns
    * TC_BACKEND_DECLINED having done nothing, and the core posts the
    * operation as usual. Otherwise it calls x->begin(x->arg) exactly once
    * before anything moves (the core numbers and records the operation, so
@@ -385,7 +388,7 @@ typedef struct tc_backend_ops {
    * only; op->timeout_s is the operation's, and op->issue_time, set by
    * begin, the start of its deadline. The core offers a communicator one
    * express operation at a time: while one runs, another thread's
-   * synchronous collective is posted instead. An operation that succeeded
+   * synchronous operation is posted instead. An operation that succeeded
    * promptly may end with x->end_prompt(x->arg) instead of x->end(x->arg,
    * TC_OK, NULL) (see there). */
   int (*express)(void *bcomm, const tc_backend_op_t *op, const struct tc_backend_express *x);
@@ -463,6 +466,11 @@ typedef struct tc_backend_win_op {
  * keep its lock (tc_op_options_t.wait_release) over a post that does not
  * block. Without it, a caller's wait hooks run around the whole call. */
 #define TC_BACKEND_CAP_BLOCKING_REPORTED 0x4u
+/* express (tc_backend_ops_t) also takes synchronous point-to-point
+ * operations (TC_KIND_SEND, TC_KIND_RECV, TC_KIND_BATCH), declining those
+ * it cannot run as it declines collectives. Without it the core offers
+ * express the collectives only. */
+#define TC_BACKEND_CAP_EXPRESS_P2P 0x8u
 /* 1 when the table t has the capability bit cap. */
 #define TC_BACKEND_HAS_CAP(t, cap)                                            \
   ((t)->size >= offsetof(tc_backend_ops_t, caps) + sizeof((t)->caps) &&       \

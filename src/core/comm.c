@@ -506,6 +506,7 @@ int tc_comm_create(const char *backend, const char *device,
   c->size = size;
   c->ops = ops;
   c->express = TC_BACKEND_HAS_EXPRESS(ops) && tc__setting_bool(TC_SET_EXPRESS);
+  c->express_p2p = c->express && TC_BACKEND_HAS_CAP(ops, TC_BACKEND_CAP_EXPRESS_P2P);
   c->timeout_s = o.timeout_s > 0 ? o.timeout_s : default_timeout();
   c->abort_process = o.abort_process_on_timeout_or_error >= 0
                          ? o.abort_process_on_timeout_or_error != 0
@@ -947,6 +948,7 @@ int tc_comm_split(tc_comm_t *c, const int *ranks, size_t nranks,
   child->size = (int)nranks;
   child->ops = c->ops;
   child->express = c->express;
+  child->express_p2p = c->express_p2p;
   child->granks = malloc(nranks * sizeof *child->granks);
   if (!child->granks) {
     comm_release(child);

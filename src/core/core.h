@@ -108,13 +108,14 @@ struct tc_comm {
   char last_error[1024];
   uint64_t coll_seq, p2p_seq; /* collectives / p2p issued (under mu) */
   /* synchronous collectives may take the backend's express entry (ops.c:
-   * the backend has one and TORCHCOMMS_EXPRESS is on); express_ops: how
-   * many did (under mu) */
-  int express;
+   * the backend has one and TORCHCOMMS_EXPRESS is on), and synchronous
+   * send, recv and batch operations too when express_p2p (the backend has
+   * TC_BACKEND_CAP_EXPRESS_P2P); express_ops: how many did (under mu) */
+  int express, express_p2p;
   uint64_t express_ops;
   /* an express operation runs (between its begin and its end): set under
    * mu, cleared by its end without it; another thread's synchronous
-   * collective meanwhile takes the work path, so that express operations
+   * operation meanwhile takes the work path, so that express operations
    * on one communicator never overlap (flight.c relies on it) */
   _Atomic int express_busy;
   /* the last (type, dtype, reduction) the backend's supports() accepted
@@ -281,17 +282,19 @@ TC_INTERNAL int tc__work_wait(tc_work_t *w);
  * the post (host_work_started defers it so that an operation run inline
  * updates the flight recorder once). */
 TC_INTERNAL void tc__work_posted(tc_work_t *w);
-/* A synchronous collective the backend ran in its express entry
+/* A synchronous operation the backend ran in its express entry
  * (tc_backend_ops_t.express; ops.c) failed with status and the backend's
  * reason: reported as the work path reports a failure (the library's one
  * message format, the hang report, the flight recorder's entry fr_id /
  * fr_slot, the status board, the communicator's last error, the process
  * abort when configured), through the communicator's spare work. op: the
- * operation (issue_time, timeout_s set), coll_seq its number. Returns the
- * failure's code, its text set as the thread's last error. Under c->mu. */
+ * operation (issue_time, timeout_s set), coll_seq its number as a
+ * collective, else p2p_seq as a point-to-point operation (the other 0).
+ * Returns the failure's code, its text set as the thread's last error.
+ * Under c->mu. */
 TC_INTERNAL int tc__work_express_failed(tc_comm_t *c, const tc_backend_op_t *op,
-                                        uint64_t coll_seq, uint64_t fr_id, size_t fr_slot,
-                                        int status, const char *reason);
+                                        uint64_t coll_seq, uint64_t p2p_seq, uint64_t fr_id,
+                                        size_t fr_slot, int status, const char *reason);
 /* Completes a work that never reached the backend (validation failure). */
 TC_INTERNAL void tc__work_fail_local(tc_work_t *w, int rc, const char *msg);
 TC_INTERNAL extern const tc_backend_host_t tc__host;
@@ -431,13 +434,14 @@ TC_INTERNAL void tc__fr_issue(tc_comm_t *c, tc_work_t *w);
 /* w's entry moves to state (TC_FR_*). */
 TC_INTERNAL void tc__fr_update(tc_work_t *w, int state);
 /* The same two for an operation without a work (ops.c, the express path):
- * records op, started at `created` (no stack frames: the express path is
- * not taken when they are kept); returns its id + 1 (0: not recorded) and
- * its place in *slot; then moves that entry to state with the operation's
- * times. */
+ * records op (collective number coll_seq, or point-to-point number
+ * p2p_seq, the other 0), started at `created` (no stack frames: the
+ * express path is not taken when they are kept); returns its id + 1 (0:
+ * not recorded) and its place in *slot; then moves that entry to state
+ * with the operation's times. */
 TC_INTERNAL uint64_t tc__fr_record_started(tc_comm_t *c, const tc_backend_op_t *op,
-                                           uint64_t coll_seq, double created, double timeout_s,
-                                           size_t *slot);
+                                           uint64_t coll_seq, uint64_t p2p_seq, double created,
+                                           double timeout_s, size_t *slot);
 TC_INTERNAL void tc__fr_set(tc_comm_t *c, uint64_t fr_id, size_t slot, int state, double issued,
                             double started, double ended);
 /* An express operation's completion (TC_FR_COMPLETED, started at `started`,

@@ -235,8 +235,8 @@ void tc__fr_issue(tc_comm_t *c, tc_work_t *w) {
 }
 
 uint64_t tc__fr_record_started(tc_comm_t *c, const tc_backend_op_t *op, uint64_t coll_seq,
-                               double created, double timeout_s, size_t *slot) {
-  return fr_record(c, op, coll_seq, 0, created, timeout_s, TC_FR_STARTED, slot);
+                               uint64_t p2p_seq, double created, double timeout_s, size_t *slot) {
+  return fr_record(c, op, coll_seq, p2p_seq, created, timeout_s, TC_FR_STARTED, slot);
 }
 
 /* Under fr_lock: entry fr_id (id + 1) moves to state with the operation's

@@ -380,7 +380,8 @@ static inline __attribute__((always_inline)) int op_issue(tc_comm_t *c, const ch
 typedef struct {
   tc_comm_t *c;
   tc_backend_op_t *op; /* its issue_time set by begin */
-  uint64_t coll_seq; /* its collective number (c->coll_seq + 1) */
+  uint64_t coll_seq; /* its collective number (c->coll_seq + 1), 0: point-to-point */
+  uint64_t p2p_seq;  /* its point-to-point number (c->p2p_seq + 1), 0: collective */
   uint64_t fr_id;    /* its flight-recorder entry (id + 1, 0: none) */
   size_t fr_slot;
   tc__waith_t *wh; /* the call's wait hooks, or NULL */
@@ -398,11 +399,12 @@ static void express_begin(void *arg) {
   x->begun = 1;
   x->op->issue_time = tc__now(); /* not before: a declined operation reads no clock */
   c->seq++;
-  c->coll_seq++;
+  if (x->coll_seq) c->coll_seq++;
+  else c->p2p_seq++;
   c->express_ops++;
-  x->fr_id = tc__fr_record_started(c, x->op, x->coll_seq, x->op->issue_time,
+  x->fr_id = tc__fr_record_started(c, x->op, x->coll_seq, x->p2p_seq, x->op->issue_time,
                                    x->op->timeout_s, &x->fr_slot);
-  tc__board_issue_op(c, x->op->type, x->op->root, x->coll_seq, 0);
+  tc__board_issue_op(c, x->op->type, x->op->root, x->coll_seq, x->p2p_seq);
   tc__unlock(&c->mu);
 }
 
@@ -422,14 +424,15 @@ static inline __attribute__((always_inline)) void express_finish(op_express_t *x
   const tc_backend_op_t *op = x->op;
   if (status != TC_OK) {
     tc__lock(&c->mu); /* the spare work */
-    x->rc = tc__work_express_failed(c, op, x->coll_seq, x->fr_id, x->fr_slot, status, reason);
+    x->rc = tc__work_express_failed(c, op, x->coll_seq, x->p2p_seq, x->fr_id, x->fr_slot, status,
+                                    reason);
     atomic_store_explicit(&c->express_busy, 0, memory_order_relaxed); /* under mu */
     tc__unlock(&c->mu);
     return;
   }
   if (end < 0) end = tc__now();
   tc__fr_end_express(c, x->fr_id, x->fr_slot, op->issue_time, end);
-  tc__board_done_op(c, op->type, x->coll_seq, 0, TC_OK);
+  tc__board_done_op(c, op->type, x->coll_seq, x->p2p_seq, TC_OK);
   atomic_store_explicit(&c->last_progress_ns, (int64_t)(end * 1e9), memory_order_relaxed);
   /* after the completion kept aside: the next express operation's record
    * (another thread's, which reads this under mu) takes it */
@@ -449,7 +452,7 @@ static void express_end_prompt(void *arg) {
   express_finish(x, TC_OK, NULL, x->op->issue_time);
 }
 
-/* A synchronous collective through the backend's express entry
+/* A synchronous operation through the backend's express entry
  * (tc_backend_ops_t.express): what op_issue does for it (the state, the
  * numbers, the flight recorder, the status board, the end's report) without
  * a work object, hooks or the post's hand-offs. Taken when nothing needs
@@ -463,7 +466,7 @@ static int op_express(tc_comm_t *c, const tc__op_args_t *a, const tc_op_options_
                       tc__waith_t *wh) {
   if (atomic_load_explicit(&c->nhooks[TC_HOOK_PRE], memory_order_relaxed) ||
       atomic_load_explicit(&c->nhooks[TC_HOOK_POST], memory_order_relaxed) || c->fr_stacks ||
-      tc__log_on(TC_LOG_TRACE, TC_LOG_COLL))
+      tc__log_on(TC_LOG_TRACE, TC_LOG_COLL | TC_LOG_P2P))
     return TC_BACKEND_DECLINED;
   /* the per-rank blocks of a small all_gather, reduce_scatter or
    * all_to_all, on the stack */
@@ -481,7 +484,11 @@ static int op_express(tc_comm_t *c, const tc__op_args_t *a, const tc_op_options_
   }
   if (wh && !wh->released) op.flags |= TC_BACKEND_OP_REPORT_BLOCKING;
   op.seq = c->seq + 1;
-  op_express_t x = {.c = c, .op = &op, .coll_seq = c->coll_seq + 1, .wh = wh};
+  /* numbered as op_issue numbers it: a collective, or a point-to-point
+   * operation (send, recv, batch) */
+  const int coll = tc_backend_op_is_collective(&op);
+  op_express_t x = {.c = c, .op = &op, .coll_seq = coll ? c->coll_seq + 1 : 0,
+                    .p2p_seq = coll ? 0 : c->p2p_seq + 1, .wh = wh};
   const tc_backend_express_t cb = {&x, express_begin, express_blocking, express_end,
                                    express_end_prompt};
   atomic_store_explicit(&c->express_busy, 1, memory_order_relaxed); /* under mu */
@@ -546,7 +553,8 @@ int tc__op_issue(tc_comm_t *c, const char *fn, const tc__op_args_t *a,
     if (!TC_BACKEND_HAS_CAP(c->ops, TC_BACKEND_CAP_BLOCKING_REPORTED)) tc__waith_release(wh);
   }
   const tc_op_kind_t k = tc_backend_op_kind(a->type);
-  if (!work && k != TC_KIND_SEND && k != TC_KIND_RECV && k != TC_KIND_BATCH && c->express) {
+  if (!work && c->express &&
+      (c->express_p2p || (k != TC_KIND_SEND && k != TC_KIND_RECV && k != TC_KIND_BATCH))) {
     int rc = op_express(c, a, opts, wh);
     if (rc != TC_BACKEND_DECLINED) {
       if (wh && wh->released) wh->reacquire(wh->arg);

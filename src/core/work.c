@@ -351,7 +351,8 @@ static void host_work_complete(tc_work_t *w, int status, const char *reason) {
 }
 
 int tc__work_express_failed(tc_comm_t *c, const tc_backend_op_t *op, uint64_t coll_seq,
-                            uint64_t fr_id, size_t fr_slot, int status, const char *reason) {
+                            uint64_t p2p_seq, uint64_t fr_id, size_t fr_slot, int status,
+                            const char *reason) {
   char msg[1024];
   const char *opname = tc__op_name(op->type);
   tc__comm_message(c, opname, reason && reason[0] ? reason : tc_strerror(status), msg,
@@ -359,7 +360,7 @@ int tc__work_express_failed(tc_comm_t *c, const tc_backend_op_t *op, uint64_t co
   tc_work_t *w = tc__work_alloc_sync(c, opname, op->timeout_s);
   if (!w) { /* no memory for the work: the failure all the same */
     tc__fr_set(c, fr_id, fr_slot, TC_FR_FAILED, op->issue_time, op->issue_time, tc__now());
-    tc__board_done_op(c, op->type, coll_seq, 0, status);
+    tc__board_done_op(c, op->type, coll_seq, p2p_seq, status);
     tc__comm_record_error(c, msg);
     return tc__set_error(status, "%s", msg);
   }
@@ -367,7 +368,7 @@ int tc__work_express_failed(tc_comm_t *c, const tc_backend_op_t *op, uint64_t co
    * on this thread alone (work_inline) */
   w->op = *op; /* its lists are the caller's, valid during this call */
   w->coll_seq = coll_seq;
-  w->p2p_seq = 0;
+  w->p2p_seq = p2p_seq;
   w->fr_id = fr_id;
   w->fr_slot = fr_slot;
   w->issue_time = w->start_time = op->issue_time;

@@ -7,6 +7,9 @@
  *    them (the last one's completion included, which its end keeps aside
  *    for the next taker of the recorder's lock); asynchronous and large
  *    ones do not;
+ *  - synchronous send, recv and batch take it over shared memory, numbered
+ *    and recorded as point-to-point operations, and a receive's timeout
+ *    reads as the work path's;
  *  - it steps aside for queued asynchronous work (issue order), for hooks,
  *    and when TORCHCOMMS_EXPRESS=0;
  *  - its failures (mismatch, timeout) read exactly as the work path's:
@@ -145,6 +148,131 @@ static void runs_rank(tc_ctx_t *ctx) {
 
 TC_TEST(express_small_sync_collectives) { tc_spawn(2, runs_rank, NULL, 60); }
 TC_TEST(express_small_sync_collectives_w3) { tc_spawn(3, runs_rank, NULL, 60); }
+
+/* ---- synchronous send, recv and batch take it too ---- */
+
+/* The "state" of the point-to-point entry whose p2p_seq_id is seq. */
+static void fr_p2p_state(tc_comm_t *c, int seq, char *out, size_t len) {
+  char *j, key[64];
+  TC_ASSERT_OK(tc_fr_dump_json(c, 1, &j));
+  snprintf(key, sizeof key, "\"collective_seq_id\": 0, \"p2p_seq_id\": %d,", seq);
+  const char *e = strstr(j, key);
+  TC_ASSERT(e != NULL);
+  const char *s = strstr(e, "\"state\": \"");
+  TC_ASSERT(s != NULL);
+  s += strlen("\"state\": \"");
+  size_t n = strcspn(s, "\"");
+  snprintf(out, len, "%.*s", (int)(n < len ? n : len - 1), s);
+  tc_free(j);
+}
+
+/* Every rank sends to the next and receives from the one before, as
+ * separate calls (small: the send does not wait for its receive) and as a
+ * batch; exact values; the point-to-point numbers and records are the work
+ * path's, and asynchronous ones still take the work path. */
+static void p2p_rank(tc_ctx_t *ctx) {
+  express_setting(1);
+  tc_comm_t *c = tc_ctx_comm(ctx, "xp2p", NULL);
+  const int me = ctx->rank, n = ctx->size, to = (me + 1) % n, from = (me + n - 1) % n;
+  enum { ROUNDS = 40 };
+  uint64_t ops = 0;
+  for (int i = 0; i < ROUNDS; i++) {
+    int64_t out[5] = {i, me, 3, 4, 5}, in[5] = {-1, -1, -1, -1, -1};
+    TC_ASSERT_OK(tc_send(c, out, 5, TC_INT64, to, NULL, NULL));
+    TC_ASSERT_OK(tc_recv(c, in, 5, TC_INT64, from, NULL, NULL));
+    TC_ASSERT_EQ(in[0], i);
+    TC_ASSERT_EQ(in[1], from);
+    TC_ASSERT_EQ(in[4], 5);
+    float fo[16], fi[16];
+    for (int k = 0; k < 16; k++) fo[k] = (float)(100 * me + k + i), fi[k] = -1.0f;
+    tc_batch_t *b;
+    TC_ASSERT_OK(tc_batch_create(c, &b));
+    TC_ASSERT_OK(tc_batch_recv(b, fi, 16, TC_FLOAT32, from));
+    TC_ASSERT_OK(tc_batch_send(b, fo, 16, TC_FLOAT32, to));
+    TC_ASSERT_OK(tc_batch_issue(b, NULL, NULL));
+    TC_ASSERT_OK(tc_batch_free(b));
+    for (int k = 0; k < 16; k++) TC_ASSERT_EQ(fi[k], (float)(100 * from + k + i));
+    ops += 3;
+  }
+  TC_ASSERT_EQ(tc__comm_express_ops(c), ops);
+  /* a collective between them keeps its own numbering */
+  int32_t x = me;
+  TC_ASSERT_OK(tc_all_reduce(c, &x, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL));
+  TC_ASSERT_EQ(x, n * (n - 1) / 2);
+  /* asynchronous: the work path, numbered after the express ones */
+  tc_work_t *ws, *wr;
+  int64_t v = 7 + me, got = -1;
+  TC_ASSERT_OK(tc_send(c, &v, 1, TC_INT64, to, NULL, &ws));
+  TC_ASSERT_OK(tc_recv(c, &got, 1, TC_INT64, from, NULL, &wr));
+  TC_ASSERT_OK(tc_work_wait(ws));
+  TC_ASSERT_OK(tc_work_wait(wr));
+  TC_ASSERT_OK(tc_work_release(ws));
+  TC_ASSERT_OK(tc_work_release(wr));
+  TC_ASSERT_EQ(got, 7 + from);
+  TC_ASSERT_EQ(tc__comm_express_ops(c), ops + 1);
+  char *j;
+  TC_ASSERT_OK(tc_fr_dump_json(c, 1, &j));
+  TC_ASSERT_CONTAINS(j, "\"collective_seq_id\": 0, \"p2p_seq_id\": 1, \"op_id\": 1, "
+                        "\"profiling_name\": \"gloo:send ");
+  TC_ASSERT_CONTAINS(j, "\"collective_seq_id\": 0, \"p2p_seq_id\": 2, \"op_id\": 2, "
+                        "\"profiling_name\": \"gloo:recv ");
+  TC_ASSERT_CONTAINS(j, "\"collective_seq_id\": 1, \"p2p_seq_id\": 0, \"op_id\": 121, "
+                        "\"profiling_name\": \"gloo:all_reduce\"");
+  TC_ASSERT_CONTAINS(j, "\"collective_seq_id\": 0, \"p2p_seq_id\": 121, \"op_id\": 122, "
+                        "\"profiling_name\": \"gloo:send ");
+  TC_ASSERT_CONTAINS(j, "\"collective_seq_id\": 0, \"p2p_seq_id\": 122, \"op_id\": 123, "
+                        "\"profiling_name\": \"gloo:recv ");
+  TC_ASSERT(!strstr(j, "\"state\": \"scheduled\""));
+  TC_ASSERT(!strstr(j, "\"state\": \"started\""));
+  tc_free(j);
+  char st[32];
+  fr_p2p_state(c, 120, st, sizeof st); /* the last batch */
+  TC_ASSERT_STR_EQ(st, "completed");
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(express_sync_p2p) { tc_spawn(2, p2p_rank, NULL, 60); }
+TC_TEST(express_sync_p2p_w3) { tc_spawn(3, p2p_rank, NULL, 60); }
+
+/* A receive whose sender never sends times out with the same text, hang
+ * report and recorder state with the express path on and off. */
+static void p2p_timeout_rank(tc_ctx_t *ctx) {
+  shared_t *sh = ctx->arg;
+  for (int on = 1; on >= 0; on--) {
+    express_setting(on);
+    tc_comm_t *c = tc_ctx_comm(ctx, "xp2pt", NULL);
+    int32_t x = 1;
+    TC_ASSERT_OK(tc_all_reduce(c, &x, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL));
+    if (ctx->rank == 0) {
+      tc_op_options_t o = TC_OP_OPTIONS_INIT;
+      o.timeout_s = 0.3;
+      int64_t v = -1;
+      TC_ASSERT_ERR(tc_recv(c, &v, 1, TC_INT64, 1, &o, NULL), TC_ERR_TIMEOUT,
+                    "torchcomms: recv on 'xp2pt' (rank 0 of 2): timed out after 0.3 s");
+      snprintf(sh->msg[on][0], sizeof sh->msg[on][0], "%s", tc_last_error());
+      fr_p2p_state(c, 1, sh->fr[on][0], sizeof sh->fr[on][0]);
+      TC_ASSERT_EQ(tc__comm_express_ops(c), on ? 2u : 0u);
+      TC_ASSERT_ERR(tc_send(c, &v, 1, TC_INT64, 1, NULL, NULL), TC_ERR_TIMEOUT,
+                    "an earlier operation failed");
+      sh->done = 2 - on; /* 1, then 2 */
+    } else {
+      tc_wait_flag(&sh->done, 2 - on, 30); /* never sends */
+    }
+    TC_ASSERT_OK(tc_comm_abort(c));
+    TC_ASSERT_OK(tc_comm_destroy(c));
+  }
+  express_setting(1);
+}
+
+TC_TEST(express_p2p_timeout_reads_as_the_work_path) {
+  shared_t *sh = tc_shared_zalloc(sizeof *sh);
+  tc_spawn(2, p2p_timeout_rank, sh, 60);
+  TC_ASSERT_CONTAINS(sh->msg[1][0], "recv on 'xp2pt' (rank 0 of 2): timed out after 0.3 s");
+  TC_ASSERT_STR_EQ(sh->msg[1][0], sh->msg[0][0]);
+  TC_ASSERT_STR_EQ(sh->fr[1][0], "timed_out");
+  TC_ASSERT_STR_EQ(sh->fr[0][0], "timed_out");
+}
 
 /* ---- behind queued asynchronous work; off with hooks or the setting ---- */
 
@@ -392,6 +520,13 @@ static void tcp_rank(tc_ctx_t *ctx) {
     int32_t x = ctx->rank + i;
     TC_ASSERT_OK(tc_all_reduce(c, &x, 1, TC_INT32, TC_OP(TC_SUM), NULL, NULL));
     TC_ASSERT_EQ(x, 1 + 2 * i);
+  }
+  const int to = (ctx->rank + 1) % ctx->size, from = (ctx->rank + ctx->size - 1) % ctx->size;
+  for (int i = 0; i < 5; i++) {
+    int64_t v = 10 * ctx->rank + i, got = -1;
+    TC_ASSERT_OK(tc_send(c, &v, 1, TC_INT64, to, NULL, NULL));
+    TC_ASSERT_OK(tc_recv(c, &got, 1, TC_INT64, from, NULL, NULL));
+    TC_ASSERT_EQ(got, 10 * from + i);
   }
   TC_ASSERT_EQ(tc__comm_express_ops(c), 0);
   TC_ASSERT_OK(tc_comm_destroy(c));

@@ -455,8 +455,64 @@ static int cpu_queue_room(cpu_comm_t *c) {
  * the work's report and the posting's classification (cpu_post, cpu_exec);
  * the slots' protocol is the same, so peers may run the same operation
  * either way. Anything else is declined before it begins. */
+/* The bytes a point-to-point operation moves (its sends' and receives'). */
+static size_t cpu_p2p_bytes(const tc_backend_op_t *op) {
+  if (op->kind != TC_KIND_BATCH) return op->count * tc__dtype_size(op->dtype);
+  size_t b = 0;
+  for (size_t i = 0; i < op->num_p2p; i++)
+    b += op->p2p[i].count * tc__dtype_size(op->p2p[i].dtype);
+  return b;
+}
+
+/* cpu_express for a synchronous send, recv or batch over shared memory
+ * (TC_BACKEND_CAP_EXPRESS_P2P): what cpu_post's inline run of it does
+ * (cpu_exec on the caller's thread, the lane held), without the work
+ * object and its reports (2 ranks, 8 B, a batch of a send and a recv per
+ * rank: 2 150 -> CPU_EXPRESS_P2P instructions per operation,
+ * docs/benchmarks.md). Over TCP, or between hosts, the work path: its
+ * waits are the transport's, and a prompt end could not be told. */
+static int cpu_express_p2p(cpu_comm_t *c, const tc_backend_op_t *op,
+                           const tc_backend_express_t *x) {
+  if (!c->shm || c->hier || c->inline_max == 0 || cpu_on_thread(c) || !cpu_lane_take(c))
+    return TC_BACKEND_DECLINED;
+  if (atomic_load_explicit(&c->aborted, memory_order_relaxed) || c->broken_rc != TC_OK) {
+    cpu_lane_give(c); /* the post reports it, as for any operation */
+    return TC_BACKEND_DECLINED;
+  }
+  x->begin(x->arg);
+  const uint64_t clock_waits = tc__shm_clock_waits(c->shm);
+  cpu_ctx_t ctx;
+  tc__cpu_ctx_init(&ctx, c, tc__op_name(op->type));
+  ctx.op = op;
+  ctx.es = tc__dtype_size(op->dtype);
+  ctx.timeout_s = op->timeout_s > 0 ? op->timeout_s : c->timeout_s;
+  ctx.deadline = op->issue_time + ctx.timeout_s;
+  /* peers may keep it waiting: the caller's lock goes first (as cpu_post) */
+  if (op->flags & TC_BACKEND_OP_REPORT_BLOCKING) x->blocking(x->arg);
+  int rc = tc__cpu_run(&ctx);
+  if (c->scratch_cap > CPU_SCRATCH_KEEP) { /* a rare huge staging */
+    free(c->scratch);
+    c->scratch = NULL;
+    c->scratch_cap = 0;
+  }
+  cpu_ended(c, &ctx, rc);
+  /* a prompt end only for a few bytes: a large copy reads no clock either */
+  int prompt = rc == TC_OK && tc__shm_clock_waits(c->shm) == clock_waits &&
+               cpu_p2p_bytes(op) <= CPU_EXPRESS_P2P_PROMPT_MAX;
+  while (atomic_load(&c->reporting)) {
+    prompt = 0;
+    sched_yield();
+  }
+  if (prompt) x->end_prompt(x->arg);
+  else x->end(x->arg, rc, rc == TC_OK ? NULL : ctx.msg);
+  cpu_lane_give(c);
+  return rc;
+}
+
 static int cpu_express(void *bc, const tc_backend_op_t *op, const tc_backend_express_t *x) {
   cpu_comm_t *c = bc;
+  if (op->kind == TC_KIND_SEND || op->kind == TC_KIND_RECV || op->kind == TC_KIND_BATCH)
+    return cpu_express_p2p(c, op, x);
   cpu_ctx_t ctx;
   cpu_fast_t st;
   tc_opfp_t fp = {0};
@@ -969,7 +1025,8 @@ const tc_backend_ops_t tc__cpu_backend = {
     .supports = NULL, /* every operation, dtype and reduction */
     .split = NULL,
     .describe = cpu_describe,
-    .caps = TC_BACKEND_CAP_RECONFIGURE | TC_BACKEND_CAP_BLOCKING_REPORTED,
+    .caps = TC_BACKEND_CAP_RECONFIGURE | TC_BACKEND_CAP_BLOCKING_REPORTED |
+            TC_BACKEND_CAP_EXPRESS_P2P,
     .express = cpu_express,
     .window_create = tc__cpu_win_create,
     .window_attach = tc__cpu_win_attach,

@@ -20,6 +20,9 @@
 #define CPU_DIRECT_GATHER_RANKS 8 /* ... on at most this many ranks (else Bruck) */
 #define CPU_DIRECT_A2A_BYTES (1024u * 1024u)  /* all_to_all: one round below */
 #define CPU_SCRATCH_KEEP (64u * 1024u * 1024u) /* larger scratch is freed after the op */
+/* An express send, recv or batch of at most this many bytes that no wait
+ * read the clock for ends "promptly" (tc_backend_express_t.end_prompt). */
+#define CPU_EXPRESS_P2P_PROMPT_MAX 4096u
 
 /* Shared memory: all_reduce through the small slots up to this many bytes
  * (TORCHCOMMS_CPU_SHM_SMALL_BYTES overrides; it must be the same on every
