@@ -261,7 +261,7 @@ static int flag_check(struct tc_shm *s, void *arg, const tc_tp_op_t *op) {
   }
   if (tc__mesh_left(s->mesh, p)) return tc__shm_left(s, op, p);
   uint32_t head = atomic_load_explicit(&shm_rctl(s, p, s->rank)->head, memory_order_acquire);
-  if (head == s->in_tail[p]) return TC_OK;
+  if (head == (uint32_t)s->in_tail[p]) return TC_OK;
   const char *h = shm_rdata(s, p, s->rank) + (s->in_tail[p] & (s->ring_bytes - 1));
   uint32_t magic, word;
   memcpy(&magic, h, 4);
@@ -364,8 +364,20 @@ static inline size_t al_unit(size_t n) { return (n + SHM_UNIT - 1) & ~(size_t)(S
 
 /* A payload this small travels in its header's unit, after the header:
  * one cache line from the producer to the consumer, not two. */
-#define SHM_HDR 16u
+#define SHM_HDR 24u
 #define SHM_INLINE (SHM_UNIT - SHM_HDR)
+#define SHM_STAMP_AT 16u
+
+/* The stamp of a header unit at ring position pos (64-bit, from the
+ * start), its last word, written last: a consumer that expects a header
+ * there and finds its stamp takes the unit without reading the ring's
+ * head, whose line is a second transfer between the cores before the
+ * unit's own (2 ranks, 8 B send_recv: docs/benchmarks.md). An older unit
+ * there has the stamp of another position; a payload unit, user data,
+ * would have to hold this position xor the communicator's key. */
+static inline uint64_t hdr_stamp(const struct tc_shm *s, uint64_t pos) {
+  return pos ^ s->stamp_key;
+}
 
 /* Ring footprint of a transfer: header unit (with a payload of at most
  * SHM_INLINE bytes) or header unit + padded payload. */
@@ -390,15 +402,15 @@ static int check_hdr(struct tc_shm *s, const tc_tp_op_t *op, const tc_xfer_t *x,
   return TC_OK;
 }
 
-static inline void publish_head(struct tc_shm *s, int p, uint32_t head) {
-  atomic_store_explicit(&shm_rctl(s, s->rank, p)->head, head, memory_order_release);
+static inline void publish_head(struct tc_shm *s, int p, uint64_t head) {
+  atomic_store_explicit(&shm_rctl(s, s->rank, p)->head, (uint32_t)head, memory_order_release);
   s->out_head[p] = head;
   atomic_thread_fence(memory_order_seq_cst);
   shm_ring_bell(shm_ctl(s, p));
 }
 
-static inline void publish_tail(struct tc_shm *s, int p, uint32_t tail) {
-  atomic_store_explicit(&shm_rctl(s, p, s->rank)->tail, tail, memory_order_release);
+static inline void publish_tail(struct tc_shm *s, int p, uint64_t tail) {
+  atomic_store_explicit(&shm_rctl(s, p, s->rank)->tail, (uint32_t)tail, memory_order_release);
   s->in_tail[p] = tail;
   atomic_thread_fence(memory_order_seq_cst);
   shm_ring_bell(shm_ctl(s, p));
@@ -411,16 +423,16 @@ static void ring_send(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining
   shm_ring_ctl_t *rc = shm_rctl(s, s->rank, p);
   char *data = shm_rdata(s, s->rank, p);
   size_t R = s->ring_bytes, mask = R - 1;
-  uint32_t head = s->out_head[p], start = head;
+  uint64_t head = s->out_head[p], start = head;
   /* the consumer's tail only moves forward: the one last read gives a
    * space that is never too large. It is read again only when that space
    * is under half the ring, so a small message does not wait for the line
    * the consumer wrote (a transfer between the cores) before it goes out */
   uint32_t tail = s->out_tail[p];
-  size_t space = R - (uint32_t)(head - tail);
+  size_t space = R - (uint32_t)((uint32_t)head - tail);
   if (space < R / 2) {
     tail = s->out_tail[p] = atomic_load_explicit(&rc->tail, memory_order_acquire);
-    space = R - (uint32_t)(head - tail);
+    space = R - (uint32_t)((uint32_t)head - tail);
   }
   if (space == 0 && tc__mesh_gone(s->mesh, p)) { /* it said goodbye: nothing to deliver */
     while (*hi >= 0) {
@@ -429,7 +441,7 @@ static void ring_send(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining
     }
     return;
   }
-  uint32_t pub = head;
+  uint64_t pub = head;
   while (*hi >= 0 && space > 0) {
     tc_xfer_t *xf = &x[*hi];
     size_t total = xf_total(xf);
@@ -437,6 +449,8 @@ static void ring_send(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining
       char *h = data + (head & mask);
       put_hdr(h, xf->kind, s->epoch, xf->len);
       if (xf->len && xf->len <= SHM_INLINE) memcpy(h + SHM_HDR, xf->buf, xf->len);
+      atomic_store_explicit((_Atomic uint64_t *)(void *)(h + SHM_STAMP_AT), hdr_stamp(s, head),
+                            memory_order_release);
       head += SHM_UNIT;
       space -= SHM_UNIT;
       xf->done = SHM_UNIT;
@@ -451,10 +465,10 @@ static void ring_send(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining
         size_t c = xf->len - off < n ? xf->len - off : n;
         memcpy(data + pos, (const char *)xf->buf + off, c);
       }
-      head += (uint32_t)n;
+      head += n;
       space -= n;
       xf->done += n;
-      if ((uint32_t)(head - pub) >= SHM_PUB_BYTES) {
+      if (head - pub >= SHM_PUB_BYTES) {
         publish_head(s, p, head);
         pub = head;
       }
@@ -474,10 +488,22 @@ static int ring_recv(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining,
   shm_ring_ctl_t *rc = shm_rctl(s, p, s->rank);
   const char *data = shm_rdata(s, p, s->rank);
   size_t R = s->ring_bytes, mask = R - 1;
-  uint32_t tail = s->in_tail[p], start = tail;
-  uint32_t head = atomic_load_explicit(&rc->head, memory_order_acquire);
-  size_t avail = (uint32_t)(head - tail);
-  uint32_t pub = tail;
+  uint64_t tail = s->in_tail[p], start = tail;
+  size_t avail;
+  const tc_xfer_t *first = &x[*hi];
+  if (first->done == 0) {
+    /* a header is due: its stamp says whether it is there; a payload that
+     * rides in it needs nothing else, a longer one the ring's head */
+    const _Atomic uint64_t *st =
+        (const _Atomic uint64_t *)(const void *)(data + (tail & mask) + SHM_STAMP_AT);
+    if (atomic_load_explicit(st, memory_order_acquire) != hdr_stamp(s, tail)) return TC_OK;
+    avail = first->len <= SHM_INLINE
+                ? SHM_UNIT
+                : (uint32_t)(atomic_load_explicit(&rc->head, memory_order_acquire) - (uint32_t)tail);
+  } else {
+    avail = (uint32_t)(atomic_load_explicit(&rc->head, memory_order_acquire) - (uint32_t)tail);
+  }
+  uint64_t pub = tail;
   int err = TC_OK;
   while (*hi >= 0 && avail > 0) {
     tc_xfer_t *xf = &x[*hi];
@@ -501,10 +527,10 @@ static int ring_recv(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining,
         size_t c = xf->len - off < n ? xf->len - off : n;
         memcpy((char *)xf->buf + off, data + pos, c);
       }
-      tail += (uint32_t)n;
+      tail += n;
       avail -= n;
       xf->done += n;
-      if ((uint32_t)(tail - pub) >= SHM_PUB_BYTES) {
+      if (tail - pub >= SHM_PUB_BYTES) {
         publish_tail(s, p, tail);
         pub = tail;
       }
@@ -529,18 +555,31 @@ static int ring_recv(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining,
 
 typedef struct { tc_xfer_t *x; } exch_arg_t;
 
+/* Has something arrived for the receive chain from p? A header due: its
+ * stamp (ring_recv), so that a waiting consumer polls the unit's line, not
+ * the head's as well; else the head. */
+static inline int ring_has(struct tc_shm *s, const tc_xfer_t *x, int p) {
+  if (x[s->recv_head[p]].done == 0) {
+    const size_t at = (size_t)(s->in_tail[p] & (s->ring_bytes - 1)) + SHM_STAMP_AT;
+    const _Atomic uint64_t *st =
+        (const _Atomic uint64_t *)(const void *)(shm_rdata(s, p, s->rank) + at);
+    return atomic_load_explicit(st, memory_order_acquire) == hdr_stamp(s, s->in_tail[p]);
+  }
+  return atomic_load_explicit(&shm_rctl(s, p, s->rank)->head, memory_order_acquire) !=
+         (uint32_t)s->in_tail[p];
+}
+
 /* Could any chain progress now? (checked after announcing a sleep) */
 static int exch_ready(struct tc_shm *s, void *arg) {
-  (void)arg;
+  const tc_xfer_t *x = ((const exch_arg_t *)arg)->x;
   for (int p = 0; p < s->size; p++) {
-    if (s->recv_head[p] >= 0 &&
-        atomic_load_explicit(&shm_rctl(s, p, s->rank)->head, memory_order_acquire) !=
-            s->in_tail[p])
-      return 1;
+    if (s->recv_head[p] >= 0 && ring_has(s, x, p)) return 1;
     if (s->send_head[p] >= 0) {
       uint32_t tail = atomic_load_explicit(&shm_rctl(s, s->rank, p)->tail,
                                            memory_order_acquire);
-      if ((uint32_t)(s->out_head[p] - tail) < s->ring_bytes || tc__mesh_gone(s->mesh, p)) return 1;
+      if ((uint32_t)((uint32_t)s->out_head[p] - tail) < s->ring_bytes ||
+          tc__mesh_gone(s->mesh, p))
+        return 1;
     }
   }
   return 0;
@@ -608,7 +647,8 @@ int tc__shm_exchange(void *tp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) {
       if (s->spin_s > 0 && spin < SHM_ACTIVE_SPIN_S) spin = SHM_ACTIVE_SPIN_S;
       continue;
     }
-    rc = shm_block(s, &w, spin, 1, op, exch_ready, exch_mismatch, NULL);
+    exch_arg_t ea = {x};
+    rc = shm_block(s, &w, spin, 1, op, exch_ready, exch_mismatch, &ea);
     if (rc < 0) return rc;
     if (rc == SHM_DEADLINE) return exch_timeout(s, x, op);
   }

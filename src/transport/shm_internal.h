@@ -13,10 +13,10 @@
 #define SHM_LINE 64u
 #define SHM_PAGE 4096u
 #define SHM_NAME_PREFIX "torchcomms-"
-/* Messages in a ring: a 64-byte header unit {magic, kind, length}, then the
- * payload padded to 64 bytes, so that producer and consumer never write one
- * cache line and payloads are aligned; a payload of at most 48 bytes rides
- * in the header unit instead (shm.c, SHM_INLINE). */
+/* Messages in a ring: a 64-byte header unit {magic, kind, length, stamp},
+ * then the payload padded to 64 bytes, so that producer and consumer never
+ * write one cache line and payloads are aligned; a payload of at most 40
+ * bytes rides in the header unit instead (shm.c, SHM_INLINE). */
 #define SHM_UNIT 64u
 #define SHM_MSG_MAGIC 0x314d5354u /* "TSM1" */
 #define SHM_NAP_S 0.005  /* longest futex sleep between liveness checks */
@@ -75,9 +75,13 @@ struct tc_shm {
   size_t off_rctl, off_line, off_ring, off_slot, off_half; /* layout of every segment */
   char **base;      /* [size] every rank's segment, mapped here */
   shm_ctl_t *me;    /* == (shm_ctl_t *)base[rank] */
-  uint32_t *out_head; /* [size] our head of the ring to each peer */
+  /* [size] our head of the ring to each peer, and our tail of the ring
+   * from each peer: 64-bit byte counts since the start, of which the ring
+   * control words hold the low 32 bits (the header units' stamps, shm.c) */
+  uint64_t *out_head;
   uint32_t *out_tail; /* [size] the consumer's tail as last read (ring_send) */
-  uint32_t *in_tail;  /* [size] our tail of the ring from each peer */
+  uint64_t *in_tail;
+  uint64_t stamp_key; /* header units' stamps: position ^ key (shm.c, hdr_stamp) */
   int *send_head, *send_tail, *recv_head, *recv_tail; /* per exchange */
   tc_xfer_t *bye;     /* [2 * size] */
   char segname[200];  /* our own segment's name, until unlinked */

@@ -311,6 +311,13 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   s->rank = a->rank;
   s->size = a->size;
   s->epoch = a->epoch;
+  /* the stamps' key: the communicator's random token and the epoch, so
+   * that no payload, and no unit of another configuration, reads as a
+   * fresh header (FNV-1a) */
+  s->stamp_key = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < 16; i++)
+    s->stamp_key = (s->stamp_key ^ tc__mesh_token(t)[i]) * 0x100000001b3ull;
+  s->stamp_key = (s->stamp_key ^ s->epoch) * 0x100000001b3ull;
   s->aborted = a->aborted;
   s->spin_s = tc__mesh_spin_s(t);
   s->light_post = tc__setting_bool(TC_SET_SHM_MEMBARRIER) && tc__shm_light_setup();

@@ -468,7 +468,7 @@ static size_t cpu_p2p_bytes(const tc_backend_op_t *op) {
  * (TC_BACKEND_CAP_EXPRESS_P2P): what cpu_post's inline run of it does
  * (cpu_exec on the caller's thread, the lane held), without the work
  * object and its reports (2 ranks, 8 B, a batch of a send and a recv per
- * rank: 2 150 -> CPU_EXPRESS_P2P instructions per operation,
+ * rank: 2 150 -> 1 810 instructions per operation, 0.58 -> 0.53 us;
  * docs/benchmarks.md). Over TCP, or between hosts, the work path: its
  * waits are the transport's, and a prompt end could not be told. */
 static int cpu_express_p2p(cpu_comm_t *c, const tc_backend_op_t *op,
