@@ -378,6 +378,18 @@ static inline size_t al_unit(size_t n) { return (n + SHM_UNIT - 1) & ~(size_t)(S
 static inline uint64_t hdr_stamp(const struct tc_shm *s, uint64_t pos) {
   return pos ^ s->stamp_key;
 }
+/* The stamp's low bit set (no unit lies at an odd position): the whole
+ * message, payload included, was written before its header, so that the
+ * consumer takes it without the ring's head either (a message of at most
+ * SHM_PUB_BYTES the ring had room for: ring_send). */
+#define SHM_STAMP_WHOLE 1u
+
+/* Copies len bytes into the ring at position pos, wrapping at its end. */
+static void ring_copy_in(char *data, size_t R, uint64_t pos, const void *src, size_t len) {
+  size_t at = (size_t)(pos & (R - 1)), first = len < R - at ? len : R - at;
+  memcpy(data + at, src, first);
+  if (first < len) memcpy(data, (const char *)src + first, len - first);
+}
 
 /* Ring footprint of a transfer: header unit (with a payload of at most
  * SHM_INLINE bytes) or header unit + padded payload. */
@@ -445,7 +457,17 @@ static void ring_send(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining
   while (*hi >= 0 && space > 0) {
     tc_xfer_t *xf = &x[*hi];
     size_t total = xf_total(xf);
-    if (xf->done == 0) {
+    if (xf->done == 0 && total > SHM_UNIT && total <= space && total <= SHM_PUB_BYTES) {
+      /* the payload first, then its header: whole (SHM_STAMP_WHOLE) */
+      char *h = data + (head & mask);
+      ring_copy_in(data, R, head + SHM_UNIT, xf->buf, xf->len);
+      put_hdr(h, xf->kind, s->epoch, xf->len);
+      atomic_store_explicit((_Atomic uint64_t *)(void *)(h + SHM_STAMP_AT),
+                            hdr_stamp(s, head) ^ SHM_STAMP_WHOLE, memory_order_release);
+      head += total;
+      space -= total;
+      xf->done = total;
+    } else if (xf->done == 0) {
       char *h = data + (head & mask);
       put_hdr(h, xf->kind, s->epoch, xf->len);
       if (xf->len && xf->len <= SHM_INLINE) memcpy(h + SHM_HDR, xf->buf, xf->len);
@@ -496,10 +518,12 @@ static int ring_recv(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining,
      * rides in it needs nothing else, a longer one the ring's head */
     const _Atomic uint64_t *st =
         (const _Atomic uint64_t *)(const void *)(data + (tail & mask) + SHM_STAMP_AT);
-    if (atomic_load_explicit(st, memory_order_acquire) != hdr_stamp(s, tail)) return TC_OK;
-    avail = first->len <= SHM_INLINE
-                ? SHM_UNIT
-                : (uint32_t)(atomic_load_explicit(&rc->head, memory_order_acquire) - (uint32_t)tail);
+    const uint64_t got = atomic_load_explicit(st, memory_order_acquire), want = hdr_stamp(s, tail);
+    if (got == (want ^ SHM_STAMP_WHOLE)) /* the message's own size, checked with its header */
+      avail = xf_total(first);
+    else if (got != want) return TC_OK;
+    else if (first->len <= SHM_INLINE) avail = SHM_UNIT;
+    else avail = (uint32_t)(atomic_load_explicit(&rc->head, memory_order_acquire) - (uint32_t)tail);
   } else {
     avail = (uint32_t)(atomic_load_explicit(&rc->head, memory_order_acquire) - (uint32_t)tail);
   }
@@ -563,7 +587,8 @@ static inline int ring_has(struct tc_shm *s, const tc_xfer_t *x, int p) {
     const size_t at = (size_t)(s->in_tail[p] & (s->ring_bytes - 1)) + SHM_STAMP_AT;
     const _Atomic uint64_t *st =
         (const _Atomic uint64_t *)(const void *)(shm_rdata(s, p, s->rank) + at);
-    return atomic_load_explicit(st, memory_order_acquire) == hdr_stamp(s, s->in_tail[p]);
+    return (atomic_load_explicit(st, memory_order_acquire) | SHM_STAMP_WHOLE) ==
+           (hdr_stamp(s, s->in_tail[p]) | SHM_STAMP_WHOLE);
   }
   return atomic_load_explicit(&shm_rctl(s, p, s->rank)->head, memory_order_acquire) !=
          (uint32_t)s->in_tail[p];

@@ -711,7 +711,8 @@ TC_TEST(shm_op_mismatch) { tc_spawn(2, opmismatch_rank, shared_new("shmopmis"), 
 /* ---- the ring: payloads in the header's unit, the producer's cached tail ----
  * Point-to-point messages go through the per-pair rings. A payload of at
  * most 40 bytes rides in its header's 64-byte unit, which the consumer
- * takes once its stamp is there, without the ring's head; the producer
+ * takes once its stamp is there, without the ring's head, as it takes a
+ * message of at most 32 KiB written whole before its header; the producer
  * reads the consumer's tail again only when the space it knows of is
  * under half the ring. Sizes around the inline limit (0-65 bytes) and messages
  * larger than the ring (the producer waits for space), one way and both
