@@ -305,6 +305,9 @@ int tc__shm_wait_flag(tc_shm_t *s, int r, uint64_t v, double spin_s, int may_sle
 }
 
 double tc__shm_spin_s(const tc_shm_t *s) { return s->spin_s; }
+uint64_t tc__shm_direct_writes(const tc_shm_t *s) {
+  return atomic_load_explicit(&s->direct_writes, memory_order_relaxed);
+}
 uint64_t tc__shm_clock_waits(const tc_shm_t *s) {
   return atomic_load_explicit(&s->clock_waits, memory_order_relaxed);
 }
@@ -384,6 +387,109 @@ static inline uint64_t hdr_stamp(const struct tc_shm *s, uint64_t pos) {
  * SHM_PUB_BYTES the ring had room for: ring_send). */
 #define SHM_STAMP_WHOLE 1u
 
+/* Direct delivery. A consumer about to wait for a message of at least
+ * SHM_DIRECT_MIN bytes posts its buffer (rtr_post: address and size, then
+ * rtr = number << 2 | SHM_RTR_POSTED, in the ring's control). A producer
+ * whose next message to it is that one, of that size, claims the post
+ * (POSTED -> CLAIMED, one compare-and-swap), writes the payload straight
+ * into the buffer (process_vm_writev: one copy instead of two through the
+ * ring), then a header unit stamped SHM_STAMP_DIRECT in place of the
+ * payload. A producer that finds no post for its message (the consumer is
+ * not waiting yet, or posted for another size) sends it through the ring
+ * as before, as it does when the write fails: it never waits for a
+ * consumer, so no program that runs without it deadlocks with it. A
+ * consumer that leaves without the message (timeout, abort, a failed
+ * peer) takes its post back (POSTED -> REVOKED); if the producer claimed
+ * it first, it waits until that producer's header is there or the
+ * producer is dead, so that no write lands in a buffer its caller got
+ * back (rtr_revoke). In an exchange that also receives from the peer (a
+ * send_recv, a batch of both), whose post is then due any moment, a send
+ * waits for it a little first: at most SHM_DIRECT_WAIT_NS per byte, at
+ * most SHM_DIRECT_WAIT_MAX_S. */
+#define SHM_DIRECT_MIN (32u * 1024u)
+#define SHM_DIRECT_WAIT_NS 0.05 /* 1 MiB: 52 us; through the ring: about 200 */
+#define SHM_DIRECT_WAIT_MAX_S 1e-3
+enum { SHM_RTR_POSTED = 1, SHM_RTR_CLAIMED = 2, SHM_RTR_REVOKED = 3 };
+#define SHM_STAMP_DIRECT 2u
+
+static inline int direct_ok(const struct tc_shm *s, const tc_xfer_t *xf) {
+  return s->cma && xf->kind == TC_XFER_DATA && xf->len >= SHM_DIRECT_MIN;
+}
+
+/* The consumer: posts the buffer of the chain from p's next message. */
+static void rtr_post(struct tc_shm *s, const tc_xfer_t *x, int p) {
+  const tc_xfer_t *xf = &x[s->recv_head[p]];
+  const uint64_t k = s->in_msgs[p];
+  if (xf->done != 0 || s->rtr_posted[p] == k + 1 || !direct_ok(s, xf)) return;
+  shm_ring_ctl_t *rc = shm_rctl(s, p, s->rank);
+  atomic_store_explicit(&rc->rtr_addr, (uint64_t)(uintptr_t)xf->buf, memory_order_relaxed);
+  atomic_store_explicit(&rc->rtr_len, (uint64_t)xf->len, memory_order_relaxed);
+  atomic_store_explicit(&rc->rtr, k << 2 | SHM_RTR_POSTED, memory_order_release);
+  s->rtr_posted[p] = k + 1;
+}
+
+/* The producer: 1 if it wrote xf, its next message to p, into p's posted
+ * buffer; 0 if it is to go through the ring; -1 to wait for p's post (wait:
+ * this exchange receives from p too). */
+static int direct_send(struct tc_shm *s, int p, const tc_xfer_t *xf, int wait) {
+  shm_ring_ctl_t *rc = shm_rctl(s, s->rank, p);
+  const uint64_t k = s->out_msgs[p];
+  uint64_t cur = atomic_load_explicit(&rc->rtr, memory_order_acquire);
+  if ((cur >> 2) != k && wait) {
+    const double now = tc__now();
+    if (s->rtr_wait[p] == 0) {
+      double w = (double)xf->len * SHM_DIRECT_WAIT_NS * 1e-9;
+      s->rtr_wait[p] = now + (w < SHM_DIRECT_WAIT_MAX_S ? w : SHM_DIRECT_WAIT_MAX_S);
+    }
+    if (now < s->rtr_wait[p]) {
+      s->rtr_waiting = 1;
+      return -1;
+    }
+  }
+  if (cur != (k << 2 | SHM_RTR_POSTED)) return 0;
+  const uint64_t addr = atomic_load_explicit(&rc->rtr_addr, memory_order_relaxed);
+  if (atomic_load_explicit(&rc->rtr_len, memory_order_relaxed) != (uint64_t)xf->len) return 0;
+  if (!atomic_compare_exchange_strong_explicit(&rc->rtr, &cur, k << 2 | SHM_RTR_CLAIMED,
+                                               memory_order_acq_rel, memory_order_acquire))
+    return 0; /* taken back meanwhile */
+  char why[256];
+  /* failed: through the ring, which overwrites whatever was written */
+  if (tc__shm_write_peer(s, p, addr, xf->buf, xf->len, why, sizeof why) != TC_OK) return 0;
+  atomic_store_explicit(&s->direct_writes,
+                        atomic_load_explicit(&s->direct_writes, memory_order_relaxed) + 1,
+                        memory_order_relaxed);
+  return 1;
+}
+
+/* Has a header unit arrived at the consumer's tail of the ring from p
+ * (any of its stamps)? */
+static inline int hdr_there(struct tc_shm *s, int p) {
+  const size_t at = (size_t)(s->in_tail[p] & (s->ring_bytes - 1)) + SHM_STAMP_AT;
+  const _Atomic uint64_t *st =
+      (const _Atomic uint64_t *)(const void *)(shm_rdata(s, p, s->rank) + at);
+  return (atomic_load_explicit(st, memory_order_acquire) ^ hdr_stamp(s, s->in_tail[p])) <=
+         (SHM_STAMP_WHOLE | SHM_STAMP_DIRECT);
+}
+
+/* The consumer leaves an exchange before p's message it posted a buffer
+ * for: the post is taken back, or, claimed already, the producer's write
+ * is waited for (its header, or its end). */
+static void rtr_revoke(struct tc_shm *s, int p) {
+  const uint64_t k = s->in_msgs[p];
+  if (s->rtr_posted[p] != k + 1) return; /* none, or for a message taken */
+  s->rtr_posted[p] = 0;
+  shm_ring_ctl_t *rc = shm_rctl(s, p, s->rank);
+  uint64_t cur = k << 2 | SHM_RTR_POSTED;
+  if (atomic_compare_exchange_strong_explicit(&rc->rtr, &cur, k << 2 | SHM_RTR_REVOKED,
+                                              memory_order_acq_rel, memory_order_acquire))
+    return;
+  if (cur != (k << 2 | SHM_RTR_CLAIMED)) return;
+  while (!hdr_there(s, p) && tc__shm_peer_alive(s, p)) {
+    struct timespec ts = {0, 20 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 /* Copies len bytes into the ring at position pos, wrapping at its end. */
 static void ring_copy_in(char *data, size_t R, uint64_t pos, const void *src, size_t len) {
   size_t at = (size_t)(pos & (R - 1)), first = len < R - at ? len : R - at;
@@ -457,13 +563,27 @@ static void ring_send(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining
   while (*hi >= 0 && space > 0) {
     tc_xfer_t *xf = &x[*hi];
     size_t total = xf_total(xf);
-    if (xf->done == 0 && total > SHM_UNIT && total <= space && total <= SHM_PUB_BYTES) {
+    int d = xf->done == 0 && direct_ok(s, xf) ? direct_send(s, p, xf, s->recv_head[p] >= 0) : 0;
+    if (d < 0) break; /* its peer's post is due: sent later */
+    if (d > 0) {
+      /* written into the consumer's buffer: a header unit stands for it */
+      char *h = data + (head & mask);
+      put_hdr(h, xf->kind, s->epoch, xf->len);
+      atomic_store_explicit((_Atomic uint64_t *)(void *)(h + SHM_STAMP_AT),
+                            hdr_stamp(s, head) ^ SHM_STAMP_DIRECT, memory_order_release);
+      s->out_msgs[p]++;
+      head += SHM_UNIT;
+      space -= SHM_UNIT;
+      xf->done = total;
+      s->rtr_wait[p] = 0;
+    } else if (xf->done == 0 && total > SHM_UNIT && total <= space && total <= SHM_PUB_BYTES) {
       /* the payload first, then its header: whole (SHM_STAMP_WHOLE) */
       char *h = data + (head & mask);
       ring_copy_in(data, R, head + SHM_UNIT, xf->buf, xf->len);
       put_hdr(h, xf->kind, s->epoch, xf->len);
       atomic_store_explicit((_Atomic uint64_t *)(void *)(h + SHM_STAMP_AT),
                             hdr_stamp(s, head) ^ SHM_STAMP_WHOLE, memory_order_release);
+      s->out_msgs[p]++;
       head += total;
       space -= total;
       xf->done = total;
@@ -473,6 +593,7 @@ static void ring_send(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining
       if (xf->len && xf->len <= SHM_INLINE) memcpy(h + SHM_HDR, xf->buf, xf->len);
       atomic_store_explicit((_Atomic uint64_t *)(void *)(h + SHM_STAMP_AT), hdr_stamp(s, head),
                             memory_order_release);
+      s->out_msgs[p]++;
       head += SHM_UNIT;
       space -= SHM_UNIT;
       xf->done = SHM_UNIT;
@@ -512,16 +633,23 @@ static int ring_recv(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining,
   size_t R = s->ring_bytes, mask = R - 1;
   uint64_t tail = s->in_tail[p], start = tail;
   size_t avail;
+  int direct = 0;
   const tc_xfer_t *first = &x[*hi];
   if (first->done == 0) {
+    rtr_post(s, x, p);
     /* a header is due: its stamp says whether it is there; a payload that
      * rides in it needs nothing else, a longer one the ring's head */
     const _Atomic uint64_t *st =
         (const _Atomic uint64_t *)(const void *)(data + (tail & mask) + SHM_STAMP_AT);
     const uint64_t got = atomic_load_explicit(st, memory_order_acquire), want = hdr_stamp(s, tail);
-    if (got == (want ^ SHM_STAMP_WHOLE)) /* the message's own size, checked with its header */
+    if (got == (want ^ SHM_STAMP_WHOLE)) { /* the message's own size, checked with its header */
       avail = xf_total(first);
-    else if (got != want) return TC_OK;
+    } else if (got == (want ^ SHM_STAMP_DIRECT)) { /* its header alone: the payload is here */
+      avail = SHM_UNIT;
+      direct = 1;
+    } else if (got != want) {
+      return TC_OK;
+    }
     else if (first->len <= SHM_INLINE) avail = SHM_UNIT;
     else avail = (uint32_t)(atomic_load_explicit(&rc->head, memory_order_acquire) - (uint32_t)tail);
   } else {
@@ -537,9 +665,11 @@ static int ring_recv(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining,
       if ((err = check_hdr(s, op, xf, h)) != TC_OK) break;
       if (xf->kind == TC_XFER_GOODBYE) tc__mesh_mark_gone(s->mesh, p);
       if (xf->len && xf->len <= SHM_INLINE) memcpy(xf->buf, h + SHM_HDR, xf->len);
+      s->in_msgs[p]++;
       tail += SHM_UNIT;
       avail -= SHM_UNIT;
-      xf->done = SHM_UNIT;
+      xf->done = direct ? total : SHM_UNIT;
+      direct = 0;
     }
     while (xf->done < total && avail > 0) {
       size_t off = xf->done - SHM_UNIT, pos = tail & mask;
@@ -583,13 +713,7 @@ typedef struct { tc_xfer_t *x; } exch_arg_t;
  * stamp (ring_recv), so that a waiting consumer polls the unit's line, not
  * the head's as well; else the head. */
 static inline int ring_has(struct tc_shm *s, const tc_xfer_t *x, int p) {
-  if (x[s->recv_head[p]].done == 0) {
-    const size_t at = (size_t)(s->in_tail[p] & (s->ring_bytes - 1)) + SHM_STAMP_AT;
-    const _Atomic uint64_t *st =
-        (const _Atomic uint64_t *)(const void *)(shm_rdata(s, p, s->rank) + at);
-    return (atomic_load_explicit(st, memory_order_acquire) | SHM_STAMP_WHOLE) ==
-           (hdr_stamp(s, s->in_tail[p]) | SHM_STAMP_WHOLE);
-  }
+  if (x[s->recv_head[p]].done == 0) return hdr_there(s, p);
   return atomic_load_explicit(&shm_rctl(s, p, s->rank)->head, memory_order_acquire) !=
          (uint32_t)s->in_tail[p];
 }
@@ -597,6 +721,7 @@ static inline int ring_has(struct tc_shm *s, const tc_xfer_t *x, int p) {
 /* Could any chain progress now? (checked after announcing a sleep) */
 static int exch_ready(struct tc_shm *s, void *arg) {
   const tc_xfer_t *x = ((const exch_arg_t *)arg)->x;
+  if (s->rtr_waiting) return 1; /* a send waits for a post: look again, no sleep */
   for (int p = 0; p < s->size; p++) {
     if (s->recv_head[p] >= 0 && ring_has(s, x, p)) return 1;
     if (s->send_head[p] >= 0) {
@@ -654,19 +779,25 @@ int tc__shm_exchange(void *tp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) {
     else x[tail[xf->peer]].next = (int)i;
     tail[xf->peer] = (int)i;
   }
+  /* the receive buffers a peer may write into directly, before this rank's
+   * own sends: a peer that sends now finds them */
+  for (int p = 0; p < s->size; p++)
+    if (s->recv_head[p] >= 0) rtr_post(s, x, p);
   size_t remaining = nx;
   shm_waiter_t w = {0, 0, 0};
   double spin = s->spin_s; /* once data moved, the peers are busy with this
                             * exchange: spin longer (politely) before sleeping */
+  int rc;
+  for (int p = 0; p < s->size; p++) s->rtr_wait[p] = 0;
   for (;;) {
-    int moved = 0, rc;
+    int moved = 0;
+    s->rtr_waiting = 0;
     for (int p = 0; p < s->size; p++)
       if (s->send_head[p] >= 0) ring_send(s, x, &s->send_head[p], &remaining, &moved);
-    for (int p = 0; p < s->size; p++)
-      if (s->recv_head[p] >= 0 &&
-          (rc = ring_recv(s, x, &s->recv_head[p], &remaining, &moved, op)) != TC_OK)
-        return rc;
-    if (remaining == 0) return TC_OK;
+    rc = TC_OK;
+    for (int p = 0; p < s->size && rc == TC_OK; p++)
+      if (s->recv_head[p] >= 0) rc = ring_recv(s, x, &s->recv_head[p], &remaining, &moved, op);
+    if (rc != TC_OK || remaining == 0) break;
     if (moved) {
       w.spin_until = 0;
       if (s->spin_s > 0 && spin < SHM_ACTIVE_SPIN_S) spin = SHM_ACTIVE_SPIN_S;
@@ -674,9 +805,17 @@ int tc__shm_exchange(void *tp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) {
     }
     exch_arg_t ea = {x};
     rc = shm_block(s, &w, spin, 1, op, exch_ready, exch_mismatch, &ea);
-    if (rc < 0) return rc;
-    if (rc == SHM_DEADLINE) return exch_timeout(s, x, op);
+    if (rc < 0) break;
+    if (rc == SHM_DEADLINE) {
+      rc = exch_timeout(s, x, op);
+      break;
+    }
   }
+  /* left before a message whose buffer was posted: no write into it later */
+  if (rc != TC_OK)
+    for (int p = 0; p < s->size; p++)
+      if (s->recv_head[p] >= 0) rtr_revoke(s, p);
+  return rc;
 }
 
 int tc__shm_goodbye(void *tp, const tc_tp_op_t *op) {

@@ -141,6 +141,9 @@ TC_INTERNAL double tc__shm_spin_s(const tc_shm_t *s);
  * took more than about a microsecond (SHM_PRESPIN). Any thread's waits
  * count; it only grows. */
 TC_INTERNAL uint64_t tc__shm_clock_waits(const tc_shm_t *s);
+/* How many messages this rank wrote straight into a peer's receive buffer
+ * (direct delivery, shm.c) instead of through the ring; only grows. */
+TC_INTERNAL uint64_t tc__shm_direct_writes(const tc_shm_t *s);
 
 /* Removes from /dev/shm every segment name of this transport whose creating
  * process is dead (killed before it could unlink it); returns how many

@@ -52,6 +52,11 @@ typedef struct shm_ctl {
 typedef struct shm_ring_ctl {
   _Alignas(64) _Atomic uint32_t head; /* written by the producer */
   _Alignas(64) _Atomic uint32_t tail; /* written by the owner (consumer) */
+  /* written by the owner: its buffer (address, bytes) for the producer's
+   * message number rtr >> 2, which the producer may write there itself
+   * while rtr & 3 is SHM_RTR_POSTED (shm.c, "Direct delivery") */
+  _Alignas(64) _Atomic uint64_t rtr;
+  _Atomic uint64_t rtr_addr, rtr_len;
 } shm_ring_ctl_t;
 
 /* Who created a segment (its name carries it; shm_sweep.c). */
@@ -81,6 +86,14 @@ struct tc_shm {
   uint64_t *out_head;
   uint32_t *out_tail; /* [size] the consumer's tail as last read (ring_send) */
   uint64_t *in_tail;
+  /* [size] each: messages written to each peer's ring, messages taken from
+   * each peer's ring, and 1 + the number of the message from each peer
+   * whose buffer this rank posted (0: none; shm.c, "Direct delivery") */
+  uint64_t *out_msgs, *in_msgs, *rtr_posted;
+  /* [size] per exchange: until when a send to each peer waits for that
+   * peer's post (0: not yet waiting), and whether one waits now */
+  double *rtr_wait;
+  int rtr_waiting;
   uint64_t stamp_key; /* header units' stamps: position ^ key (shm.c, hdr_stamp) */
   int *send_head, *send_tail, *recv_head, *recv_tail; /* per exchange */
   tc_xfer_t *bye;     /* [2 * size] */
@@ -91,6 +104,7 @@ struct tc_shm {
   tc_shm_owner_t *owners; /* [size] every segment's creator: its name */
   uint32_t epoch;   /* the configuration, in every message header */
   _Atomic uint64_t clock_waits; /* shm_block's clock reads (tc__shm_clock_waits) */
+  _Atomic uint64_t direct_writes; /* messages delivered directly (tc__shm_direct_writes) */
 };
 
 /* Registers this process for membarrier posts (shm.c, shm_post_flag); 1 if

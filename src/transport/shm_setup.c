@@ -221,6 +221,8 @@ void tc__shm_close(void *tp) {
   free(s->out_head);
   free(s->out_tail);
   free(s->in_tail);
+  free(s->out_msgs);
+  free(s->rtr_wait);
   free(s->send_head);
   free(s->send_tail);
   free(s->recv_head);
@@ -283,6 +285,12 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
     s->out_head = calloc(n, sizeof *s->out_head);
     s->out_tail = calloc(n, sizeof *s->out_tail);
     s->in_tail = calloc(n, sizeof *s->in_tail);
+    s->out_msgs = calloc(3 * n, sizeof *s->out_msgs);
+    s->rtr_wait = calloc(n, sizeof *s->rtr_wait);
+    if (s->out_msgs) {
+      s->in_msgs = s->out_msgs + n;
+      s->rtr_posted = s->out_msgs + 2 * n;
+    }
     s->send_head = malloc(n * sizeof(int));
     s->send_tail = malloc(n * sizeof(int));
     s->recv_head = malloc(n * sizeof(int));
@@ -292,7 +300,9 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
     s->owners = calloc(n, sizeof *s->owners);
   }
   unsigned char *all = malloc(n);
-  if (!s || !s->base || !s->out_head || !s->out_tail || !s->in_tail || !s->send_head ||
+  if (!s || !s->base || !s->out_head || !s->out_tail || !s->in_tail || !s->out_msgs ||
+      !s->rtr_wait ||
+      !s->send_head ||
       !s->send_tail || !s->recv_head || !s->recv_tail || !s->bye || !s->pids || !s->owners ||
       !all) {
     if (s) {

@@ -762,3 +762,90 @@ static void ring_rank(tc_ctx_t *ctx) {
 }
 
 TC_TEST(shm_ring_inline_and_laps) { tc_spawn(2, ring_rank, NULL, 120); }
+
+/* ---- direct delivery: a posted receive buffer written by the sender ----
+ * A receive of at least 32 KiB posts its buffer; a sender whose message it
+ * is writes it there itself (one copy), else through the ring. Both ways
+ * at once (a batch: the sender waits a little for the post) and one way
+ * (the receiver early or late: either path), sizes from the limit up,
+ * every byte and nothing beyond checked; the batches' sends were written
+ * directly at least once. */
+
+static void direct_rank(tc_ctx_t *ctx) {
+  tc_comm_t *c = shm_comm(ctx, "direct");
+  tc_shm_t *shm = comm_shm(c);
+  if (!tc__shm_cma(shm)) {
+    if (ctx->rank == 0) fprintf(stderr, "  note: process_vm_writev is not allowed here: skipped\n");
+    TC_ASSERT_OK(tc_comm_destroy(c));
+    return;
+  }
+  int r = ctx->rank, peer = 1 - r;
+  static const size_t sizes[] = {32768, 32769, 65544, 300000, 1 << 20};
+  enum { NS = sizeof sizes / sizeof sizes[0], ITERS = 150 };
+  const size_t most = 1 << 20;
+  unsigned char *out = tc_xmalloc(most), *in = tc_xmalloc(most + 64);
+  uint64_t before = tc__shm_direct_writes(shm);
+  for (int it = 0; it < ITERS; it++) {
+    size_t len = sizes[(size_t)it % NS];
+    for (size_t i = 0; i < len; i++) out[i] = ring_byte(r, it, i);
+    memset(in, 0xee, len + 64);
+    if (it % 2 == 0) { /* both ways at once */
+      tc_batch_t *b = NULL;
+      TC_ASSERT_OK(tc_batch_create(c, &b));
+      TC_ASSERT_OK(tc_batch_recv(b, in, len, TC_UINT8, peer));
+      TC_ASSERT_OK(tc_batch_send(b, out, len, TC_UINT8, peer));
+      TC_ASSERT_OK(tc_batch_issue(b, NULL, NULL));
+      tc_batch_free(b);
+    } else if ((it / 2 & 1) == r) {
+      TC_ASSERT_OK(tc_send(c, out, len, TC_UINT8, peer, NULL, NULL));
+      continue;
+    } else {
+      TC_ASSERT_OK(tc_recv(c, in, len, TC_UINT8, peer, NULL, NULL));
+    }
+    for (size_t i = 0; i < len; i++)
+      if (in[i] != ring_byte(peer, it, i))
+        tc_test_fail(__FILE__, __LINE__, "iteration %d, %zu bytes: byte %zu = %u, expected %u",
+                     it, len, i, in[i], ring_byte(peer, it, i));
+    for (size_t i = len; i < len + 64; i++) TC_ASSERT_EQ(in[i], 0xee);
+  }
+  TC_ASSERT(tc__shm_direct_writes(shm) > before);
+  free(out);
+  free(in);
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(shm_direct_delivery) { tc_spawn(2, direct_rank, NULL, 120); }
+
+/* A receive that timed out takes its posted buffer back: the message sent
+ * after it goes through the ring and leaves that buffer as it was. */
+static void revoke_rank(tc_ctx_t *ctx) {
+  shm_shared_t *sh = ctx->arg;
+  tc_comm_t *c = shm_comm(ctx, sh->name);
+  tc_shm_t *shm = comm_shm(c);
+  enum { LEN = 65536 };
+  unsigned char *buf = tc_xmalloc(LEN);
+  if (ctx->rank == 0) {
+    memset(buf, 0x5a, LEN);
+    tc_op_options_t o = TC_OP_OPTIONS_INIT;
+    o.timeout_s = 0.3;
+    TC_ASSERT_ERR(tc_recv(c, buf, LEN, TC_UINT8, 1, &o, NULL), TC_ERR_TIMEOUT,
+                  "recv on '");
+    sh->flag = 1;
+    wait_flag(&sh->flag, 2, 30); /* rank 1 sent its message */
+    for (size_t i = 0; i < LEN; i++)
+      if (buf[i] != 0x5a) tc_test_fail(__FILE__, __LINE__, "byte %zu written: %u", i, buf[i]);
+    TC_ASSERT_OK(tc_comm_abort(c));
+  } else {
+    wait_flag(&sh->flag, 1, 30); /* rank 0's receive timed out */
+    memset(buf, 0x33, LEN);
+    TC_ASSERT_OK(tc_send(c, buf, LEN, TC_UINT8, 0, NULL, NULL));
+    TC_ASSERT_EQ(tc__shm_direct_writes(shm), 0);
+    sh->flag = 2;
+    TC_ASSERT_OK(tc_comm_abort(c));
+  }
+  free(buf);
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(shm_direct_revoked_after_timeout) { tc_spawn(2, revoke_rank, shared_new("shmrevoke"), 60); }
