@@ -416,11 +416,16 @@ static inline int direct_ok(const struct tc_shm *s, const tc_xfer_t *xf) {
   return s->cma && xf->kind == TC_XFER_DATA && xf->len >= SHM_DIRECT_MIN;
 }
 
-/* The consumer: posts the buffer of the chain from p's next message. */
-static void rtr_post(struct tc_shm *s, const tc_xfer_t *x, int p) {
+/* The consumer: posts the buffer of the chain from p's next message (the
+ * common case, a smaller one, in two compares: inline). */
+static void rtr_post_now(struct tc_shm *s, const tc_xfer_t *xf, int p);
+static inline void rtr_post(struct tc_shm *s, const tc_xfer_t *x, int p) {
   const tc_xfer_t *xf = &x[s->recv_head[p]];
+  if (xf->len >= SHM_DIRECT_MIN && xf->done == 0) rtr_post_now(s, xf, p);
+}
+static void rtr_post_now(struct tc_shm *s, const tc_xfer_t *xf, int p) {
   const uint64_t k = s->in_msgs[p];
-  if (xf->done != 0 || s->rtr_posted[p] == k + 1 || !direct_ok(s, xf)) return;
+  if (s->rtr_posted[p] == k + 1 || !direct_ok(s, xf)) return;
   shm_ring_ctl_t *rc = shm_rctl(s, p, s->rank);
   atomic_store_explicit(&rc->rtr_addr, (uint64_t)(uintptr_t)xf->buf, memory_order_relaxed);
   atomic_store_explicit(&rc->rtr_len, (uint64_t)xf->len, memory_order_relaxed);
@@ -503,12 +508,21 @@ static inline size_t xf_total(const tc_xfer_t *x) {
   return x->len <= SHM_INLINE ? SHM_UNIT : SHM_UNIT + al_unit(x->len);
 }
 
-/* {magic, kind and epoch, length}: the first SHM_HDR bytes of a unit */
-static void put_hdr(char *h, uint32_t kind, uint32_t epoch, uint64_t len) {
-  uint32_t magic = SHM_MSG_MAGIC, word = TC_XFER_WORD(kind, epoch);
+/* Writes xf's header unit {magic, kind and epoch, length, stamp} at ring
+ * position pos of the ring to p (its SHM_HDR bytes; an inline payload is
+ * written before), the stamp last, varied by how the payload travels
+ * (0, SHM_STAMP_WHOLE, SHM_STAMP_DIRECT), and counts the message. */
+static void put_hdr(struct tc_shm *s, int p, char *data, uint64_t pos, const tc_xfer_t *xf,
+                    uint64_t how) {
+  char *h = data + (pos & (s->ring_bytes - 1));
+  uint32_t magic = SHM_MSG_MAGIC, word = TC_XFER_WORD(xf->kind, s->epoch);
+  uint64_t len = xf->len;
   memcpy(h, &magic, 4);
   memcpy(h + 4, &word, 4);
   memcpy(h + 8, &len, 8);
+  atomic_store_explicit((_Atomic uint64_t *)(void *)(h + SHM_STAMP_AT), hdr_stamp(s, pos) ^ how,
+                        memory_order_release);
+  s->out_msgs[p]++;
 }
 
 /* The same checks and texts as the TCP transport. */
@@ -567,33 +581,21 @@ static void ring_send(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining
     if (d < 0) break; /* its peer's post is due: sent later */
     if (d > 0) {
       /* written into the consumer's buffer: a header unit stands for it */
-      char *h = data + (head & mask);
-      put_hdr(h, xf->kind, s->epoch, xf->len);
-      atomic_store_explicit((_Atomic uint64_t *)(void *)(h + SHM_STAMP_AT),
-                            hdr_stamp(s, head) ^ SHM_STAMP_DIRECT, memory_order_release);
-      s->out_msgs[p]++;
+      put_hdr(s, p, data, head, xf, SHM_STAMP_DIRECT);
       head += SHM_UNIT;
       space -= SHM_UNIT;
       xf->done = total;
       s->rtr_wait[p] = 0;
     } else if (xf->done == 0 && total > SHM_UNIT && total <= space && total <= SHM_PUB_BYTES) {
       /* the payload first, then its header: whole (SHM_STAMP_WHOLE) */
-      char *h = data + (head & mask);
       ring_copy_in(data, R, head + SHM_UNIT, xf->buf, xf->len);
-      put_hdr(h, xf->kind, s->epoch, xf->len);
-      atomic_store_explicit((_Atomic uint64_t *)(void *)(h + SHM_STAMP_AT),
-                            hdr_stamp(s, head) ^ SHM_STAMP_WHOLE, memory_order_release);
-      s->out_msgs[p]++;
+      put_hdr(s, p, data, head, xf, SHM_STAMP_WHOLE);
       head += total;
       space -= total;
       xf->done = total;
     } else if (xf->done == 0) {
-      char *h = data + (head & mask);
-      put_hdr(h, xf->kind, s->epoch, xf->len);
-      if (xf->len && xf->len <= SHM_INLINE) memcpy(h + SHM_HDR, xf->buf, xf->len);
-      atomic_store_explicit((_Atomic uint64_t *)(void *)(h + SHM_STAMP_AT), hdr_stamp(s, head),
-                            memory_order_release);
-      s->out_msgs[p]++;
+      if (xf->len && xf->len <= SHM_INLINE) memcpy(data + (head & mask) + SHM_HDR, xf->buf, xf->len);
+      put_hdr(s, p, data, head, xf, 0);
       head += SHM_UNIT;
       space -= SHM_UNIT;
       xf->done = SHM_UNIT;
@@ -764,8 +766,11 @@ static int exch_mismatch(struct tc_shm *s, void *arg, const tc_tp_op_t *op) {
 int tc__shm_exchange(void *tp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) {
   struct tc_shm *s = tp;
   if (nx == 0) return TC_OK;
-  for (int p = 0; p < s->size; p++)
+  for (int p = 0; p < s->size; p++) {
     s->send_head[p] = s->send_tail[p] = s->recv_head[p] = s->recv_tail[p] = -1;
+    s->rtr_wait[p] = 0;
+  }
+  size_t most = 0; /* the largest receive */
   for (size_t i = 0; i < nx; i++) {
     tc_xfer_t *xf = &x[i];
     if (xf->peer < 0 || xf->peer >= s->size || xf->peer == s->rank)
@@ -778,17 +783,18 @@ int tc__shm_exchange(void *tp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) {
     if (tail[xf->peer] < 0) head[xf->peer] = (int)i;
     else x[tail[xf->peer]].next = (int)i;
     tail[xf->peer] = (int)i;
+    if (!xf->is_send && xf->len > most) most = xf->len;
   }
   /* the receive buffers a peer may write into directly, before this rank's
    * own sends: a peer that sends now finds them */
-  for (int p = 0; p < s->size; p++)
-    if (s->recv_head[p] >= 0) rtr_post(s, x, p);
+  if (most >= SHM_DIRECT_MIN)
+    for (int p = 0; p < s->size; p++)
+      if (s->recv_head[p] >= 0) rtr_post(s, x, p);
   size_t remaining = nx;
   shm_waiter_t w = {0, 0, 0};
   double spin = s->spin_s; /* once data moved, the peers are busy with this
                             * exchange: spin longer (politely) before sleeping */
   int rc;
-  for (int p = 0; p < s->size; p++) s->rtr_wait[p] = 0;
   for (;;) {
     int moved = 0;
     s->rtr_waiting = 0;

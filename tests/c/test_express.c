@@ -48,24 +48,35 @@ static void express_setting(int on) {
 /* Where field's value begins in the entry whose collective_seq_id is seq,
  * in the dump j (times compared within one dump: each dump converts the
  * monotonic times to the wall clock at its own moment). */
-static const char *fr_field(const char *j, int seq, const char *field) {
-  char key[64];
-  snprintf(key, sizeof key, "\"collective_seq_id\": %d,", seq);
+static const char *fr_field_at(const char *j, const char *key, const char *field) {
   const char *e = strstr(j, key);
   TC_ASSERT(e != NULL);
   const char *f = strstr(e, field);
   TC_ASSERT(f != NULL);
   return f + strlen(field);
 }
+static const char *fr_field(const char *j, int seq, const char *field) {
+  char key[64];
+  snprintf(key, sizeof key, "\"collective_seq_id\": %d,", seq);
+  return fr_field_at(j, key, field);
+}
 
-/* The "state" of the entry whose collective_seq_id is seq, from a dump. */
-static void fr_state(tc_comm_t *c, int seq, char *out, size_t len) {
+/* The "state" of the entry that key (its sequence numbers) begins, from a
+ * dump. */
+static void fr_state_at(tc_comm_t *c, const char *key, char *out, size_t len) {
   char *j;
   TC_ASSERT_OK(tc_fr_dump_json(c, 1, &j));
-  const char *s = fr_field(j, seq, "\"state\": \"");
+  const char *s = fr_field_at(j, key, "\"state\": \"");
   size_t n = strcspn(s, "\"");
   snprintf(out, len, "%.*s", (int)(n < len ? n : len - 1), s);
   tc_free(j);
+}
+
+/* The "state" of the entry whose collective_seq_id is seq, from a dump. */
+static void fr_state(tc_comm_t *c, int seq, char *out, size_t len) {
+  char key[64];
+  snprintf(key, sizeof key, "\"collective_seq_id\": %d,", seq);
+  fr_state_at(c, key, out, len);
 }
 
 /* ---- small synchronous collectives take it; values and records exact ---- */
@@ -153,17 +164,9 @@ TC_TEST(express_small_sync_collectives_w3) { tc_spawn(3, runs_rank, NULL, 60); }
 
 /* The "state" of the point-to-point entry whose p2p_seq_id is seq. */
 static void fr_p2p_state(tc_comm_t *c, int seq, char *out, size_t len) {
-  char *j, key[64];
-  TC_ASSERT_OK(tc_fr_dump_json(c, 1, &j));
+  char key[64];
   snprintf(key, sizeof key, "\"collective_seq_id\": 0, \"p2p_seq_id\": %d,", seq);
-  const char *e = strstr(j, key);
-  TC_ASSERT(e != NULL);
-  const char *s = strstr(e, "\"state\": \"");
-  TC_ASSERT(s != NULL);
-  s += strlen("\"state\": \"");
-  size_t n = strcspn(s, "\"");
-  snprintf(out, len, "%.*s", (int)(n < len ? n : len - 1), s);
-  tc_free(j);
+  fr_state_at(c, key, out, len);
 }
 
 /* Every rank sends to the next and receives from the one before, as

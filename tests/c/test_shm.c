@@ -722,6 +722,16 @@ static unsigned char ring_byte(int from, int it, size_t i) {
   return (unsigned char)(from * 131 + it * 31 + (int)(i * 7) + (int)(i >> 8));
 }
 
+/* in holds peer's message of iteration it (len bytes), and nothing beyond
+ * (0xee: its 64 bytes after). */
+static void ring_check(const unsigned char *in, size_t len, int peer, int it) {
+  for (size_t i = 0; i < len; i++)
+    if (in[i] != ring_byte(peer, it, i))
+      tc_test_fail(__FILE__, __LINE__, "iteration %d, %zu bytes: byte %zu = %u, expected %u",
+                   it, len, i, in[i], ring_byte(peer, it, i));
+  for (size_t i = len; i < len + 64; i++) TC_ASSERT_EQ(in[i], 0xee);
+}
+
 static void ring_rank(tc_ctx_t *ctx) {
   setenv("TORCHCOMMS_SHM_BYTES", "262144", 1); /* the smallest segment: small rings */
   setenv("TORCHCOMMS_CPU_CMA", "0", 1);        /* large messages through the ring too */
@@ -749,11 +759,7 @@ static void ring_rank(tc_ctx_t *ctx) {
     } else {
       TC_ASSERT_OK(tc_recv(c, in, len, TC_UINT8, peer, NULL, NULL));
     }
-    for (size_t i = 0; i < len; i++)
-      if (in[i] != ring_byte(peer, it, i))
-        tc_test_fail(__FILE__, __LINE__, "iteration %d, %zu bytes: byte %zu = %u, expected %u",
-                     it, len, i, in[i], ring_byte(peer, it, i));
-    for (size_t i = len; i < len + 64; i++) TC_ASSERT_EQ(in[i], 0xee); /* nothing beyond */
+    ring_check(in, len, peer, it);
   }
   free(out);
   free(in);
@@ -802,11 +808,7 @@ static void direct_rank(tc_ctx_t *ctx) {
     } else {
       TC_ASSERT_OK(tc_recv(c, in, len, TC_UINT8, peer, NULL, NULL));
     }
-    for (size_t i = 0; i < len; i++)
-      if (in[i] != ring_byte(peer, it, i))
-        tc_test_fail(__FILE__, __LINE__, "iteration %d, %zu bytes: byte %zu = %u, expected %u",
-                     it, len, i, in[i], ring_byte(peer, it, i));
-    for (size_t i = len; i < len + 64; i++) TC_ASSERT_EQ(in[i], 0xee);
+    ring_check(in, len, peer, it);
   }
   TC_ASSERT(tc__shm_direct_writes(shm) > before);
   free(out);

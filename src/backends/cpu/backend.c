@@ -455,6 +455,35 @@ static int cpu_queue_room(cpu_comm_t *c) {
  * the work's report and the posting's classification (cpu_post, cpu_exec);
  * the slots' protocol is the same, so peers may run the same operation
  * either way. Anything else is declined before it begins. */
+/* An express operation's start (cpu_express, cpu_express_p2p): 1 with the
+ * lane taken; 0 when the backend declines (run on its thread, or busy, or
+ * broken or aborted: the post reports that, as for any operation). */
+static int cpu_express_lane(cpu_comm_t *c) {
+  if (c->inline_max == 0 || cpu_on_thread(c) || !cpu_lane_take(c)) return 0;
+  if (atomic_load_explicit(&c->aborted, memory_order_relaxed) || c->broken_rc != TC_OK) {
+    cpu_lane_give(c);
+    return 0;
+  }
+  return 1;
+}
+
+/* An express operation's end (cpu_express, cpu_express_p2p): reported
+ * after the thread's report of the operation before (cpu_exec), and before
+ * the lane goes (abort and destroy wait for it); prompt: no wait of it
+ * read the clock, and the core may take its begin for its end. */
+static int cpu_express_end(cpu_comm_t *c, const tc_backend_express_t *x, const cpu_ctx_t *ctx,
+                           int rc, int prompt) {
+  cpu_ended(c, ctx, rc);
+  while (atomic_load(&c->reporting)) {
+    prompt = 0;
+    sched_yield();
+  }
+  if (prompt && rc == TC_OK) x->end_prompt(x->arg);
+  else x->end(x->arg, rc, rc == TC_OK ? NULL : ctx->msg);
+  cpu_lane_give(c);
+  return rc;
+}
+
 /* The bytes a point-to-point operation moves (its sends' and receives'). */
 static size_t cpu_p2p_bytes(const tc_backend_op_t *op) {
   if (op->kind != TC_KIND_BATCH) return op->count * tc__dtype_size(op->dtype);
@@ -473,12 +502,7 @@ static size_t cpu_p2p_bytes(const tc_backend_op_t *op) {
  * waits are the transport's, and a prompt end could not be told. */
 static int cpu_express_p2p(cpu_comm_t *c, const tc_backend_op_t *op,
                            const tc_backend_express_t *x) {
-  if (!c->shm || c->hier || c->inline_max == 0 || cpu_on_thread(c) || !cpu_lane_take(c))
-    return TC_BACKEND_DECLINED;
-  if (atomic_load_explicit(&c->aborted, memory_order_relaxed) || c->broken_rc != TC_OK) {
-    cpu_lane_give(c); /* the post reports it, as for any operation */
-    return TC_BACKEND_DECLINED;
-  }
+  if (!c->shm || c->hier || !cpu_express_lane(c)) return TC_BACKEND_DECLINED;
   x->begin(x->arg);
   const uint64_t clock_waits = tc__shm_clock_waits(c->shm);
   cpu_ctx_t ctx;
@@ -495,18 +519,10 @@ static int cpu_express_p2p(cpu_comm_t *c, const tc_backend_op_t *op,
     c->scratch = NULL;
     c->scratch_cap = 0;
   }
-  cpu_ended(c, &ctx, rc);
   /* a prompt end only for a few bytes: a large copy reads no clock either */
-  int prompt = rc == TC_OK && tc__shm_clock_waits(c->shm) == clock_waits &&
-               cpu_p2p_bytes(op) <= CPU_EXPRESS_P2P_PROMPT_MAX;
-  while (atomic_load(&c->reporting)) {
-    prompt = 0;
-    sched_yield();
-  }
-  if (prompt) x->end_prompt(x->arg);
-  else x->end(x->arg, rc, rc == TC_OK ? NULL : ctx.msg);
-  cpu_lane_give(c);
-  return rc;
+  return cpu_express_end(c, x, &ctx, rc,
+                         tc__shm_clock_waits(c->shm) == clock_waits &&
+                             cpu_p2p_bytes(op) <= CPU_EXPRESS_P2P_PROMPT_MAX);
 }
 
 static int cpu_express(void *bc, const tc_backend_op_t *op, const tc_backend_express_t *x) {
@@ -539,12 +555,7 @@ static int cpu_express(void *bc, const tc_backend_op_t *op, const tc_backend_exp
     c->xc_st = st;
     c->xc_fp = fp;
   }
-  if (st.kind != CPU_FAST_SMALL || c->inline_max == 0 || cpu_on_thread(c) || !cpu_lane_take(c))
-    return TC_BACKEND_DECLINED;
-  if (atomic_load_explicit(&c->aborted, memory_order_relaxed) || c->broken_rc != TC_OK) {
-    cpu_lane_give(c); /* the post reports it, as for any operation */
-    return TC_BACKEND_DECLINED;
-  }
+  if (st.kind != CPU_FAST_SMALL || !cpu_express_lane(c)) return TC_BACKEND_DECLINED;
   x->begin(x->arg);
   const uint64_t clock_waits = tc__shm_clock_waits(c->shm);
   tc__cpu_ctx_init(&ctx, c, tc__op_name(op->type));
@@ -562,19 +573,7 @@ static int cpu_express(void *bc, const tc_backend_op_t *op, const tc_backend_exp
     x->blocking(x->arg);
     rc = tc__cpu_fast_run(&ctx, &st, -1.0);
   }
-  cpu_ended(c, &ctx, rc);
-  /* reported after the thread's report of the operation before
-   * (cpu_exec), and before the lane goes: abort and destroy wait for it */
-  int prompt = rc == TC_OK && tc__shm_clock_waits(c->shm) == clock_waits;
-  while (atomic_load(&c->reporting)) {
-    prompt = 0;
-    sched_yield();
-  }
-  /* no wait of it read the clock: the core takes its begin for its end */
-  if (prompt) x->end_prompt(x->arg);
-  else x->end(x->arg, rc, rc == TC_OK ? NULL : ctx.msg);
-  cpu_lane_give(c);
-  return rc;
+  return cpu_express_end(c, x, &ctx, rc, tc__shm_clock_waits(c->shm) == clock_waits);
 }
 
 static int cpu_post(void *bc, const tc_backend_op_t *op, tc_work_t *work, char *err,
