@@ -387,6 +387,12 @@ static inline uint64_t hdr_stamp(const struct tc_shm *s, uint64_t pos) {
  * SHM_PUB_BYTES the ring had room for: ring_send). */
 #define SHM_STAMP_WHOLE 1u
 
+/* Ring footprint of a transfer: header unit (with a payload of at most
+ * SHM_INLINE bytes) or header unit + padded payload. */
+static inline size_t xf_total(const tc_xfer_t *x) {
+  return x->len <= SHM_INLINE ? SHM_UNIT : SHM_UNIT + al_unit(x->len);
+}
+
 /* Direct delivery. A consumer about to wait for a message of at least
  * SHM_DIRECT_MIN bytes posts its buffer (rtr_post: address and size, then
  * rtr = number << 2 | SHM_RTR_POSTED, in the ring's control). A producer
@@ -405,7 +411,10 @@ static inline uint64_t hdr_stamp(const struct tc_shm *s, uint64_t pos) {
  * back (rtr_revoke). In an exchange that also receives from the peer (a
  * send_recv, a batch of both), whose post is then due any moment, a send
  * waits for it a little first: at most SHM_DIRECT_WAIT_NS per byte, at
- * most SHM_DIRECT_WAIT_MAX_S. */
+ * most SHM_DIRECT_WAIT_MAX_S. Neither where buffers of the exchange overlap
+ * (xfer_overlap: a send and a receive of one buffer, a swap in place, as
+ * the ring allows): no buffer is posted while a send of the exchange still
+ * has to read it, and such a send does not wait. */
 #define SHM_DIRECT_MIN (32u * 1024u)
 #define SHM_DIRECT_WAIT_NS 0.05 /* 1 MiB: 52 us; through the ring: about 200 */
 #define SHM_DIRECT_WAIT_MAX_S 1e-3
@@ -414,6 +423,23 @@ enum { SHM_RTR_POSTED = 1, SHM_RTR_CLAIMED = 2, SHM_RTR_REVOKED = 3 };
 
 static inline int direct_ok(const struct tc_shm *s, const tc_xfer_t *xf) {
   return s->cma && xf->kind == TC_XFER_DATA && xf->len >= SHM_DIRECT_MIN;
+}
+
+/* Does [a, a + al) share a byte with a transfer of the running exchange
+ * in the other direction that has not moved all its bytes (a send not yet
+ * taken from its buffer, a receive not yet written)? A buffer posted while
+ * a send of the same exchange still reads it could be written before that
+ * send took it (a swap in place), and a send that waited for a post could
+ * read what a receive already wrote there. */
+static int xfer_overlap(const struct tc_shm *s, const void *a, size_t al, int sends) {
+  const uintptr_t lo = (uintptr_t)a, hi = lo + al;
+  for (size_t i = 0; i < s->nxs; i++) {
+    const tc_xfer_t *o = &s->xs[i];
+    if (o->is_send != sends || !o->len || o->done >= xf_total(o)) continue;
+    const uintptr_t olo = (uintptr_t)o->buf, ohi = olo + o->len;
+    if (lo < ohi && olo < hi) return 1;
+  }
+  return 0;
 }
 
 /* The consumer: posts the buffer of the chain from p's next message (the
@@ -425,7 +451,8 @@ static inline void rtr_post(struct tc_shm *s, const tc_xfer_t *x, int p) {
 }
 static void rtr_post_now(struct tc_shm *s, const tc_xfer_t *xf, int p) {
   const uint64_t k = s->in_msgs[p];
-  if (s->rtr_posted[p] == k + 1 || !direct_ok(s, xf)) return;
+  if (s->rtr_posted[p] == k + 1 || !direct_ok(s, xf) || xfer_overlap(s, xf->buf, xf->len, 1))
+    return;
   shm_ring_ctl_t *rc = shm_rctl(s, p, s->rank);
   atomic_store_explicit(&rc->rtr_addr, (uint64_t)(uintptr_t)xf->buf, memory_order_relaxed);
   atomic_store_explicit(&rc->rtr_len, (uint64_t)xf->len, memory_order_relaxed);
@@ -440,7 +467,7 @@ static int direct_send(struct tc_shm *s, int p, const tc_xfer_t *xf, int wait) {
   shm_ring_ctl_t *rc = shm_rctl(s, s->rank, p);
   const uint64_t k = s->out_msgs[p];
   uint64_t cur = atomic_load_explicit(&rc->rtr, memory_order_acquire);
-  if ((cur >> 2) != k && wait) {
+  if ((cur >> 2) != k && wait && !xfer_overlap(s, xf->buf, xf->len, 0)) {
     const double now = tc__now();
     if (s->rtr_wait[p] == 0) {
       double w = (double)xf->len * SHM_DIRECT_WAIT_NS * 1e-9;
@@ -500,12 +527,6 @@ static void ring_copy_in(char *data, size_t R, uint64_t pos, const void *src, si
   size_t at = (size_t)(pos & (R - 1)), first = len < R - at ? len : R - at;
   memcpy(data + at, src, first);
   if (first < len) memcpy(data, (const char *)src + first, len - first);
-}
-
-/* Ring footprint of a transfer: header unit (with a payload of at most
- * SHM_INLINE bytes) or header unit + padded payload. */
-static inline size_t xf_total(const tc_xfer_t *x) {
-  return x->len <= SHM_INLINE ? SHM_UNIT : SHM_UNIT + al_unit(x->len);
 }
 
 /* Writes xf's header unit {magic, kind and epoch, length, stamp} at ring
@@ -771,6 +792,8 @@ int tc__shm_exchange(void *tp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) {
     s->rtr_wait[p] = 0;
   }
   size_t most = 0; /* the largest receive */
+  s->xs = x;
+  s->nxs = nx;
   for (size_t i = 0; i < nx; i++) {
     tc_xfer_t *xf = &x[i];
     if (xf->peer < 0 || xf->peer >= s->size || xf->peer == s->rank)

@@ -94,6 +94,8 @@ struct tc_shm {
    * peer's post (0: not yet waiting), and whether one waits now */
   double *rtr_wait;
   int rtr_waiting;
+  const tc_xfer_t *xs; /* the exchange's transfers (nxs), while it runs */
+  size_t nxs;
   uint64_t stamp_key; /* header units' stamps: position ^ key (shm.c, hdr_stamp) */
   int *send_head, *send_tail, *recv_head, *recv_tail; /* per exchange */
   tc_xfer_t *bye;     /* [2 * size] */

@@ -819,6 +819,35 @@ static void direct_rank(tc_ctx_t *ctx) {
 
 TC_TEST(shm_direct_delivery) { tc_spawn(2, direct_rank, NULL, 120); }
 
+/* A batch that sends a buffer and receives into the same buffer (a swap
+ * in place): the peer must not write into it before this rank's send has
+ * taken it, so no buffer is posted while a send of the exchange overlaps
+ * it, and such a send does not wait for a post. */
+static void swap_rank(tc_ctx_t *ctx) {
+  tc_comm_t *c = shm_comm(ctx, "dswap");
+  int r = ctx->rank, peer = 1 - r;
+  static const size_t sizes[] = {32768, 65536, 300000, 1 << 20};
+  enum { NS = sizeof sizes / sizeof sizes[0], ITERS = 60 };
+  unsigned char *buf = tc_xmalloc((1 << 20) + 64);
+  for (int it = 0; it < ITERS; it++) {
+    size_t len = sizes[(size_t)it % NS];
+    for (size_t i = 0; i < len; i++) buf[i] = ring_byte(r, it, i);
+    memset(buf + len, 0xee, 64);
+    tc_batch_t *b = NULL;
+    TC_ASSERT_OK(tc_batch_create(c, &b));
+    TC_ASSERT_OK(tc_batch_send(b, buf, len, TC_UINT8, peer));
+    TC_ASSERT_OK(tc_batch_recv(b, buf, len, TC_UINT8, peer));
+    TC_ASSERT_OK(tc_batch_issue(b, NULL, NULL));
+    tc_batch_free(b);
+    ring_check(buf, len, peer, it);
+  }
+  free(buf);
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(shm_direct_swap_in_place) { tc_spawn(2, swap_rank, NULL, 120); }
+
 /* A receive that timed out takes its posted buffer back: the message sent
  * after it goes through the ring and leaves that buffer as it was. */
 static void revoke_rank(tc_ctx_t *ctx) {
