@@ -252,6 +252,7 @@ static int flag_ready(struct tc_shm *s, void *arg) {
 }
 
 /* The peer we wait for is in finalize (its goodbye is the next message). */
+static inline size_t ring_avail(struct tc_shm *s, int p);
 static int flag_check(struct tc_shm *s, void *arg, const tc_tp_op_t *op) {
   flag_arg_t *a = arg;
   int p = a->r;
@@ -260,8 +261,7 @@ static int flag_check(struct tc_shm *s, void *arg, const tc_tp_op_t *op) {
     return TC_OK;
   }
   if (tc__mesh_left(s->mesh, p)) return tc__shm_left(s, op, p);
-  uint32_t head = atomic_load_explicit(&shm_rctl(s, p, s->rank)->head, memory_order_acquire);
-  if (head == (uint32_t)s->in_tail[p]) return TC_OK;
+  if (!ring_avail(s, p)) return TC_OK;
   const char *h = shm_rdata(s, p, s->rank) + (s->in_tail[p] & (s->ring_bytes - 1));
   uint32_t magic, word;
   memcpy(&magic, h, 4);
@@ -381,6 +381,18 @@ static inline size_t al_unit(size_t n) { return (n + SHM_UNIT - 1) & ~(size_t)(S
 static inline uint64_t hdr_stamp(const struct tc_shm *s, uint64_t pos) {
   return pos ^ s->stamp_key;
 }
+/* Bytes of the ring from p that its published head says are there past
+ * this rank's tail: none when the head is behind the tail, which it is
+ * after this rank took messages by their stamps before the producer
+ * published the head past them (the difference as a signed 32-bit
+ * number: a ring is at most 1 GiB). */
+static inline size_t ring_avail(struct tc_shm *s, int p) {
+  const uint32_t head =
+      atomic_load_explicit(&shm_rctl(s, p, s->rank)->head, memory_order_acquire);
+  const int32_t d = (int32_t)(head - (uint32_t)s->in_tail[p]);
+  return d > 0 ? (size_t)d : 0;
+}
+
 /* The stamp's low bit set (no unit lies at an odd position): the whole
  * message, payload included, was written before its header, so that the
  * consumer takes it without the ring's head either (a message of at most
@@ -651,7 +663,6 @@ static void ring_send(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining
 static int ring_recv(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining,
                      int *moved, const tc_tp_op_t *op) {
   int p = x[*hi].peer;
-  shm_ring_ctl_t *rc = shm_rctl(s, p, s->rank);
   const char *data = shm_rdata(s, p, s->rank);
   size_t R = s->ring_bytes, mask = R - 1;
   uint64_t tail = s->in_tail[p], start = tail;
@@ -674,9 +685,9 @@ static int ring_recv(struct tc_shm *s, tc_xfer_t *x, int *hi, size_t *remaining,
       return TC_OK;
     }
     else if (first->len <= SHM_INLINE) avail = SHM_UNIT;
-    else avail = (uint32_t)(atomic_load_explicit(&rc->head, memory_order_acquire) - (uint32_t)tail);
+    else avail = ring_avail(s, p);
   } else {
-    avail = (uint32_t)(atomic_load_explicit(&rc->head, memory_order_acquire) - (uint32_t)tail);
+    avail = ring_avail(s, p);
   }
   uint64_t pub = tail;
   int err = TC_OK;
@@ -737,8 +748,7 @@ typedef struct { tc_xfer_t *x; } exch_arg_t;
  * the head's as well; else the head. */
 static inline int ring_has(struct tc_shm *s, const tc_xfer_t *x, int p) {
   if (x[s->recv_head[p]].done == 0) return hdr_there(s, p);
-  return atomic_load_explicit(&shm_rctl(s, p, s->rank)->head, memory_order_acquire) !=
-         (uint32_t)s->in_tail[p];
+  return ring_avail(s, p) > 0;
 }
 
 /* Could any chain progress now? (checked after announcing a sleep) */
