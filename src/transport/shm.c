@@ -312,6 +312,10 @@ uint64_t tc__shm_clock_waits(const tc_shm_t *s) {
   return atomic_load_explicit(&s->clock_waits, memory_order_relaxed);
 }
 int tc__shm_cma(const tc_shm_t *s) { return s->cma; }
+char *tc__shm_ring_at(tc_shm_t *s, int p, int q, size_t *bytes) {
+  *bytes = s->ring_bytes;
+  return shm_rdata(s, p, q);
+}
 
 int tc__shm_read_peer(tc_shm_t *s, int q, void *dst, uint64_t remote, size_t len,
                       const tc_tp_op_t *op) {

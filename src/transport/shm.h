@@ -144,6 +144,10 @@ TC_INTERNAL uint64_t tc__shm_clock_waits(const tc_shm_t *s);
 /* How many messages this rank wrote straight into a peer's receive buffer
  * (direct delivery, shm.c) instead of through the ring; only grows. */
 TC_INTERNAL uint64_t tc__shm_direct_writes(const tc_shm_t *s);
+/* The message ring from rank p to rank q (one of them this rank) in this
+ * process's mappings, and its size: for the test that its pages are
+ * mapped from setup on (shm_setup.c, shm_populate_ring). */
+TC_INTERNAL char *tc__shm_ring_at(tc_shm_t *s, int p, int q, size_t *bytes);
 
 /* Removes from /dev/shm every segment name of this transport whose creating
  * process is dead (killed before it could unlink it); returns how many

@@ -769,6 +769,57 @@ static void ring_rank(tc_ctx_t *ctx) {
 
 TC_TEST(shm_ring_inline_and_laps) { tc_spawn(2, ring_rank, NULL, 120); }
 
+/* How many of the len bytes' pages from a are mapped in this process
+ * (/proc/self/pagemap, bit 63: present). */
+static size_t pages_mapped(const char *a, size_t len) {
+  FILE *f = fopen("/proc/self/pagemap", "rb");
+  TC_ASSERT(f != NULL);
+  const size_t pg = 4096;
+  size_t n = 0;
+  for (size_t o = 0; o < len; o += pg) {
+    uint64_t e = 0;
+    TC_ASSERT(fseeko(f, (off_t)(((uintptr_t)a + o) / pg * sizeof e), SEEK_SET) == 0);
+    TC_ASSERT(fread(&e, sizeof e, 1, f) == 1);
+    n += (size_t)(e >> 63);
+  }
+  fclose(f);
+  return n;
+}
+
+/* Both rings of a rank, the one it writes into and the one it reads, are
+ * mapped from setup on: the first lap would otherwise take a page fault
+ * per 4 KiB written (docs/benchmarks.md, "The rings' first lap"). Then
+ * messages over the whole of both rings arrive intact. */
+static void ring_mapped_rank(tc_ctx_t *ctx) {
+  tc_comm_t *c = shm_comm(ctx, "ringmap");
+  tc_shm_t *shm = comm_shm(c);
+  const int r = ctx->rank, peer = 1 - r;
+  size_t out_bytes, in_bytes;
+  const char *out_ring = tc__shm_ring_at(shm, r, peer, &out_bytes);
+  const char *in_ring = tc__shm_ring_at(shm, peer, r, &in_bytes);
+  TC_ASSERT(out_bytes >= 64 * 1024 && in_bytes == out_bytes);
+  TC_ASSERT_EQ(pages_mapped(out_ring, out_bytes), out_bytes / 4096);
+  TC_ASSERT_EQ(pages_mapped(in_ring, in_bytes), in_bytes / 4096);
+  enum { LEN = 4000 };
+  unsigned char out[LEN], in[LEN + 64];
+  const int iters = (int)(2 * in_bytes / LEN) + 10; /* two laps */
+  for (int it = 0; it < iters; it++) {
+    for (size_t i = 0; i < LEN; i++) out[i] = ring_byte(r, it, i);
+    memset(in, 0xee, sizeof in);
+    tc_batch_t *b = NULL;
+    TC_ASSERT_OK(tc_batch_create(c, &b));
+    TC_ASSERT_OK(tc_batch_send(b, out, LEN, TC_UINT8, peer));
+    TC_ASSERT_OK(tc_batch_recv(b, in, LEN, TC_UINT8, peer));
+    TC_ASSERT_OK(tc_batch_issue(b, NULL, NULL));
+    tc_batch_free(b);
+    ring_check(in, LEN, peer, it);
+  }
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(shm_ring_mapped_at_setup) { tc_spawn(2, ring_mapped_rank, NULL, 120); }
+
 /* Several messages to one peer in one batch: a small one the receiver
  * takes by its stamp, before the sender published the ring's head past it,
  * then one streamed through the ring, which needs the head: the receiver's
