@@ -732,6 +732,19 @@ static void ring_check(const unsigned char *in, size_t len, int peer, int it) {
   for (size_t i = len; i < len + 64; i++) TC_ASSERT_EQ(in[i], 0xee);
 }
 
+/* One batch that sends out and receives in (len bytes each) with peer,
+ * the receive posted first when recv_first. */
+static void batch_both(tc_comm_t *c, const void *out, void *in, size_t len, int peer,
+                       int recv_first) {
+  tc_batch_t *b = NULL;
+  TC_ASSERT_OK(tc_batch_create(c, &b));
+  if (recv_first) TC_ASSERT_OK(tc_batch_recv(b, in, len, TC_UINT8, peer));
+  TC_ASSERT_OK(tc_batch_send(b, out, len, TC_UINT8, peer));
+  if (!recv_first) TC_ASSERT_OK(tc_batch_recv(b, in, len, TC_UINT8, peer));
+  TC_ASSERT_OK(tc_batch_issue(b, NULL, NULL));
+  tc_batch_free(b);
+}
+
 static void ring_rank(tc_ctx_t *ctx) {
   setenv("TORCHCOMMS_SHM_BYTES", "262144", 1); /* the smallest segment: small rings */
   setenv("TORCHCOMMS_CPU_CMA", "0", 1);        /* large messages through the ring too */
@@ -747,12 +760,7 @@ static void ring_rank(tc_ctx_t *ctx) {
     for (size_t i = 0; i < len; i++) out[i] = ring_byte(r, it, i);
     memset(in, 0xee, len + 64);
     if (it % 3 == 2) { /* both ways at once */
-      tc_batch_t *b = NULL;
-      TC_ASSERT_OK(tc_batch_create(c, &b));
-      TC_ASSERT_OK(tc_batch_send(b, out, len, TC_UINT8, peer));
-      TC_ASSERT_OK(tc_batch_recv(b, in, len, TC_UINT8, peer));
-      TC_ASSERT_OK(tc_batch_issue(b, NULL, NULL));
-      tc_batch_free(b);
+      batch_both(c, out, in, len, peer, 0);
     } else if ((it & 1) == r) {
       TC_ASSERT_OK(tc_send(c, out, len, TC_UINT8, peer, NULL, NULL));
       continue;
@@ -806,12 +814,7 @@ static void ring_mapped_rank(tc_ctx_t *ctx) {
   for (int it = 0; it < iters; it++) {
     for (size_t i = 0; i < LEN; i++) out[i] = ring_byte(r, it, i);
     memset(in, 0xee, sizeof in);
-    tc_batch_t *b = NULL;
-    TC_ASSERT_OK(tc_batch_create(c, &b));
-    TC_ASSERT_OK(tc_batch_send(b, out, LEN, TC_UINT8, peer));
-    TC_ASSERT_OK(tc_batch_recv(b, in, LEN, TC_UINT8, peer));
-    TC_ASSERT_OK(tc_batch_issue(b, NULL, NULL));
-    tc_batch_free(b);
+    batch_both(c, out, in, LEN, peer, 0);
     ring_check(in, LEN, peer, it);
   }
   TC_ASSERT_OK(tc_comm_finalize(c));
@@ -899,12 +902,7 @@ static void direct_rank(tc_ctx_t *ctx) {
     for (size_t i = 0; i < len; i++) out[i] = ring_byte(r, it, i);
     memset(in, 0xee, len + 64);
     if (it % 2 == 0) { /* both ways at once */
-      tc_batch_t *b = NULL;
-      TC_ASSERT_OK(tc_batch_create(c, &b));
-      TC_ASSERT_OK(tc_batch_recv(b, in, len, TC_UINT8, peer));
-      TC_ASSERT_OK(tc_batch_send(b, out, len, TC_UINT8, peer));
-      TC_ASSERT_OK(tc_batch_issue(b, NULL, NULL));
-      tc_batch_free(b);
+      batch_both(c, out, in, len, peer, 1);
     } else if ((it / 2 & 1) == r) {
       TC_ASSERT_OK(tc_send(c, out, len, TC_UINT8, peer, NULL, NULL));
       continue;
@@ -936,12 +934,7 @@ static void swap_rank(tc_ctx_t *ctx) {
     size_t len = sizes[(size_t)it % NS];
     for (size_t i = 0; i < len; i++) buf[i] = ring_byte(r, it, i);
     memset(buf + len, 0xee, 64);
-    tc_batch_t *b = NULL;
-    TC_ASSERT_OK(tc_batch_create(c, &b));
-    TC_ASSERT_OK(tc_batch_send(b, buf, len, TC_UINT8, peer));
-    TC_ASSERT_OK(tc_batch_recv(b, buf, len, TC_UINT8, peer));
-    TC_ASSERT_OK(tc_batch_issue(b, NULL, NULL));
-    tc_batch_free(b);
+    batch_both(c, buf, buf, len, peer, 0);
     ring_check(buf, len, peer, it);
   }
   free(buf);
