@@ -312,6 +312,9 @@ uint64_t tc__shm_clock_waits(const tc_shm_t *s) {
   return atomic_load_explicit(&s->clock_waits, memory_order_relaxed);
 }
 int tc__shm_cma(const tc_shm_t *s) { return s->cma; }
+int tc__shm_post_state(tc_shm_t *s, int p) {
+  return (int)(atomic_load_explicit(&shm_rctl(s, p, s->rank)->rtr, memory_order_acquire) & 3u);
+}
 char *tc__shm_ring_at(tc_shm_t *s, int p, int q, size_t *bytes) {
   *bytes = s->ring_bytes;
   return shm_rdata(s, p, q);
@@ -521,8 +524,11 @@ static inline int hdr_there(struct tc_shm *s, int p) {
 
 /* The consumer leaves an exchange before p's message it posted a buffer
  * for: the post is taken back, or, claimed already, the producer's write
- * is waited for (its header, or its end). */
-static void rtr_revoke(struct tc_shm *s, int p) {
+ * is waited for (its header, or its end), at most one more timeout of the
+ * operation (600 s without one): a producer stopped inside its write (a
+ * debugger, SIGSTOP) must not hold this rank forever. Past that, op->msg
+ * says that the buffer may still change. */
+static void rtr_revoke(struct tc_shm *s, int p, const tc_tp_op_t *op) {
   const uint64_t k = s->in_msgs[p];
   if (s->rtr_posted[p] != k + 1) return; /* none, or for a message taken */
   s->rtr_posted[p] = 0;
@@ -532,7 +538,18 @@ static void rtr_revoke(struct tc_shm *s, int p) {
                                               memory_order_acq_rel, memory_order_acquire))
     return;
   if (cur != (k << 2 | SHM_RTR_CLAIMED)) return;
+  const double end = tc__now() + (op->timeout_s > 0 ? op->timeout_s : 600);
   while (!hdr_there(s, p) && tc__shm_peer_alive(s, p)) {
+    if (tc__now() > end) {
+      if (op->msg && op->msglen) {
+        size_t l = strlen(op->msg);
+        snprintf(op->msg + l, op->msglen - l,
+                 "; peer %d was still writing into this rank's receive buffer when this rank "
+                 "gave up, and may still change it",
+                 p);
+      }
+      return;
+    }
     struct timespec ts = {0, 20 * 1000};
     nanosleep(&ts, NULL);
   }
@@ -857,7 +874,7 @@ int tc__shm_exchange(void *tp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) {
   /* left before a message whose buffer was posted: no write into it later */
   if (rc != TC_OK)
     for (int p = 0; p < s->size; p++)
-      if (s->recv_head[p] >= 0) rtr_revoke(s, p);
+      if (s->recv_head[p] >= 0) rtr_revoke(s, p, op);
   return rc;
 }
 

@@ -148,6 +148,9 @@ TC_INTERNAL uint64_t tc__shm_direct_writes(const tc_shm_t *s);
  * process's mappings, and its size: for the test that its pages are
  * mapped from setup on (shm_setup.c, shm_populate_ring). */
 TC_INTERNAL char *tc__shm_ring_at(tc_shm_t *s, int p, int q, size_t *bytes);
+/* The state of this rank's last post for a message from p (shm.c, "Direct
+ * delivery"): 0 none, 1 posted, 2 claimed by p, 3 taken back. For tests. */
+TC_INTERNAL int tc__shm_post_state(tc_shm_t *s, int p);
 
 /* Removes from /dev/shm every segment name of this transport whose creating
  * process is dead (killed before it could unlink it); returns how many

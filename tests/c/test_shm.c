@@ -976,3 +976,71 @@ static void revoke_rank(tc_ctx_t *ctx) {
 }
 
 TC_TEST(shm_direct_revoked_after_timeout) { tc_spawn(2, revoke_rank, shared_new("shmrevoke"), 60); }
+
+/* A receive that times out while its sender has claimed the posted buffer
+ * and is stopped inside its write (SIGSTOP right after the claim) waits for
+ * that write at most one more timeout, then fails saying the buffer may
+ * still change: it does not hang on a stopped peer. */
+typedef struct {
+  shm_shared_t *sh;
+  tc_shm_t *shm;
+} stall_arg_t;
+
+static void *stall_watch(void *arg) {
+  stall_arg_t *a = arg;
+  double dl = tc__now() + 30;
+  while (tc__shm_post_state(a->shm, 1) != 1 && tc__now() < dl) {
+  }
+  a->sh->flag = 1; /* posted: rank 1 sends now */
+  int st;
+  while ((st = tc__shm_post_state(a->shm, 1)) == 1 && tc__now() < dl) {
+  }
+  if (st == 2) kill(a->sh->pids[1], SIGSTOP);
+  a->sh->detected = st == 2;
+  return NULL;
+}
+
+static void stall_rank(tc_ctx_t *ctx) {
+  shm_shared_t *sh = ctx->arg;
+  tc_comm_t *c = shm_comm(ctx, sh->name);
+  tc_shm_t *shm = comm_shm(c);
+  if (!tc__shm_cma(shm)) {
+    if (ctx->rank == 0) fprintf(stderr, "  note: process_vm_writev is not allowed here: skipped\n");
+    TC_ASSERT_OK(tc_comm_abort(c));
+    TC_ASSERT_OK(tc_comm_destroy(c));
+    return;
+  }
+  const size_t len = (size_t)256 << 20; /* a write of tens of ms: the stop lands in it */
+  unsigned char *buf = tc_xmalloc(len);
+  if (ctx->rank == 0) {
+    stall_arg_t a = {sh, shm};
+    pthread_t th;
+    TC_ASSERT(pthread_create(&th, NULL, stall_watch, &a) == 0);
+    tc_op_options_t o = TC_OP_OPTIONS_INIT;
+    o.timeout_s = 1.0;
+    double t0 = tc__now();
+    int rc = tc_recv(c, buf, len, TC_UINT8, 1, &o, NULL);
+    double took = tc__now() - t0;
+    TC_ASSERT(pthread_join(th, NULL) == 0);
+    if (!sh->detected || rc == TC_OK) {
+      fprintf(stderr, "  note: the stop came after rank 1's write (rc %d): not exercised\n", rc);
+    } else {
+      TC_ASSERT_ERR(rc, TC_ERR_TIMEOUT, "was still writing into this rank's receive buffer");
+      TC_ASSERT(took > 1.5 && took < 10); /* the timeout, then at most one more */
+    }
+    kill(sh->pids[1], SIGCONT);
+    sh->flag = 2;
+    TC_ASSERT_OK(tc_comm_abort(c));
+  } else {
+    sh->pids[1] = (int)getpid();
+    memset(buf, 0x33, len);
+    wait_flag(&sh->flag, 1, 30); /* rank 0's buffer is posted */
+    TC_ASSERT_OK(tc_send(c, buf, len, TC_UINT8, 0, NULL, NULL));
+    wait_flag(&sh->flag, 2, 60);
+    TC_ASSERT_OK(tc_comm_abort(c));
+  }
+  free(buf);
+  TC_ASSERT_OK(tc_comm_destroy(c));
+}
+
+TC_TEST(shm_direct_stalled_writer_bounded) { tc_spawn(2, stall_rank, shared_new("shmstall"), 90); }
