@@ -106,7 +106,9 @@ struct tc_comm {
                                      * time for deadlines, no data behind it) */
   pthread_mutex_t err_mu; /* last_error only: taken inside backend callbacks */
   char last_error[1024];
-  uint64_t coll_seq, p2p_seq; /* collectives / p2p issued (under mu) */
+  /* collectives / p2p issued (under mu); coll_seq is stored with
+   * tc__comm_set_coll_seq, since a dump reads it without mu (flight.c) */
+  uint64_t coll_seq, p2p_seq;
   /* synchronous collectives may take the backend's express entry (ops.c:
    * the backend has one and TORCHCOMMS_EXPRESS is on), and synchronous
    * send, recv and batch operations too when express_p2p (the backend has
@@ -469,6 +471,12 @@ TC_INTERNAL void tc__board_issue(tc_comm_t *c, const tc_work_t *w);
 TC_INTERNAL void tc__board_done(tc_comm_t *c, const tc_work_t *w, int rc);
 /* The same for an operation of `type` (peer: its root or peer) without a
  * work: coll_seq its collective number, or 0 and p2p_seq its p2p number. */
+/* c->coll_seq = v (under c->mu): a relaxed atomic store, a plain move on
+ * x86, because the flight recorder's dump reads the count from any thread
+ * without c->mu (flight.c, dump_pg_status: a data race that TSan found). */
+static inline void tc__comm_set_coll_seq(tc_comm_t *c, uint64_t v) {
+  __atomic_store_n(&c->coll_seq, v, __ATOMIC_RELAXED);
+}
 TC_INTERNAL void tc__board_issue_op(tc_comm_t *c, tc_op_type_t type, int peer, uint64_t coll_seq,
                                     uint64_t p2p_seq);
 TC_INTERNAL void tc__board_done_op(tc_comm_t *c, tc_op_type_t type, uint64_t coll_seq,

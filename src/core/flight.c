@@ -410,7 +410,8 @@ static void dump_pg_status(sbuf_t *b, tc_comm_t *c) {
   sb_str(b, c->name);
   sb_add(b, ": {\"last_enqueued_collective\": %llu, \"last_started_collective\": %llu, "
             "\"last_completed_collective\": %llu}",
-         (unsigned long long)c->coll_seq, (unsigned long long)last_started,
+         (unsigned long long)__atomic_load_n(&c->coll_seq, __ATOMIC_RELAXED),
+         (unsigned long long)last_started,
          (unsigned long long)last_completed);
 }
 

@@ -323,7 +323,7 @@ static inline __attribute__((always_inline)) int op_issue(tc_comm_t *c, const ch
     rc = tc__hooks_pre(c, w, why, sizeof why);
     if (rc == TC_OK) {
       c->seq++;
-      if (coll) c->coll_seq++;
+      if (coll) tc__comm_set_coll_seq(c, c->coll_seq + 1);
       else c->p2p_seq++;
       tc__fr_issue(c, w);
       tc__board_issue(c, w);
@@ -399,7 +399,7 @@ static void express_begin(void *arg) {
   x->begun = 1;
   x->op->issue_time = tc__now(); /* not before: a declined operation reads no clock */
   c->seq++;
-  if (x->coll_seq) c->coll_seq++;
+  if (x->coll_seq) tc__comm_set_coll_seq(c, c->coll_seq + 1);
   else c->p2p_seq++;
   c->express_ops++;
   x->fr_id = tc__fr_record_started(c, x->op, x->coll_seq, x->p2p_seq, x->op->issue_time,

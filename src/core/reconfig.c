@@ -522,7 +522,8 @@ int tc_comm_reconfigure(tc_comm_t *c, const tc_reconfigure_options_t *o, tc_work
   snprintf(c->prefix, sizeof c->prefix, "rc/%lld/%016llx", (long long)o->uuid,
            (unsigned long long)digest);
   c->epoch = (uint32_t)digest ? (uint32_t)digest : 1u;
-  c->seq = c->coll_seq = c->p2p_seq = c->split_seq = 0;
+  c->seq = c->p2p_seq = c->split_seq = 0;
+  tc__comm_set_coll_seq(c, 0);
   atomic_store(&c->done_coll, 0);
   atomic_store(&c->hang_reported, 0);
   double left = deadline - tc__now();
