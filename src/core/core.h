@@ -469,14 +469,14 @@ TC_INTERNAL void tc__board_setup(tc_comm_t *c);
 TC_INTERNAL void tc__board_free(tc_comm_t *c);
 TC_INTERNAL void tc__board_issue(tc_comm_t *c, const tc_work_t *w);
 TC_INTERNAL void tc__board_done(tc_comm_t *c, const tc_work_t *w, int rc);
-/* The same for an operation of `type` (peer: its root or peer) without a
- * work: coll_seq its collective number, or 0 and p2p_seq its p2p number. */
 /* c->coll_seq = v (under c->mu): a relaxed atomic store, a plain move on
  * x86, because the flight recorder's dump reads the count from any thread
  * without c->mu (flight.c, dump_pg_status: a data race that TSan found). */
 static inline void tc__comm_set_coll_seq(tc_comm_t *c, uint64_t v) {
   __atomic_store_n(&c->coll_seq, v, __ATOMIC_RELAXED);
 }
+/* The same for an operation of `type` (peer: its root or peer) without a
+ * work: coll_seq its collective number, or 0 and p2p_seq its p2p number. */
 TC_INTERNAL void tc__board_issue_op(tc_comm_t *c, tc_op_type_t type, int peer, uint64_t coll_seq,
                                     uint64_t p2p_seq);
 TC_INTERNAL void tc__board_done_op(tc_comm_t *c, tc_op_type_t type, uint64_t coll_seq,

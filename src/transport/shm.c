@@ -312,6 +312,16 @@ uint64_t tc__shm_clock_waits(const tc_shm_t *s) {
   return atomic_load_explicit(&s->clock_waits, memory_order_relaxed);
 }
 int tc__shm_cma(const tc_shm_t *s) { return s->cma; }
+int tc__shm_wait_write_end(tc_shm_t *s, int q, int (*writing)(void *), void *arg,
+                           double timeout_s) {
+  const double end = tc__now() + (timeout_s > 0 ? timeout_s : 600);
+  while (writing(arg) && tc__shm_peer_alive(s, q)) {
+    if (tc__now() > end) return 1;
+    struct timespec ts = {0, 20 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  return 0;
+}
 int tc__shm_post_state(tc_shm_t *s, int p) {
   return (int)(atomic_load_explicit(&shm_rctl(s, p, s->rank)->rtr, memory_order_acquire) & 3u);
 }
@@ -525,9 +535,13 @@ static inline int hdr_there(struct tc_shm *s, int p) {
 /* The consumer leaves an exchange before p's message it posted a buffer
  * for: the post is taken back, or, claimed already, the producer's write
  * is waited for (its header, or its end), at most one more timeout of the
- * operation (600 s without one): a producer stopped inside its write (a
- * debugger, SIGSTOP) must not hold this rank forever. Past that, op->msg
- * says that the buffer may still change. */
+ * operation (tc__shm_wait_write_end); past that, op->msg says that the
+ * buffer may still change. */
+typedef struct { struct tc_shm *s; int p; } revoke_arg_t;
+static int revoke_writing(void *arg) {
+  const revoke_arg_t *a = arg;
+  return !hdr_there(a->s, a->p);
+}
 static void rtr_revoke(struct tc_shm *s, int p, const tc_tp_op_t *op) {
   const uint64_t k = s->in_msgs[p];
   if (s->rtr_posted[p] != k + 1) return; /* none, or for a message taken */
@@ -538,20 +552,13 @@ static void rtr_revoke(struct tc_shm *s, int p, const tc_tp_op_t *op) {
                                               memory_order_acq_rel, memory_order_acquire))
     return;
   if (cur != (k << 2 | SHM_RTR_CLAIMED)) return;
-  const double end = tc__now() + (op->timeout_s > 0 ? op->timeout_s : 600);
-  while (!hdr_there(s, p) && tc__shm_peer_alive(s, p)) {
-    if (tc__now() > end) {
-      if (op->msg && op->msglen) {
-        size_t l = strlen(op->msg);
-        snprintf(op->msg + l, op->msglen - l,
-                 "; peer %d was still writing into this rank's receive buffer when this rank "
-                 "gave up, and may still change it",
-                 p);
-      }
-      return;
-    }
-    struct timespec ts = {0, 20 * 1000};
-    nanosleep(&ts, NULL);
+  revoke_arg_t a = {s, p};
+  if (tc__shm_wait_write_end(s, p, revoke_writing, &a, op->timeout_s) && op->msg && op->msglen) {
+    size_t l = strlen(op->msg);
+    snprintf(op->msg + l, op->msglen - l,
+             "; peer %d was still writing into this rank's receive buffer when this rank "
+             "gave up, and may still change it",
+             p);
   }
 }
 

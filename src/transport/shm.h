@@ -144,6 +144,16 @@ TC_INTERNAL uint64_t tc__shm_clock_waits(const tc_shm_t *s);
 /* How many messages this rank wrote straight into a peer's receive buffer
  * (direct delivery, shm.c) instead of through the ring; only grows. */
 TC_INTERNAL uint64_t tc__shm_direct_writes(const tc_shm_t *s);
+/* A peer q is writing into this rank's memory (process_vm_writev) while
+ * this rank gives up on the operation: waits until writing(arg) says the
+ * write ended or q's process has exited, at most timeout_s more (600 when
+ * <= 0), so that a peer stopped inside its write (a debugger, SIGSTOP)
+ * does not hold this rank forever. 1 if it ran out with the write still
+ * going (the buffer may still change: the caller's error says so), else
+ * 0. Direct delivery (shm.c, rtr_revoke) and the 2-rank broadcast's gate
+ * (shm_algos.c, bcast_abandon). */
+TC_INTERNAL int tc__shm_wait_write_end(tc_shm_t *s, int q, int (*writing)(void *), void *arg,
+                                       double timeout_s);
 /* The message ring from rank p to rank q (one of them this rank) in this
  * process's mappings, and its size: for the test that its pages are
  * mapped from setup on (shm_setup.c, shm_populate_ring). */

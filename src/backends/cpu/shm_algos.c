@@ -1128,6 +1128,11 @@ static inline _Atomic uint64_t *bcast_gate(cpu_comm_t *c, int recv, uint64_t k) 
 static inline int bcast_split(const cpu_comm_t *c, int fam) {
   return fam == FAM_BCAST && c->size == 2;
 }
+typedef struct { _Atomic uint64_t *g; uint64_t writing; } gate_arg_t;
+static int gate_writing(void *arg) {
+  const gate_arg_t *a = arg;
+  return atomic_load(a->g) == a->writing;
+}
 static int bcast_abandon(cpu_ctx_t *ctx, uint64_t k, int rc) {
   cpu_comm_t *c = ctx->c;
   _Atomic uint64_t *g = bcast_gate(c, ctx->rank, k);
@@ -1136,18 +1141,13 @@ static int bcast_abandon(cpu_ctx_t *ctx, uint64_t k, int rc) {
   /* the root is inside its write: wait for its end (or the root's exit),
    * at most one more timeout */
   const int root = ctx->op->root;
-  double end = tc__now() + (ctx->op->timeout_s > 0 ? ctx->op->timeout_s : 600);
-  while (atomic_load(g) == bg(k, BG_WRITING) && tc__shm_peer_alive(c->shm, root)) {
-    if (tc__now() > end) {
-      size_t l = strlen(ctx->msg);
-      snprintf(ctx->msg + l, sizeof ctx->msg - l,
-               "; the root (rank %d) was still writing into this rank's output when this rank "
-               "gave up, and may still change it",
-               root);
-      return rc;
-    }
-    struct timespec ts = {0, 100000};
-    nanosleep(&ts, NULL);
+  gate_arg_t a = {g, bg(k, BG_WRITING)};
+  if (tc__shm_wait_write_end(c->shm, root, gate_writing, &a, ctx->op->timeout_s)) {
+    size_t l = strlen(ctx->msg);
+    snprintf(ctx->msg + l, sizeof ctx->msg - l,
+             "; the root (rank %d) was still writing into this rank's output when this rank "
+             "gave up, and may still change it",
+             root);
   }
   return rc;
 }
