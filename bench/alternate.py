@@ -8,7 +8,8 @@ one build at 8 bytes).
 
 IMPL: a build directory (its tcrun and tcperf), optionally with settings,
 BUILD:NAME=VALUE,NAME=VALUE; or an anchor of ../shared/bench/anchors
-(ompi, mpich, impi, ccl; run_anchor.sh, its cache in ANCHOR_CACHE). Sizes:
+(ompi, mpich, impi, ccl; run_anchor.sh, its cache in ANCHOR_CACHE), over
+TCP with -tcp (ompi-tcp; ours: BUILD:TORCHCOMMS_CPU_TRANSPORT=tcp). Sizes:
 LO and HI in bytes (default 8 and 8). Prints the median time per operation
 (us) of every size and IMPL; SPREAD=1 adds each one's range. ITERS: our
 launches' operations per size (tcperf -n; default 0, its own choice: about
@@ -28,9 +29,10 @@ ANCHORS = ("ompi", "mpich", "impi", "ccl")
 
 def run(impl, coll, n, lo, hi, csv):
     """{size: us} of one launch."""
-    if impl in ANCHORS:
-        out = subprocess.run([ANCHOR, impl, coll, n, lo, hi], capture_output=True,
-                             text=True).stdout
+    base, _, tcp = impl.partition("-")
+    if base in ANCHORS and tcp in ("", "tcp"):
+        out = subprocess.run([ANCHOR, base, coll, n, lo, hi] + (["tcp"] if tcp else []),
+                             capture_output=True, text=True).stdout
         rows = [line.split() for line in out.splitlines()]
         return {int(r[0]): float(r[2]) for r in rows if len(r) > 2 and r[0].isdigit()}
     build, _, settings = impl.partition(":")

@@ -174,6 +174,90 @@ static void tcp_put_hdr(unsigned char *h, uint32_t kind, uint32_t epoch, uint64_
 }
 
 /* ------------------------------------------------------------------------ */
+/* Lazy sends (tc_xfer_t.lazy)                                               */
+/* ------------------------------------------------------------------------ */
+
+/* A lazy send is copied, header and all, into its peer's queue and counts
+ * as done. The queue is written before any other message to that peer (in
+ * order), at the start of each round of an exchange that has to wait (so a
+ * peer waiting for what is queued is never waited on in turn), once
+ * TCP_OQ_FLUSH bytes wait, and before the goodbye or the notice of
+ * leaving. A broadcast's receiver that runs behind its root thus sends its
+ * fingerprints a few at a time instead of one system call each. */
+#define TCP_OQ_CAP 2048u
+#define TCP_OQ_FLUSH 640u
+
+/* Writes what peer p's queue holds, without blocking: 1 when it is empty
+ * after, 0 when the socket took only part (the rest stays). A peer whose
+ * socket fails loses its queue (what is queued is for that peer alone). */
+static int tcp_oq_flush(tcp_t *t, int p) {
+  uint32_t *off = &t->oq_off[p], len = t->oq_len[p];
+  while (*off < len) {
+    ssize_t n = send(t->fd[p], t->oq[p] + *off, len - *off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    if (n <= 0) break; /* its failure is the next exchange's with it */
+    *off += (uint32_t)n;
+  }
+  t->oq_len[p] = t->oq_off[p] = 0;
+  return 1;
+}
+
+static void tcp_oq_flush_all(tcp_t *t) {
+  int left = 0;
+  for (int p = 0; p < t->size; p++)
+    if (t->oq_len[p] && t->fd[p] >= 0 && !tcp_oq_flush(t, p)) left = 1;
+  t->oq_any = left;
+}
+
+/* Queues lazy send x (its peer connected): 1 when queued, 0 when it has to
+ * go as a plain send (no memory, or no room). */
+static int tcp_oq_put(tcp_t *t, const tc_xfer_t *x) {
+  int p = x->peer;
+  size_t need = TCP_HDR + x->len;
+  if (need > TCP_OQ_CAP) return 0;
+  if (!t->oq) {
+    size_t n = (size_t)t->size;
+    t->oq = calloc(n, sizeof *t->oq);
+    t->oq_len = calloc(n, sizeof *t->oq_len);
+    t->oq_off = calloc(n, sizeof *t->oq_off);
+    if (!t->oq || !t->oq_len || !t->oq_off) {
+      free(t->oq);
+      free(t->oq_len);
+      free(t->oq_off);
+      t->oq = NULL;
+      t->oq_len = t->oq_off = NULL;
+      return 0;
+    }
+  }
+  if (!t->oq[p] && !(t->oq[p] = malloc(TCP_OQ_CAP))) return 0;
+  if (t->oq_len[p] + need > TCP_OQ_CAP && !tcp_oq_flush(t, p)) {
+    if (t->oq_off[p] == 0) return 0; /* full: the plain send follows the queue */
+    memmove(t->oq[p], t->oq[p] + t->oq_off[p], t->oq_len[p] - t->oq_off[p]);
+    t->oq_len[p] -= t->oq_off[p];
+    t->oq_off[p] = 0;
+    if (t->oq_len[p] + need > TCP_OQ_CAP) return 0;
+  }
+  unsigned char *at = t->oq[p] + t->oq_len[p];
+  tcp_put_hdr(at, x->kind, t->epoch, x->len);
+  if (x->len) memcpy(at + TCP_HDR, x->buf, x->len);
+  t->oq_len[p] += (uint32_t)need;
+  t->oq_any = 1;
+  if (t->oq_len[p] >= TCP_OQ_FLUSH) (void)tcp_oq_flush(t, p);
+  return 1;
+}
+
+/* Before a message written straight to peer p (a notice): 1 when nothing
+ * of the queue is left, or nothing of it was written (then it is dropped:
+ * a message cut in two would break the stream). */
+static int tcp_oq_clear(tcp_t *t, int p) {
+  if (!t->oq || !t->oq_len[p] || tcp_oq_flush(t, p)) return 1;
+  if (t->oq_off[p]) return 0;
+  t->oq_len[p] = 0;
+  return 1;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Mismatch notices (TC_XFER_NOTICE, transport.h)                            */
 /* ------------------------------------------------------------------------ */
 
@@ -192,7 +276,7 @@ static void tcp_notice_send(tcp_t *t, int code, const char *text) {
   memcpy(msg + TCP_HDR + 4, text, len);
   len += 4;
   for (int p = 0; p < t->size; p++) {
-    if (t->fd[p] < 0 || t->gone[p] || t->hup[p]) continue;
+    if (t->fd[p] < 0 || t->gone[p] || t->hup[p] || !tcp_oq_clear(t, p)) continue;
     ssize_t n;
     do n = send(t->fd[p], msg, TCP_HDR + len, MSG_NOSIGNAL | MSG_DONTWAIT);
     while (n < 0 && errno == EINTR);
@@ -287,6 +371,9 @@ static int tcp_check_hdr(tcp_t *t, const tc_tp_op_t *op, const tc_xfer_t *x) {
  * block or the chain is done. */
 static int tcp_progress(tcp_t *t, tc_xfer_t *x, int *head, int is_send,
                         size_t *remaining, const tc_tp_op_t *op) {
+  if (is_send && *head >= 0 && t->oq && t->oq_len[x[*head].peer] &&
+      !tcp_oq_flush(t, x[*head].peer))
+    return TC_OK; /* the queue goes first: the socket is full */
   while (*head >= 0) {
     struct iovec iov[TCP_MAX_IOV];
     int niov = 0;
@@ -404,6 +491,7 @@ static int tcp_dead_or_cause(tcp_t *t, tc_xfer_t *x, const tc_tp_op_t *op, int d
 static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op) {
   tcp_t *t = vtp;
   int rc;
+  size_t lazy = 0; /* lazy sends queued: done */
   if (nx == 0) return TC_OK;
   for (int p = 0; p < t->size; p++)
     t->send_head[p] = t->send_tail[p] = t->recv_head[p] = t->recv_tail[p] = -1;
@@ -421,6 +509,11 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
       return rc; /* lazy: the first transfer with this peer connects it */
     xf->done = 0;
     xf->next = -1;
+    if (xf->is_send && xf->lazy && tcp_oq_put(t, xf)) {
+      xf->done = TCP_HDR + xf->len;
+      lazy++;
+      continue;
+    }
     if (xf->is_send) tcp_put_hdr(xf->hdr, xf->kind, t->epoch, xf->len);
     int *head = xf->is_send ? t->send_head : t->recv_head;
     int *tail = xf->is_send ? t->send_tail : t->recv_tail;
@@ -428,7 +521,7 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
     else x[tail[xf->peer]].next = (int)i;
     tail[xf->peer] = (int)i;
   }
-  size_t remaining = nx;
+  size_t remaining = nx - lazy;
   /* optimistic first pass: most small messages go out without a poll */
   for (int p = 0; p < t->size; p++)
     if (t->send_head[p] >= 0 && t->fd[p] >= 0 &&
@@ -442,6 +535,7 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
   while (remaining > 0) {
     if (atomic_load(t->aborted))
       return tcp_fail(t, op, TC_ERR_ABORTED, "communicator was aborted");
+    if (t->oq_any) tcp_oq_flush_all(t); /* nobody waits on what this rank queued */
     double left = op->deadline - tc__now();
     if (left <= 0) return tcp_timeout(t, x, nx, op);
     int np = 0;
@@ -450,7 +544,7 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
     for (int p = 0; p < t->size; p++) {
       if (t->fd[p] < 0) continue;
       short ev = 0;
-      if (t->send_head[p] >= 0) ev |= POLLOUT;
+      if (t->send_head[p] >= 0 || (t->oq && t->oq_len[p])) ev |= POLLOUT;
       if (t->recv_head[p] >= 0) ev |= POLLIN;
       /* a peer with nothing pending: its failure notice, if it sends one */
       else if (!t->quiet[p] && !t->gone[p] && !t->hup[p]) ev |= POLLIN;
@@ -491,6 +585,8 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
       if (t->send_head[p] >= 0 && (re & (POLLOUT | POLLHUP | POLLERR)) &&
           (rc = tcp_progress(t, x, &t->send_head[p], 1, &remaining, op)) != TC_OK)
         return rc;
+      if (t->send_head[p] < 0 && (re & POLLOUT) && t->oq && t->oq_len[p])
+        (void)tcp_oq_flush(t, p);
       if (t->recv_head[p] < 0 && (re & POLLIN) && !t->quiet[p] &&
           (rc = tcp_peek_notice(t, p, op)) != TC_OK)
         return rc;
@@ -526,6 +622,10 @@ void tc__tcp_leave(void *vtp) {
   for (int p = 0; p < t->size; p++) {
     int fd = t->fd[p];
     if (fd < 0 || t->gone[p]) continue;
+    if (!tcp_oq_clear(t, p)) { /* part of its queue went: end the stream there */
+      shutdown(fd, SHUT_WR);
+      continue;
+    }
     ssize_t n; /* a notice cut short by a full socket reads as data: also no failure */
     do n = send(fd, h, sizeof h, MSG_NOSIGNAL | MSG_DONTWAIT);
     while (n < 0 && errno == EINTR);
@@ -558,6 +658,11 @@ void tc__tcp_close(void *vtp) {
   free(t->pfd);
   free(t->pfd_peer);
   free(t->bye);
+  if (t->oq)
+    for (int p = 0; p < t->size; p++) free(t->oq[p]);
+  free(t->oq);
+  free(t->oq_len);
+  free(t->oq_off);
   free(t->host_id);
   free(t->quiet);
   free(t);

@@ -54,6 +54,13 @@ typedef struct tcp {
   uint64_t *host_id; /* [size]: a hash of each rank's host name and boot id */
   tcp_cx_t *cx;  /* lazy: the listening socket and the connections being
                   * made; NULL once every peer is connected (eager) */
+  /* [size] each, allocated at first use: whole messages of lazy sends
+   * (tc_xfer_t.lazy) not written yet, bytes oq_off .. oq_len of oq[p];
+   * written before anything else to that peer, before an exchange sleeps,
+   * once TCP_OQ_FLUSH bytes wait, and when leaving (tcp.c, "Lazy sends") */
+  unsigned char **oq;
+  uint32_t *oq_len, *oq_off;
+  int oq_any; /* some queue may hold bytes */
   unsigned char token[16]; /* the communicator's random token */
   uint32_t epoch;          /* the configuration, in every header and hello */
 } tcp_t;

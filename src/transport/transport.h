@@ -25,6 +25,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/internal.h"
@@ -92,6 +93,15 @@ typedef struct tc_xfer {
   uint32_t kind; /* TC_XFER_DATA, or TC_XFER_GOODBYE (len 0) */
   void *buf;     /* read-only for sends */
   size_t len;    /* bytes */
+  /* a received TC_XFER_FP: compared with this fingerprint instead of the
+   * exchange's (tc_tp_op_t.fp): one an earlier collective is owed (the
+   * root of a broadcast reads its receivers' later); NULL: the exchange's */
+  const tc_opfp_t *fp_want;
+  /* 1: a small send that may wait in a queue (TCP) and go with the next
+   * message to its peer, before this rank waits for anything, or once a
+   * few are queued; complete when queued. For the fingerprint a broadcast's
+   * receiver owes its root, which reads it later (backends/cpu/backend.c) */
+  int lazy;
   /* private to the transport */
   size_t done;  /* bytes moved, header included */
   int next;     /* next transfer of the same peer and direction, or -1 */
@@ -202,10 +212,16 @@ TC_INTERNAL void tc__xfer_pending_text(char *buf, size_t len, const tc_xfer_t *x
  * there is nothing to compare), else 1 with the reason in why. */
 static inline int tc__xfer_fp_problem(const tc_xfer_t *x, const tc_tp_op_t *op, int rank,
                                       char *why, size_t wl) {
-  if (x->kind != TC_XFER_FP || !op->fp || x->len != sizeof(tc_opfp_t)) return 0;
+  const tc_opfp_t *mine = x->fp_want ? x->fp_want : op->fp;
+  if (x->kind != TC_XFER_FP || !mine || x->len != sizeof(tc_opfp_t)) return 0;
   tc_opfp_t theirs;
   memcpy(&theirs, x->buf, sizeof theirs);
-  return tc__opfp_mismatch(op->fp, rank, &theirs, x->peer, why, wl);
+  if (!tc__opfp_mismatch(mine, rank, &theirs, x->peer, why, wl)) return 0;
+  size_t used = strlen(why);
+  if (x->fp_want && used < wl)
+    snprintf(why + used, wl - used, " (found by a later operation: the root of a broadcast "
+             "does not wait for its receivers, and checks them afterwards)");
+  return 1;
 }
 
 #endif /* TC_TRANSPORT_H */

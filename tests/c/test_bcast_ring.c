@@ -2,7 +2,13 @@
  * runs ahead of its receivers (a ring of TC_SHM_LINES header lines per
  * rank for data that fits beside the header in one line, of TC_SHM_SLOTS
  * slots for more; shm_algos.c), and the mismatch check it skips is made
- * later.
+ * later. The bcast_tcp_* cases: the same over TCP, where the root of a
+ * broadcast of at most 4 KiB reads its receivers' fingerprints later
+ * (backends/cpu/backend.c, "Fingerprints owed"): it runs ahead (63
+ * broadcasts of 16 bytes, 7 of 4 KiB), finds a mismatch at a later
+ * operation, two roots of many 4 KiB broadcasts fail with the mismatch
+ * (not in a full socket), and point-to-point, collectives and finalize
+ * after such broadcasts read what is owed first.
  *
  *  - runs_ahead: the root completes TC_SHM_LINES - 1 broadcasts of 16
  *    bytes (runs_ahead_slots: TC_SHM_SLOTS - 1 of 64 bytes) before any
@@ -30,10 +36,17 @@
 #define SLOTS 4  /* TC_SHM_SLOTS (transport/shm.h) */
 #define LINES 32 /* TC_SHM_LINES */
 #define MAXC 16  /* int32 per broadcast at most */
+/* over TCP (backends/cpu/backend.c, "Fingerprints owed"): the root of a
+ * broadcast of at most 4 KiB runs up to 63 ahead (CPU_OWED_MAX - 1), and
+ * sends each receiver at most 32 KiB (CPU_OWED_BYTES) with the
+ * fingerprints it has not read: 7 broadcasts of 4 KiB */
+#define TCP_MAXC 1024
 
 typedef struct {
   _Atomic int flag;
   int count; /* int32 per broadcast: 4 (the lines) or 16 (the slots) */
+  int tcp;   /* over TCP: `ahead` broadcasts of `count` int32 */
+  int ahead;
 } ahead_t;
 
 static tc_comm_t *shm_comm(tc_ctx_t *ctx, const char *name) {
@@ -45,12 +58,12 @@ static tc_comm_t *shm_comm(tc_ctx_t *ctx, const char *name) {
 static void ahead_rank(tc_ctx_t *ctx) {
   ahead_t *a = ctx->arg;
   _Atomic int *flag = &a->flag;
-  const int cnt = a->count, ahead = (cnt == 4 ? LINES : SLOTS) - 1;
-  /* shared memory even in the suite's TCP pass (a forked rank: its own
-   * environment): over TCP a broadcast root waits for its receivers */
-  setenv("TORCHCOMMS_CPU_TRANSPORT", "shm", 1);
+  const int cnt = a->count, ahead = a->tcp ? a->ahead : (cnt == 4 ? LINES : SLOTS) - 1;
+  /* the transport named, whatever the suite's pass (a forked rank: its own
+   * environment) */
+  setenv("TORCHCOMMS_CPU_TRANSPORT", a->tcp ? "tcp" : "shm", 1);
   tc_comm_t *c = shm_comm(ctx, "ring-ahead");
-  int v[MAXC];
+  int v[TCP_MAXC];
   if (ctx->rank == 0) {
     for (int i = 0; i < ahead; i++) {
       for (int j = 0; j < cnt; j++) v[j] = 100 * i + j;
@@ -72,15 +85,21 @@ static void ahead_rank(tc_ctx_t *ctx) {
   tc_comm_destroy(c);
 }
 
-static ahead_t *ahead_arg(int count) {
+static ahead_t *ahead_arg(int count, int tcp, int ahead) {
   ahead_t *a = tc_shared_zalloc(sizeof *a);
   a->count = count;
+  a->tcp = tcp;
+  a->ahead = ahead;
   return a;
 }
-TC_TEST(bcast_ring_runs_ahead_w2) { tc_spawn(2, ahead_rank, ahead_arg(4), 60); }
-TC_TEST(bcast_ring_runs_ahead_w3) { tc_spawn(3, ahead_rank, ahead_arg(4), 60); }
-TC_TEST(bcast_ring_runs_ahead_slots_w2) { tc_spawn(2, ahead_rank, ahead_arg(16), 60); }
-TC_TEST(bcast_ring_runs_ahead_slots_w3) { tc_spawn(3, ahead_rank, ahead_arg(16), 60); }
+TC_TEST(bcast_ring_runs_ahead_w2) { tc_spawn(2, ahead_rank, ahead_arg(4, 0, 0), 60); }
+TC_TEST(bcast_ring_runs_ahead_w3) { tc_spawn(3, ahead_rank, ahead_arg(4, 0, 0), 60); }
+TC_TEST(bcast_ring_runs_ahead_slots_w2) { tc_spawn(2, ahead_rank, ahead_arg(16, 0, 0), 60); }
+TC_TEST(bcast_ring_runs_ahead_slots_w3) { tc_spawn(3, ahead_rank, ahead_arg(16, 0, 0), 60); }
+TC_TEST(bcast_tcp_runs_ahead_w2) { tc_spawn(2, ahead_rank, ahead_arg(4, 1, 63), 60); }
+TC_TEST(bcast_tcp_runs_ahead_w4) { tc_spawn(4, ahead_rank, ahead_arg(4, 1, 63), 60); }
+TC_TEST(bcast_tcp_runs_ahead_4k_w2) { tc_spawn(2, ahead_rank, ahead_arg(TCP_MAXC, 1, 7), 60); }
+TC_TEST(bcast_tcp_runs_ahead_4k_w3) { tc_spawn(3, ahead_rank, ahead_arg(TCP_MAXC, 1, 7), 60); }
 
 /* Broadcasts of 1-4 int32 (the lines) and of 16 (the slots) in an uneven
  * pattern from one root, the receivers lagging by uneven work: the root
@@ -133,9 +152,9 @@ static void two_roots_rank(tc_ctx_t *ctx) {
   int v[4] = {ctx->rank, ctx->rank, ctx->rank, ctx->rank};
   /* each rank believes it is the root: neither waits for the other */
   int rc = tc_broadcast(c, v, 4, TC_INT32, ctx->rank, NULL, NULL);
-  /* over TCP the fingerprints travel with the data: found at once (by the
-   * broadcast itself when the peer's arrives while it waits for the
-   * connection), else by finalize */
+  /* neither root waits for the other's fingerprint (over TCP either: a
+   * broadcast of at most 4 KiB), so finalize finds it, or the broadcast
+   * itself where the peer's arrives while it waits for the connection */
   if (rc == TC_OK) rc = tc_comm_finalize(c);
   char why[1024];
   snprintf(why, sizeof why, "%s", tc_last_error());
@@ -149,9 +168,15 @@ static void two_roots_rank(tc_ctx_t *ctx) {
 
 TC_TEST(bcast_ring_two_roots_finalize_w2) { tc_spawn(2, two_roots_rank, NULL, 60); }
 
+typedef struct {
+  _Atomic int reported;
+  int tcp; /* else shared memory, whatever the suite's pass */
+} deep_t;
+
 static void deep_mismatch_rank(tc_ctx_t *ctx) {
-  _Atomic int *reported = ctx->arg;
-  setenv("TORCHCOMMS_CPU_TRANSPORT", "shm", 1); /* the ring, even in the TCP pass */
+  deep_t *d = ctx->arg;
+  _Atomic int *reported = &d->reported;
+  setenv("TORCHCOMMS_CPU_TRANSPORT", d->tcp ? "tcp" : "shm", 1);
   tc_comm_t *c = shm_comm(ctx, "ring-deep-mismatch");
   volatile uint64_t sink = 0;
   int rc = TC_OK;
@@ -182,9 +207,90 @@ static void deep_mismatch_rank(tc_ctx_t *ctx) {
   tc_comm_destroy(c);
 }
 
-TC_TEST(bcast_ring_deep_mismatch_w2) {
-  tc_spawn(2, deep_mismatch_rank, tc_shared_zalloc(sizeof(_Atomic int)), 60);
+static deep_t *deep_arg(int tcp) {
+  deep_t *d = tc_shared_zalloc(sizeof *d);
+  d->tcp = tcp;
+  return d;
 }
-TC_TEST(bcast_ring_deep_mismatch_w3) {
-  tc_spawn(3, deep_mismatch_rank, tc_shared_zalloc(sizeof(_Atomic int)), 60);
+TC_TEST(bcast_ring_deep_mismatch_w2) { tc_spawn(2, deep_mismatch_rank, deep_arg(0), 60); }
+TC_TEST(bcast_ring_deep_mismatch_w3) { tc_spawn(3, deep_mismatch_rank, deep_arg(0), 60); }
+TC_TEST(bcast_tcp_deep_mismatch_w2) { tc_spawn(2, deep_mismatch_rank, deep_arg(1), 60); }
+TC_TEST(bcast_tcp_deep_mismatch_w3) { tc_spawn(3, deep_mismatch_rank, deep_arg(1), 60); }
+
+/* Over TCP, two ranks that each believe they are the root of 200
+ * broadcasts of 4 KiB: neither reads what the other sends, so a root that
+ * let its fingerprints owed pile up (64 of them: 256 KiB) would fill the
+ * sockets and both would block in a send until the timeout. Each reads the
+ * other's fingerprint once it has sent it 32 KiB, and both fail with the
+ * mismatch within the first broadcasts. */
+static void tcp_two_roots_rank(tc_ctx_t *ctx) {
+  _Atomic int *reported = ctx->arg;
+  setenv("TORCHCOMMS_CPU_TRANSPORT", "tcp", 1);
+  tc_comm_options_t o = TC_COMM_OPTIONS_INIT;
+  o.timeout_s = 20;
+  tc_comm_t *c = tc_ctx_comm(ctx, "tcp-two-roots", &o);
+  static int32_t v[TCP_MAXC];
+  int rc = TC_OK, i = 0;
+  for (; i < 200 && rc == TC_OK; i++) {
+    for (int j = 0; j < TCP_MAXC; j++) v[j] = ctx->rank * 1000000 + i * 1000 + j;
+    rc = tc_broadcast(c, v, TCP_MAXC, TC_INT32, ctx->rank, NULL, NULL);
+  }
+  char why[1024];
+  snprintf(why, sizeof why, "%s", tc_last_error());
+  atomic_fetch_add(reported, 1);
+  tc_wait_flag(reported, ctx->size, 30);
+  TC_ASSERT_EQ(rc, TC_ERR_PROTOCOL);
+  TC_ASSERT(i <= 9); /* the 8th at the latest finds it (32 KiB / 4 KiB + 1) */
+  TC_ASSERT_CONTAINS(why, "mismatched collectives");
+  TC_ASSERT_CONTAINS(why, "of 1024 int32 from root 0");
+  TC_ASSERT_CONTAINS(why, "of 1024 int32 from root 1");
+  tc_comm_abort(c);
+  tc_comm_destroy(c);
 }
+TC_TEST(bcast_tcp_two_roots_bounded_w2) {
+  tc_spawn(2, tcp_two_roots_rank, tc_shared_zalloc(sizeof(_Atomic int)), 60);
+}
+
+/* Over TCP, what follows broadcasts whose receivers' fingerprints the root
+ * has not read yet, or that a receiver has not sent yet (queued: tc_xfer_t.lazy):
+ * point-to-point both ways, an all_gather, and finalize; exact values, in
+ * order, no error. */
+static void tcp_after_rank(tc_ctx_t *ctx) {
+  setenv("TORCHCOMMS_CPU_TRANSPORT", "tcp", 1);
+  tc_comm_t *c = shm_comm(ctx, "tcp-after");
+  for (int round = 0; round < 5; round++) {
+    for (int i = 0; i < 10 + round * 13; i++) {
+      int64_t v[3] = {-1, -1, -1};
+      if (ctx->rank == 0)
+        for (int j = 0; j < 3; j++) v[j] = round * 10000 + i * 10 + j;
+      TC_ASSERT_OK(tc_broadcast(c, v, 3, TC_INT64, 0, NULL, NULL));
+      for (int j = 0; j < 3; j++) TC_ASSERT_EQ(v[j], round * 10000 + i * 10 + j);
+    }
+    int32_t msg[8];
+    if (ctx->rank == 1) {
+      for (int j = 0; j < 8; j++) msg[j] = round * 100 + j;
+      TC_ASSERT_OK(tc_send(c, msg, 8, TC_INT32, 0, NULL, NULL));
+      TC_ASSERT_OK(tc_recv(c, msg, 8, TC_INT32, 0, NULL, NULL));
+      for (int j = 0; j < 8; j++) TC_ASSERT_EQ(msg[j], round * 100 + j + 1);
+    } else if (ctx->rank == 0) {
+      TC_ASSERT_OK(tc_recv(c, msg, 8, TC_INT32, 1, NULL, NULL));
+      for (int j = 0; j < 8; j++) TC_ASSERT_EQ(msg[j], round * 100 + j);
+      for (int j = 0; j < 8; j++) msg[j]++;
+      TC_ASSERT_OK(tc_send(c, msg, 8, TC_INT32, 1, NULL, NULL));
+    }
+    if (round % 2) {
+      int32_t in = ctx->rank + round, out[8];
+      TC_ASSERT_OK(tc_all_gather_single(c, out, &in, 1, TC_INT32, NULL, NULL));
+      for (int r = 0; r < ctx->size; r++) TC_ASSERT_EQ(out[r], r + round);
+    }
+  }
+  for (int i = 0; i < 20; i++) { /* the last ones checked by finalize */
+    int32_t x = ctx->rank == 0 ? 7 * i : -1;
+    TC_ASSERT_OK(tc_broadcast(c, &x, 1, TC_INT32, 0, NULL, NULL));
+    TC_ASSERT_EQ(x, 7 * i);
+  }
+  TC_ASSERT_OK(tc_comm_finalize(c));
+  tc_comm_destroy(c);
+}
+TC_TEST(bcast_tcp_then_p2p_w2) { tc_spawn(2, tcp_after_rank, NULL, 60); }
+TC_TEST(bcast_tcp_then_p2p_w3) { tc_spawn(3, tcp_after_rank, NULL, 60); }

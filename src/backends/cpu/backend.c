@@ -97,49 +97,203 @@ int tc__cpu_xfers(cpu_ctx_t *ctx, size_t n, tc_xfer_t **out) {
   return TC_OK;
 }
 
+/* Fingerprints owed to the root of a broadcast (TCP). The root receives
+ * nothing in a broadcast, so the root of a small one (at most
+ * CPU_OWED_OP_BYTES) sends its fingerprint ahead of its data and does not
+ * wait for its peers': a receiver compares the root's on arrival, before
+ * any data (it never takes a wrong result), and the root reads the peers'
+ * later, before anything else from that peer: at its next exchange that
+ * receives from it; when CPU_OWED_MAX are owed by one peer, or the root
+ * sent that peer more than CPU_OWED_BYTES since the oldest (it then waits
+ * for the oldest half at least); and at finalize (tc__cpu_settle). A
+ * mismatch is then reported by that later operation, naming the
+ * broadcast, as the shared-memory root's lazy check does (shm_algos.c).
+ * The byte bound keeps what a peer has not read within what the sockets
+ * hold (Linux starts a connection with 16 KiB to send and 128 KiB to
+ * receive), so that two ranks that are both a broadcast's root, neither
+ * reading, never block in a send: each reads the other's fingerprint,
+ * sent ahead of its data, and both fail with the mismatch. With a round
+ * trip to each receiver, a broadcast's root took 4.4-5.1 us at 8 bytes
+ * and 2 ranks, 2.1-3.1 without the check (docs/benchmarks.md, "Broadcast
+ * over TCP without a round trip"). */
+#define CPU_OWED_MAX 64u
+#define CPU_OWED_BYTES (32u * 1024u)
+#define CPU_OWED_OP_BYTES (4u * 1024u)
+/* the ring: CPU_OWED_MAX owed, and as many being read */
+#define CPU_OWED_RING (2u * CPU_OWED_MAX)
+typedef struct cpu_owed {
+  uint32_t head, n; /* a ring of CPU_OWED_RING, oldest at head */
+  uint32_t take;    /* the oldest ones the current exchange reads */
+  uint32_t bytes;   /* what this rank sent the peer with the ones owed */
+  uint32_t sent[CPU_OWED_RING];  /* the same per broadcast */
+  tc_opfp_t want[CPU_OWED_RING]; /* this rank's fingerprint of each */
+  tc_opfp_t got[CPU_OWED_RING];  /* the peer's, as received */
+} cpu_owed_t;
+
+/* The current exchange reads the oldest k fingerprints peer p owes. */
+static void owed_take(cpu_comm_t *c, int p, uint32_t k) {
+  cpu_owed_t *o = c->owed[p];
+  if (k > o->n) k = o->n;
+  if (k <= o->take) return;
+  if (o->take == 0) c->owed_touch[c->owed_ntouch++] = p;
+  o->take = k;
+}
+
+/* Peer p owes this rank its fingerprint of the current collective, a
+ * broadcast that sends it at most `bytes` besides. */
+static int owed_push(cpu_ctx_t *ctx, int p, uint32_t bytes) {
+  cpu_comm_t *c = ctx->c;
+  if (!c->owed) {
+    c->owed = calloc((size_t)c->size, sizeof *c->owed);
+    c->owed_touch = calloc((size_t)c->size, sizeof *c->owed_touch);
+    if (!c->owed || !c->owed_touch) {
+      free(c->owed);
+      free(c->owed_touch);
+      c->owed = NULL;
+      c->owed_touch = NULL;
+      return tc__cpu_fail(ctx, TC_ERR_NOMEM, "out of memory (fingerprints owed by peers)");
+    }
+  }
+  if (!c->owed[p] && !(c->owed[p] = calloc(1, sizeof(cpu_owed_t))))
+    return tc__cpu_fail(ctx, TC_ERR_NOMEM, "out of memory (fingerprints owed by peer %d)", p);
+  cpu_owed_t *o = c->owed[p];
+  /* the oldest that must be read now, so that the rest and this one stay
+   * within the bounds: half of them at least (one wait for many) */
+  uint32_t k = 0, left = o->bytes;
+  while (k < o->n && (o->n - k + 1 > CPU_OWED_MAX || left + bytes > CPU_OWED_BYTES))
+    left -= o->sent[(o->head + k++) % CPU_OWED_RING];
+  if (k && k < o->n / 2) k = o->n / 2;
+  if (k) owed_take(c, p, k);
+  if (o->n >= CPU_OWED_RING) /* a failed exchange left them: broken */
+    return tc__cpu_fail(ctx, TC_ERR_INTERNAL, "internal error: %u fingerprints owed by peer "
+                        "%d were not read", o->n, p);
+  uint32_t at = (o->head + o->n) % CPU_OWED_RING;
+  o->want[at] = ctx->fp;
+  o->sent[at] = bytes;
+  o->bytes += bytes;
+  o->n++;
+  c->owed_n++;
+  return TC_OK;
+}
+
+/* Writes the receives of what the current exchange reads (owed_take) at x
+ * (room for owed_n); returns their number. */
+static size_t owed_recvs(cpu_comm_t *c, tc_xfer_t *x) {
+  size_t m = 0;
+  for (int i = 0; i < c->owed_ntouch; i++) {
+    int p = c->owed_touch[i];
+    cpu_owed_t *o = c->owed[p];
+    for (uint32_t j = 0; j < o->take; j++) {
+      uint32_t at = (o->head + j) % CPU_OWED_RING;
+      x[m] = tc__xfer_recv(p, &o->got[at], sizeof o->got[at]);
+      x[m].kind = TC_XFER_FP;
+      x[m++].fp_want = &o->want[at];
+    }
+  }
+  return m;
+}
+
+/* After the exchange: what it read is no longer owed (a failed exchange
+ * breaks the communicator; what it did not read stays). */
+static void owed_done(cpu_comm_t *c, int rc) {
+  for (int i = 0; i < c->owed_ntouch; i++) {
+    cpu_owed_t *o = c->owed[c->owed_touch[i]];
+    if (rc == TC_OK) {
+      for (uint32_t j = 0; j < o->take; j++) o->bytes -= o->sent[(o->head + j) % CPU_OWED_RING];
+      o->head = (o->head + o->take) % CPU_OWED_RING;
+      o->n -= o->take;
+      c->owed_n -= o->take;
+    }
+    o->take = 0;
+  }
+  c->owed_ntouch = 0;
+}
+
+static int cpu_fpx_room(cpu_ctx_t *ctx, size_t need) {
+  cpu_comm_t *c = ctx->c;
+  if (need <= c->fpx_cap) return TC_OK;
+  tc_xfer_t *p = realloc(c->fpx, need * sizeof *p);
+  if (!p) return tc__cpu_fail(ctx, TC_ERR_NOMEM, "out of memory (%zu transfers)", need);
+  c->fpx = p;
+  c->fpx_cap = need;
+  return TC_OK;
+}
+
 /* Over TCP a collective's fingerprint goes to each peer it exchanges with
  * and to the ranks at distances 1, 2, 4, ... on either side (connected at
  * creation; with them every rank is linked to every other through compared
  * pairs, whatever the algorithm), queued ahead of the first transfer with
- * that peer in the operation (and one comes back), so that each arrives
+ * that peer in the operation (and one comes back, at once or, to the root
+ * of a broadcast, later: see "Fingerprints owed"), so that each arrives
  * (and is compared, transport.h) before any data of the op from that peer.
  * Both sides add the pair at their first transfer with each other in the
  * op (the distance set with the op's first exchange, or at its end when it
  * moved nothing), so they always match. A rank that finds a mismatch tells
  * the others (TC_XFER_NOTICE). At most 2 log2(n) peers beyond the
- * algorithm's are involved: a lazy mesh connects no others. */
+ * algorithm's are involved: a lazy mesh connects no others. An exchange
+ * that receives from a peer that owes fingerprints reads those first (also
+ * outside collectives: ctx->fp_todo 0). */
 static int cpu_xchg_fp(cpu_ctx_t *ctx, tc_xfer_t *x, size_t n, tc_tp_op_t *t) {
   cpu_comm_t *c = ctx->c;
   int dist[128], nd = 0;
-  if (!ctx->fp_any)
+  const int pair = ctx->fp_todo;
+  if (pair && !ctx->fp_any)
     for (int d = 1; d < c->size && nd + 2 <= (int)(sizeof dist / sizeof dist[0]); d *= 2) {
       dist[nd++] = (c->rank + d) % c->size;
       dist[nd++] = (c->rank - d + c->size) % c->size;
     }
-  ctx->fp_any = 1;
-  size_t cand = n + (size_t)nd, need = n + 2 * cand;
-  if (need > c->fpx_cap) {
-    tc_xfer_t *p = realloc(c->fpx, need * sizeof *p);
-    if (!p) return tc__cpu_fail(ctx, TC_ERR_NOMEM, "out of memory (%zu transfers)", need);
-    c->fpx = p;
-    c->fpx_cap = need;
-  }
+  if (pair) ctx->fp_any = 1;
+  /* the root of a broadcast receives nothing in it (algo_move.c) */
+  const size_t obytes = ctx->op ? ctx->op->count * ctx->es : 0;
+  const int small_bcast = pair && ctx->op && ctx->op->kind == TC_KIND_BROADCAST &&
+                          obytes <= CPU_OWED_OP_BYTES;
+  const int defer = small_bcast && ctx->op->root == c->rank;
+  /* a receiver's fingerprint to that root may wait (tc_xfer_t.lazy) */
+  const int owe_to = small_bcast && !defer ? ctx->op->root : -1;
+  /* the owed ones read here come first; at most owed_n of them, and the
+   * pairs are written after that many, then moved down */
+  const size_t base = c->owed_n, cand = pair ? n + (size_t)nd : 0;
+  TC_CHECK(cpu_fpx_room(ctx, base + 2 * cand + n));
   uint64_t seq = ctx->fp.seq;
-  size_t k = 0;
+  size_t k = base;
+  c->owed_ntouch = 0;
   for (size_t i = 0; i < cand; i++) {
     int p = i < (size_t)nd ? dist[i] : x[i - (size_t)nd].peer;
     if (p < 0 || p >= c->size || p == c->rank || c->fp_seq[p] == seq) continue;
     c->fp_seq[p] = seq;
     c->fpx[k] = tc__xfer_send(p, &ctx->fp, sizeof ctx->fp);
+    c->fpx[k].lazy = p == owe_to; /* the root reads it later */
     c->fpx[k++].kind = TC_XFER_FP;
+    if (defer) {
+      int rc = owed_push(ctx, p, (uint32_t)obytes + 2 * (uint32_t)sizeof(tc_opfp_t) + 16u);
+      if (rc != TC_OK) {
+        owed_done(c, rc);
+        return rc;
+      }
+      continue;
+    }
     c->fpx[k] = tc__xfer_recv(p, &c->peer_fp[p], sizeof ctx->fp);
     c->fpx[k++].kind = TC_XFER_FP;
   }
-  t->fp = &ctx->fp;
+  if (c->owed_n)
+    for (size_t i = 0; i < n; i++) {
+      int p = x[i].peer;
+      if (!x[i].is_send && p >= 0 && p < c->size && c->owed[p] && c->owed[p]->n)
+        owed_take(c, p, c->owed[p]->n);
+    }
+  if (c->owed_n && !defer) /* a pair's peer: before its fingerprint */
+    for (size_t i = base; i < k; i++)
+      if (!c->fpx[i].is_send && c->owed[c->fpx[i].peer] && c->owed[c->fpx[i].peer]->n)
+        owed_take(c, c->fpx[i].peer, c->owed[c->fpx[i].peer]->n);
+  size_t m = c->owed_ntouch ? owed_recvs(c, c->fpx) : 0;
+  if (m != base) memmove(c->fpx + m, c->fpx + base, (k - base) * sizeof *c->fpx);
+  k = m + (k - base);
+  if (pair) t->fp = &ctx->fp;
   if (k == 0) return n ? c->tp_ops->exchange(c->tp, x, n, t) : TC_OK;
   if (n) memcpy(c->fpx + k, x, n * sizeof *x);
   int rc = c->tp_ops->exchange(c->tp, c->fpx, k + n, t);
   if (n) memcpy(x, c->fpx + k, n * sizeof *x); /* the transfers' progress, as the caller's */
+  owed_done(c, rc);
   return rc;
 }
 
@@ -151,8 +305,25 @@ int tc__cpu_xchg(cpu_ctx_t *ctx, tc_xfer_t *x, size_t n) {
   tc_tp_op_t t = {.opname = ctx->opname, .deadline = ctx->deadline,
                   .timeout_s = ctx->timeout_s, .msg = ctx->msg,
                   .msglen = sizeof ctx->msg, .coll = ctx->fp.seq};
-  if (ctx->fp_todo) return cpu_xchg_fp(ctx, x, n, &t);
+  if (ctx->fp_todo || c->owed_n) return cpu_xchg_fp(ctx, x, n, &t);
   return c->tp_ops->exchange(c->tp, x, n, &t);
+}
+
+int tc__cpu_settle(cpu_ctx_t *ctx) {
+  cpu_comm_t *c = ctx->c;
+  if (c->lazy_lo) TC_CHECK(tc__cpu_fast_settle(ctx));
+  if (!c->owed_n || !c->tp) return TC_OK;
+  TC_CHECK(cpu_fpx_room(ctx, c->owed_n));
+  c->owed_ntouch = 0;
+  for (int p = 0; p < c->size; p++)
+    if (c->owed[p] && c->owed[p]->n) owed_take(c, p, c->owed[p]->n);
+  size_t m = owed_recvs(c, c->fpx);
+  tc_tp_op_t t = {.opname = ctx->opname, .deadline = ctx->deadline,
+                  .timeout_s = ctx->timeout_s, .msg = ctx->msg,
+                  .msglen = sizeof ctx->msg};
+  int rc = c->tp_ops->exchange(c->tp, c->fpx, m, &t);
+  owed_done(c, rc);
+  return rc;
 }
 
 static uint64_t cpu_hash_counts(const tc_block_t *b, int n) {
@@ -701,6 +872,10 @@ void tc__cpu_free(cpu_comm_t *c) {
   free(c->scratch);
   free(c->xf);
   free(c->fpx);
+  if (c->owed)
+    for (int p = 0; p < c->size; p++) free(c->owed[p]);
+  free(c->owed);
+  free(c->owed_touch);
   free(c->peer_fp);
   free(c->fp_seq);
   free(c);
@@ -870,12 +1045,12 @@ static int cpu_finalize(void *bc, char *err, size_t errlen) {
                  "an earlier operation failed (%s); connections were closed "
                  "without the orderly goodbye", c->broken_msg);
   } else if (c->tp) {
-    if (c->lazy_lo) { /* broadcasts it rooted, still to be checked */
+    if (c->lazy_lo || c->owed_n) { /* broadcasts it rooted, still to be checked */
       cpu_ctx_t ctx;
       tc__cpu_ctx_init(&ctx, c, "finalize");
       ctx.timeout_s = c->timeout_s;
       ctx.deadline = tc__now() + c->timeout_s;
-      rc = tc__cpu_fast_settle(&ctx);
+      rc = tc__cpu_settle(&ctx);
       if (rc != TC_OK) cpu_err(err, errlen, rc, "%s", ctx.msg);
     }
     if (rc == TC_OK && c->hier) rc = tc__cpu_hier_finalize(c, err, errlen);

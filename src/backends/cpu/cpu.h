@@ -275,6 +275,14 @@ typedef struct cpu_comm {
                        * exchanged with that peer last (TCP) */
   tc_xfer_t *fpx;     /* fingerprint transfers + the first exchange's */
   size_t fpx_cap;
+  /* TCP: the fingerprints that peers owe the root of a broadcast, which
+   * sends its own and does not wait for theirs (cpu_xchg_fp); [size], each
+   * NULL until used; owed_n: their total, owed_touch: the peers of the
+   * current exchange with some to read ([size]) */
+  struct cpu_owed **owed;
+  size_t owed_n;
+  int *owed_touch;
+  int owed_ntouch;
 
   /* scratch, grown on demand, reused (executing thread only) */
   void *scratch;
@@ -399,6 +407,10 @@ static inline tc_redop_type_t cpu_kop(const tc_backend_op_t *op) {
 /* Finalize: checks what small broadcasts this rank rooted left unchecked
  * (shm_algos.c). */
 TC_INTERNAL int tc__cpu_fast_settle(cpu_ctx_t *ctx);
+/* Finalize: every check the broadcasts this rank rooted left to later,
+ * over shared memory (tc__cpu_fast_settle) and over TCP (the fingerprints
+ * their receivers sent, backend.c); TC_OK when there is none. */
+TC_INTERNAL int tc__cpu_settle(cpu_ctx_t *ctx);
 TC_INTERNAL int tc__cpu_fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op,
                                   cpu_fast_t *st);
 /* Shared memory, an operation without a shared-memory path (the exchange

@@ -155,12 +155,12 @@ int tc__cpu_hier_finalize(cpu_comm_t *c, char *err, size_t errlen) {
     if (!g || !g->tp) continue;
     int rc = TC_OK;
     char why[600] = "";
-    if (g->lazy_lo) { /* broadcasts it rooted, still to be checked */
+    if (g->lazy_lo || g->owed_n) { /* broadcasts it rooted, still to be checked */
       cpu_ctx_t ctx;
       tc__cpu_ctx_init(&ctx, g, "finalize");
       ctx.timeout_s = c->timeout_s;
       ctx.deadline = tc__now() + c->timeout_s;
-      rc = tc__cpu_fast_settle(&ctx);
+      rc = tc__cpu_settle(&ctx);
       if (rc != TC_OK) snprintf(why, sizeof why, "%.590s", ctx.msg);
     }
     tc_tp_op_t t = {.opname = "finalize", .deadline = tc__now() + c->timeout_s,
