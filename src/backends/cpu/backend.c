@@ -99,23 +99,28 @@ int tc__cpu_xfers(cpu_ctx_t *ctx, size_t n, tc_xfer_t **out) {
 
 /* Fingerprints owed to the root of a broadcast (TCP). The root receives
  * nothing in a broadcast, so the root of a small one (at most
- * CPU_OWED_OP_BYTES) sends its fingerprint ahead of its data and does not
- * wait for its peers': a receiver compares the root's on arrival, before
- * any data (it never takes a wrong result), and the root reads the peers'
- * later, before anything else from that peer: at its next exchange that
- * receives from it; when CPU_OWED_MAX are owed by one peer, or the root
- * sent that peer more than CPU_OWED_BYTES since the oldest (it then waits
- * for the oldest half at least); and at finalize (tc__cpu_settle). A
- * mismatch is then reported by that later operation, naming the
- * broadcast, as the shared-memory root's lazy check does (shm_algos.c).
- * The byte bound keeps what a peer has not read within what the sockets
- * hold (Linux starts a connection with 16 KiB to send and 128 KiB to
- * receive), so that two ranks that are both a broadcast's root, neither
- * reading, never block in a send: each reads the other's fingerprint,
- * sent ahead of its data, and both fail with the mismatch. With a round
- * trip to each receiver, a broadcast's root took 4.4-5.1 us at 8 bytes
- * and 2 ranks, 2.1-3.1 without the check (docs/benchmarks.md, "Broadcast
- * over TCP without a round trip"). */
+ * CPU_OWED_OP_BYTES) between 2 ranks sends its fingerprint ahead of its
+ * data and does not wait for its peer's: the receiver compares the root's
+ * on arrival, before any data (it never takes a wrong result), and the
+ * root reads the peer's later, before anything else from that peer: at its
+ * next exchange that receives from it; when CPU_OWED_MAX are owed, or the
+ * root sent the peer more than CPU_OWED_BYTES since the oldest (it then
+ * waits for the oldest half at least); and at finalize (tc__cpu_settle).
+ * The receiver's fingerprint to the root is a lazy send (tc_xfer_t.lazy:
+ * queued, and written with the next message to the root, before the
+ * receiver waits for anything, or a few at a time). A mismatch is then
+ * reported by that later operation, naming the broadcast, as the
+ * shared-memory root's lazy check does (shm_algos.c). The byte bound keeps
+ * what a peer has not read within what the sockets hold (Linux starts a
+ * connection with 16 KiB to send and 128 KiB to receive), so that two
+ * ranks that are both a broadcast's root, neither reading, never block in
+ * a send: each reads the other's fingerprint, sent ahead of its data, and
+ * both fail with the mismatch. With a round trip to the receiver, a
+ * broadcast took 4.6 us at 8 bytes, 3.5 without (docs/benchmarks.md,
+ * "Broadcast over TCP without a round trip"). Only between 2 ranks: with
+ * more, the receivers still exchange fingerprints among themselves at each
+ * broadcast, and a root that ran ahead took their CPU (4 ranks on 2 cores:
+ * 79 -> 102 us per broadcast). */
 #define CPU_OWED_MAX 64u
 #define CPU_OWED_BYTES (32u * 1024u)
 #define CPU_OWED_OP_BYTES (4u * 1024u)
@@ -245,8 +250,8 @@ static int cpu_xchg_fp(cpu_ctx_t *ctx, tc_xfer_t *x, size_t n, tc_tp_op_t *t) {
   if (pair) ctx->fp_any = 1;
   /* the root of a broadcast receives nothing in it (algo_move.c) */
   const size_t obytes = ctx->op ? ctx->op->count * ctx->es : 0;
-  const int small_bcast = pair && ctx->op && ctx->op->kind == TC_KIND_BROADCAST &&
-                          obytes <= CPU_OWED_OP_BYTES;
+  const int small_bcast = pair && c->size == 2 && ctx->op &&
+                          ctx->op->kind == TC_KIND_BROADCAST && obytes <= CPU_OWED_OP_BYTES;
   const int defer = small_bcast && ctx->op->root == c->rank;
   /* a receiver's fingerprint to that root may wait (tc_xfer_t.lazy) */
   const int owe_to = small_bcast && !defer ? ctx->op->root : -1;
