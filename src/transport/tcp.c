@@ -231,13 +231,8 @@ static int tcp_oq_put(tcp_t *t, const tc_xfer_t *x) {
     }
   }
   if (!t->oq[p] && !(t->oq[p] = malloc(TCP_OQ_CAP))) return 0;
-  if (t->oq_len[p] + need > TCP_OQ_CAP && !tcp_oq_flush(t, p)) {
-    if (t->oq_off[p] == 0) return 0; /* full: the plain send follows the queue */
-    memmove(t->oq[p], t->oq[p] + t->oq_off[p], t->oq_len[p] - t->oq_off[p]);
-    t->oq_len[p] -= t->oq_off[p];
-    t->oq_off[p] = 0;
-    if (t->oq_len[p] + need > TCP_OQ_CAP) return 0;
-  }
+  if (t->oq_len[p] + need > TCP_OQ_CAP && !tcp_oq_flush(t, p))
+    return 0; /* no room (a full socket): the plain send goes after the queue */
   unsigned char *at = t->oq[p] + t->oq_len[p];
   tcp_put_hdr(at, x->kind, t->epoch, x->len);
   if (x->len) memcpy(at + TCP_HDR, x->buf, x->len);

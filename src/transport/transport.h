@@ -208,6 +208,13 @@ TC_INTERNAL void tc__xfer_pending_text(char *buf, size_t len, const tc_xfer_t *x
                                        const int *recv_head, int size,
                                        size_t hdr);
 
+/* Appended to a mismatch that the root of a small broadcast found after
+ * the broadcast returned (over shared memory, shm_algos.c; over TCP, a
+ * fingerprint read later: tc_xfer_t.fp_want). */
+#define TC_FOUND_LATER                                                          \
+  " (found by a later operation: the root of a small broadcast does not "       \
+  "wait for its receivers, and checks them afterwards)"
+
 /* A received TC_XFER_FP transfer x is complete: 0 if it matches op->fp (or
  * there is nothing to compare), else 1 with the reason in why. */
 static inline int tc__xfer_fp_problem(const tc_xfer_t *x, const tc_tp_op_t *op, int rank,
@@ -218,9 +225,7 @@ static inline int tc__xfer_fp_problem(const tc_xfer_t *x, const tc_tp_op_t *op, 
   memcpy(&theirs, x->buf, sizeof theirs);
   if (!tc__opfp_mismatch(mine, rank, &theirs, x->peer, why, wl)) return 0;
   size_t used = strlen(why);
-  if (x->fp_want && used < wl)
-    snprintf(why + used, wl - used, " (found by a later operation: the root of a broadcast "
-             "does not wait for its receivers, and checks them afterwards)");
+  if (x->fp_want && used < wl) snprintf(why + used, wl - used, "%s", TC_FOUND_LATER);
   return 1;
 }
 

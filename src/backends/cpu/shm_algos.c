@@ -342,10 +342,7 @@ static int fp_lazy_check(cpu_ctx_t *ctx, uint64_t upto) {
       if (!other && fp_same(&c->lazy[t % k].fp, &h->fp)) continue;
       if (tc__opfp_mismatch(&c->lazy[t % k].fp, c->rank, &h->fp, q, why, sizeof why) ||
           (other && fp_other_size(q, h, why, sizeof why)))
-        return tc__cpu_fail(ctx, TC_ERR_PROTOCOL,
-                            "%s (found by a later operation: the root of a small broadcast "
-                            "does not wait for its receivers, and checks them afterwards)",
-                            why);
+        return tc__cpu_fail(ctx, TC_ERR_PROTOCOL, "%s" TC_FOUND_LATER, why);
     }
   }
   uint64_t lo = 0;
