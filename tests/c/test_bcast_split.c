@@ -5,8 +5,9 @@
  * (TORCHCOMMS_CPU_CMA_BYTES=1), over shared memory even in the suite's TCP
  * pass (each rank a forked process with its own environment).
  *
- *  - values: sizes from 1 byte to 3 MiB + 5 (below one page, where the root
- *    writes everything; around the page-aligned split; odd sizes), each
+ *  - values: sizes from 1 byte to 16 MiB + 5 (below one page, where the root
+ *    writes everything; around the page-aligned split; odd sizes; above
+ *    CPU_CMA_MAX_BLOCK, which limits single copy for the others), each
  *    rank as root, outputs at an odd offset: every byte exact, and the
  *    guard bytes on both sides of every output untouched (the root writes
  *    into the receiver's memory: a wrong offset or length would land
@@ -43,8 +44,8 @@ static unsigned char val(size_t i, size_t size, int root) {
 static void values_rank(tc_ctx_t *ctx) {
   tc_comm_t *c = split_comm(ctx, "split-values", 30);
   const size_t sizes[] = {1, 7, 4095, 4096, 8191, 8192, 8193, 12288, 65536 + 13, 262144,
-                          (1u << 20) + 3, (3u << 20) + 5};
-  const size_t most = (3u << 20) + 5;
+                          (1u << 20) + 3, (3u << 20) + 5, (16u << 20) + 5};
+  const size_t most = (16u << 20) + 5;
   unsigned char *mem = malloc(most + 2 * GUARD + 1);
   TC_ASSERT(mem != NULL);
   for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {

@@ -602,7 +602,8 @@ TC_TEST(shm_cma_setting_differs_fails) {
 /* Single copy (TORCHCOMMS_CPU_CMA_BYTES=16K) stops where what one rank
  * reads of one peer reaches CPU_CMA_MAX_BLOCK: all_gather and all_to_all
  * blocks of that size go through the halves (streaming stores), one
- * element less by single copy; both give exact results. */
+ * element less by single copy; both give exact results. A broadcast at 2
+ * ranks (both ranks copy half) takes single copy at that size too. */
 static int large_kind(cpu_comm_t *bc, tc_op_type_t type, size_t count, tc_block_t *blk) {
   tc_backend_op_t op;
   memset(&op, 0, sizeof op);
@@ -638,6 +639,7 @@ static void cma_large_rank(tc_ctx_t *ctx) {
   TC_ASSERT_EQ(large_kind(bc, TC_OP_ALL_GATHER_SINGLE, big, blk), CPU_FAST_BIG);
   TC_ASSERT_EQ(large_kind(bc, TC_OP_ALL_TO_ALL_SINGLE, big - 1, blk), cma);
   TC_ASSERT_EQ(large_kind(bc, TC_OP_ALL_TO_ALL_SINGLE, big, blk), CPU_FAST_BIG);
+  TC_ASSERT_EQ(large_kind(bc, TC_OP_BROADCAST, 4 * big, blk), n == 2 ? cma : CPU_FAST_BIG);
   float *in = tc_xmalloc(big * (size_t)n * 4), *out = tc_xmalloc(big * (size_t)n * 4);
   for (size_t cnt = big - 1; cnt <= big; cnt++) {
     /* all_gather: block q, element i is q * 1e6 + i (exact in float32 up to 2^24) */

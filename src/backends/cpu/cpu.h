@@ -66,11 +66,10 @@
 /* Shared memory with single copy: broadcast, all_gather* and
  * all_to_all_single of at least this many bytes (per rank for all_gather)
  * read the peers' buffers directly (TORCHCOMMS_CPU_CMA_BYTES overrides; the
- * same on every rank). At 2 ranks a broadcast below CPU_CMA_MAX_BLOCK is
- * copied by both ranks, half each (shm_algos.c, bcast_split_run); larger
- * ones go through the halves, where the root's copy in and the receiver's
- * copy out overlap. (With one reader copying everything, broadcasts above
- * 1 MiB measured faster through the halves on a 2-core machine.) */
+ * same on every rank). At 2 ranks a broadcast of any size from there is
+ * copied by both ranks, half each (shm_algos.c, bcast_split_run). (With
+ * one reader copying everything, broadcasts above 1 MiB measured faster
+ * through the halves on a 2-core machine.) */
 /* Where single copy measured faster at creation (tc__cpu_cma_calibrate):
  * from this many bytes. On the Intel Xeon host of 2026-12-02 single copy
  * won from 64 KiB for all_gather and all_to_all and from 64 KiB to 256 KiB
@@ -128,7 +127,9 @@
  * of 16 MiB 1353-1367 against 1829-1900 through the halves, 24 MiB
  * 2018-2105 against 2645-2711) and not from 16 MiB (32 MiB: 3630-4399
  * against 3608-3623; 64 MiB: 10064-10675 against 7739-7951)
- * (docs/benchmarks.md, "Single copy chosen per host"). */
+ * (docs/benchmarks.md, "Single copy chosen per host"). Not for a broadcast
+ * at 2 ranks, which both ranks copy (half each) at every size: 64 MiB 7138
+ * us through the halves -> 4480 (2026-12-07; shm_algos.c, bcast_split). */
 #define CPU_CMA_MAX_BLOCK (16u * 1024u * 1024u)
 
 /* The big halves' all_gather, all_to_all and broadcast copy blocks of at

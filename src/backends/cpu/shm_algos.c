@@ -425,8 +425,10 @@ static int fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, int fam, si
   size_t bcast_max = c->size > 2 ? CPU_CMA_MAX_BCAST_MANY : SIZE_MAX;
   size_t blk = fam == FAM_A2A ? op->count * es : b; /* what one peer reads of one rank */
   size_t cma_min = fam == FAM_A2A ? c->cma_min_a2a : c->cma_min;
+  /* a broadcast at 2 ranks is split between both ranks' copies at any
+   * size (cpu.h, CPU_CMA_MAX_BLOCK) */
   if ((fam == FAM_AG || fam == FAM_A2A || (fam == FAM_BCAST && b <= bcast_max)) &&
-      b >= cma_min && blk < CPU_CMA_MAX_BLOCK)
+      b >= cma_min && (blk < CPU_CMA_MAX_BLOCK || (fam == FAM_BCAST && c->size == 2)))
     return CPU_FAST_CMA;
   if (b + FP_HDR <= c->areas.slot_bytes && (fam != FAM_AR || b <= c->small_ar) &&
       (fam != FAM_BCAST ||
@@ -1090,7 +1092,7 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
  * copies what it needs from there into its output; sync k+1 says "done
  * reading": only after every peer posted it may a rank return, because
  * until then its buffers are being read. Taken from c->cma_min bytes,
- * broadcasts below CPU_CMA_MAX_BLOCK at 2 ranks (bcast_split) and up to
+ * broadcasts of any size at 2 ranks (bcast_split) and up to
  * CPU_CMA_MAX_BCAST_MANY at more, all_gather / all_to_all blocks below
  * CPU_CMA_MAX_BLOCK (fast_kind). */
 
@@ -1099,8 +1101,14 @@ static int big_all_to_all(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
  * second half into the receiver's output (process_vm_writev). 2 ranks,
  * Intel Xeon guest, 3 alternating launches, us, one reader against both:
  * 64 KiB 3.4 -> 2.8-3.1, 256 KiB 10.1-11.3 -> 6.2-7.0, 1 MiB 60-62 ->
- * 20-22, 4 MiB 381-394 -> 195-222; 16 and 64 MiB the same as through the
- * halves (docs/benchmarks.md, "Broadcast at 2 ranks: both copy").
+ * 20-22, 4 MiB 381-394 -> 195-222 (docs/benchmarks.md, "Broadcast at 2
+ * ranks: both copy"). From 16 MiB too, where it went through the halves
+ * before (the same guest, 2026-12-07, alternating launches, medians, us,
+ * halves -> split): 16 MiB 1578 -> 1039, 32 MiB 3488 -> 1740, 64 MiB 7138
+ * -> 4480, 128 MiB 14341 -> 14335, 256 MiB 33042 -> 29054 (Intel MPI 64
+ * MiB: 5822); each core copies half the bytes, and two cores copy twice
+ * what one does on that guest (docs/benchmarks.md, "The 2-rank broadcast
+ * split at every size").
  *
  * The root may write into the receiver's output only while the receiver
  * is still in the operation. The gate, a word beside the receiver's header
