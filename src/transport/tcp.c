@@ -321,23 +321,72 @@ static int tcp_is_notice(const unsigned char *h, uint32_t epoch, size_t *len) {
   return 1;
 }
 
+/* Reads a fingerprint peer p owes this rank when it is next in p's stream
+ * (header h), whole (tc_tp_op_t.owed_want): *got 1 when one was read (and
+ * matched), 2 when one is arriving (not whole yet), 0 when none is next.
+ * TC_ERR_PROTOCOL with the mismatch (the others told). */
+static int tcp_read_owed(tcp_t *t, int p, const tc_tp_op_t *op, const unsigned char *h,
+                         int *got) {
+  *got = 0;
+  uint32_t magic, word;
+  uint64_t len;
+  memcpy(&magic, h, 4);
+  memcpy(&word, h + 4, 4);
+  memcpy(&len, h + 8, 8);
+  if (!op->owed_want || magic != TCP_MSG_MAGIC || TC_XFER_KIND(word) != TC_XFER_FP ||
+      TC_XFER_EPOCH(word) != (t->epoch & 0xffffffu) || len != sizeof(tc_opfp_t))
+    return TC_OK;
+  const tc_opfp_t *want = op->owed_want(op->owed_arg, p);
+  if (!want) return TC_OK;
+  unsigned char m[TCP_HDR + sizeof(tc_opfp_t)];
+  ssize_t n;
+  do n = recv(t->fd[p], m, sizeof m, MSG_PEEK | MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  *got = 2;
+  if (n != (ssize_t)sizeof m) return TC_OK; /* not whole yet: at a later round */
+  do n = recv(t->fd[p], m, sizeof m, MSG_DONTWAIT); /* what was peeked: there */
+  while (n < 0 && errno == EINTR);
+  if (n != (ssize_t)sizeof m) /* what was peeked is there: cannot be */
+    return tcp_fail(t, op, TC_ERR_SYSTEM, "could not read peer %d's fingerprint (%s)", p,
+                    n < 0 ? strerror(errno) : "short read");
+  /* the current collective's own: found now, not later */
+  const int now = op->fp && op->fp->seq == want->seq;
+  tc_xfer_t x = {.peer = p, .kind = TC_XFER_FP, .buf = m + TCP_HDR, .len = sizeof(tc_opfp_t),
+                 .fp_want = now ? NULL : want};
+  char why[400];
+  if (tc__xfer_fp_problem(&x, op, t->rank, why, sizeof why)) {
+    tcp_notice_send(t, TC_ERR_PROTOCOL, why);
+    return tcp_fail(t, op, TC_ERR_PROTOCOL, "%s", why);
+  }
+  op->owed_read(op->owed_arg, p);
+  *got = 1;
+  return TC_OK;
+}
+
 /* A peer with nothing pending in this exchange sent something: a notice
- * fails the exchange; anything else is for a later exchange and is left
- * unread (the peer is not watched for input again in this exchange). */
+ * fails the exchange; fingerprints it owes are read (tcp_read_owed);
+ * anything else is for a later exchange and is left unread (the peer is
+ * not watched for input again in this exchange). */
 static int tcp_peek_notice(tcp_t *t, int p, const tc_tp_op_t *op) {
   unsigned char h[TCP_HDR];
   size_t len = 0;
   ssize_t n;
-  do n = recv(t->fd[p], h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
-  while (n < 0 && errno == EINTR);
-  if (n == (ssize_t)sizeof h && tcp_is_notice(h, t->epoch, &len)) {
-    do n = recv(t->fd[p], h, sizeof h, MSG_DONTWAIT); /* consumes the header */
+  for (;;) {
+    do n = recv(t->fd[p], h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
     while (n < 0 && errno == EINTR);
-    char text[TC_XFER_NOTICE_MAX + 1];
-    return tcp_notice_got(t, op, p, text, 0, len);
+    if (n != (ssize_t)sizeof h) return TC_OK;
+    if (tcp_is_notice(h, t->epoch, &len)) {
+      do n = recv(t->fd[p], h, sizeof h, MSG_DONTWAIT); /* consumes the header */
+      while (n < 0 && errno == EINTR);
+      char text[TC_XFER_NOTICE_MAX + 1];
+      return tcp_notice_got(t, op, p, text, 0, len);
+    }
+    int got, rc = tcp_read_owed(t, p, op, h, &got);
+    if (rc != TC_OK) return rc;
+    if (got == 1) continue;
+    if (got == 0) t->quiet[p] = 1; /* else: the rest at a later round */
+    return TC_OK;
   }
-  if (n == (ssize_t)sizeof h) t->quiet[p] = 1;
-  return TC_OK;
 }
 
 /* Checks a received header against what the transfer expects. */

@@ -139,6 +139,16 @@ typedef struct tc_tp_op {
    * later ones (it may have finished its part and exited; the ranks still
    * waiting on it fail, and say so). */
   uint64_t coll;
+  /* fingerprints peers owe this rank (backends/cpu/backend.c, "Fingerprints
+   * owed"), read as soon as they are there: while the exchange waits, a
+   * peer with nothing pending in it whose next message is a whole
+   * TC_XFER_FP one is read if owed_want(owed_arg, peer) gives the
+   * fingerprint to compare it with (NULL: none owed), and owed_read then
+   * drops that one. So a rank that waits on another of another mind (a
+   * mismatch) finds it in what a third sent ahead of time. NULL: never. */
+  const tc_opfp_t *(*owed_want)(void *arg, int peer);
+  void (*owed_read)(void *arg, int peer);
+  void *owed_arg;
 } tc_tp_op_t;
 
 /* What a transport is created from (collective over the communicator). */
@@ -208,12 +218,13 @@ TC_INTERNAL void tc__xfer_pending_text(char *buf, size_t len, const tc_xfer_t *x
                                        const int *recv_head, int size,
                                        size_t hdr);
 
-/* Appended to a mismatch that the root of a small broadcast found after
- * the broadcast returned (over shared memory, shm_algos.c; over TCP, a
- * fingerprint read later: tc_xfer_t.fp_want). */
+/* Appended to a mismatch that a small broadcast found after it returned
+ * (over shared memory its root, shm_algos.c; over TCP any rank, with the
+ * fingerprint of a peer it received no data from, read later:
+ * tc_xfer_t.fp_want). */
 #define TC_FOUND_LATER                                                          \
-  " (found by a later operation: the root of a small broadcast does not "       \
-  "wait for its receivers, and checks them afterwards)"
+  " (found by a later operation: a small broadcast does not wait for the "      \
+  "ranks it receives nothing from, and checks them afterwards)"
 
 /* A received TC_XFER_FP transfer x is complete: 0 if it matches op->fp (or
  * there is nothing to compare), else 1 with the reason in why. */

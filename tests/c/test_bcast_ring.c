@@ -2,14 +2,15 @@
  * runs ahead of its receivers (a ring of TC_SHM_LINES header lines per
  * rank for data that fits beside the header in one line, of TC_SHM_SLOTS
  * slots for more; shm_algos.c), and the mismatch check it skips is made
- * later. The bcast_tcp_* cases: the same over TCP, where the root of a
- * broadcast of at most 4 KiB between 2 ranks reads its receiver's
- * fingerprints later
- * (backends/cpu/backend.c, "Fingerprints owed"): it runs ahead (63
- * broadcasts of 16 bytes, 7 of 4 KiB), finds a mismatch at a later
- * operation, two roots of many 4 KiB broadcasts fail with the mismatch
- * (not in a full socket), and point-to-point, collectives and finalize
- * after such broadcasts read what is owed first.
+ * later. The bcast_tcp_* cases: the same over TCP, where in a broadcast
+ * of at most 4 KiB each rank reads the fingerprints of the peers that send
+ * it no data later (backends/cpu/backend.c, "Fingerprints owed"): the root
+ * runs ahead (63 broadcasts of 16 bytes, 7 of 4 KiB; at 2, 3 and 4 ranks),
+ * so does a receiver with it (4 ranks), a mismatch is found at a later
+ * operation (every receiver, or a leaf under another receiver), two roots
+ * of many 4 KiB broadcasts fail with the mismatch (not in a full socket),
+ * and point-to-point, collectives and finalize after such broadcasts read
+ * what is owed first.
  *
  *  - runs_ahead: the root completes TC_SHM_LINES - 1 broadcasts of 16
  *    bytes (runs_ahead_slots: TC_SHM_SLOTS - 1 of 64 bytes) before any
@@ -38,8 +39,7 @@
 #define LINES 32 /* TC_SHM_LINES */
 #define MAXC 16  /* int32 per broadcast at most */
 /* over TCP (backends/cpu/backend.c, "Fingerprints owed"): the root of a
- * broadcast of at most 4 KiB between 2 ranks runs up to 63 ahead
- * (CPU_OWED_MAX - 1), and
+ * broadcast of at most 4 KiB runs up to 63 ahead (CPU_OWED_MAX - 1), and
  * sends each receiver at most 32 KiB (CPU_OWED_BYTES) with the
  * fingerprints it has not read: 7 broadcasts of 4 KiB */
 #define TCP_MAXC 1024
@@ -49,6 +49,7 @@ typedef struct {
   int count; /* int32 per broadcast: 4 (the lines) or 16 (the slots) */
   int tcp;   /* over TCP: `ahead` broadcasts of `count` int32 */
   int ahead;
+  int first; /* ranks below it (the root, 0, and its first receivers) go first */
 } ahead_t;
 
 static tc_comm_t *shm_comm(tc_ctx_t *ctx, const char *name) {
@@ -66,14 +67,15 @@ static void ahead_rank(tc_ctx_t *ctx) {
   setenv("TORCHCOMMS_CPU_TRANSPORT", a->tcp ? "tcp" : "shm", 1);
   tc_comm_t *c = shm_comm(ctx, "ring-ahead");
   int v[TCP_MAXC];
-  if (ctx->rank == 0) {
+  if (ctx->rank < a->first) {
     for (int i = 0; i < ahead; i++) {
-      for (int j = 0; j < cnt; j++) v[j] = 100 * i + j;
+      for (int j = 0; j < cnt; j++) v[j] = ctx->rank == 0 ? 100 * i + j : -1;
       TC_ASSERT_OK(tc_broadcast(c, v, (size_t)cnt, TC_INT32, 0, NULL, NULL));
+      for (int j = 0; j < cnt; j++) TC_ASSERT_EQ(v[j], 100 * i + j);
     }
-    atomic_store(flag, 1); /* only now may the receivers begin */
+    atomic_fetch_add(flag, 1); /* the others begin once all of these are here */
   } else {
-    tc_wait_flag(flag, 1, 20);
+    tc_wait_flag(flag, a->first, 20);
     for (int i = 0; i < ahead; i++) {
       memset(v, 0, sizeof v);
       TC_ASSERT_OK(tc_broadcast(c, v, (size_t)cnt, TC_INT32, 0, NULL, NULL));
@@ -87,12 +89,16 @@ static void ahead_rank(tc_ctx_t *ctx) {
   tc_comm_destroy(c);
 }
 
-static ahead_t *ahead_arg(int count, int tcp, int ahead) {
+static ahead_t *ahead_first(int count, int tcp, int ahead, int first) {
   ahead_t *a = tc_shared_zalloc(sizeof *a);
   a->count = count;
   a->tcp = tcp;
   a->ahead = ahead;
+  a->first = first;
   return a;
+}
+static ahead_t *ahead_arg(int count, int tcp, int ahead) {
+  return ahead_first(count, tcp, ahead, 1);
 }
 TC_TEST(bcast_ring_runs_ahead_w2) { tc_spawn(2, ahead_rank, ahead_arg(4, 0, 0), 60); }
 TC_TEST(bcast_ring_runs_ahead_w3) { tc_spawn(3, ahead_rank, ahead_arg(4, 0, 0), 60); }
@@ -100,6 +106,15 @@ TC_TEST(bcast_ring_runs_ahead_slots_w2) { tc_spawn(2, ahead_rank, ahead_arg(16, 
 TC_TEST(bcast_ring_runs_ahead_slots_w3) { tc_spawn(3, ahead_rank, ahead_arg(16, 0, 0), 60); }
 TC_TEST(bcast_tcp_runs_ahead_w2) { tc_spawn(2, ahead_rank, ahead_arg(4, 1, 63), 60); }
 TC_TEST(bcast_tcp_runs_ahead_4k_w2) { tc_spawn(2, ahead_rank, ahead_arg(TCP_MAXC, 1, 7), 60); }
+TC_TEST(bcast_tcp_runs_ahead_w3) { tc_spawn(3, ahead_rank, ahead_arg(4, 1, 63), 60); }
+TC_TEST(bcast_tcp_runs_ahead_w4) { tc_spawn(4, ahead_rank, ahead_arg(4, 1, 63), 60); }
+/* 4 ranks, root 0: rank 1 (a leaf under the root in the binomial tree)
+ * finishes its 63 broadcasts with the root before ranks 2 and 3 begin:
+ * a receiver reads only its parent's fingerprint at once, the others'
+ * later */
+TC_TEST(bcast_tcp_receiver_runs_ahead_w4) {
+  tc_spawn(4, ahead_rank, ahead_first(4, 1, 63, 2), 60);
+}
 
 /* Broadcasts of 1-4 int32 (the lines) and of 16 (the slots) in an uneven
  * pattern from one root, the receivers lagging by uneven work: the root
@@ -171,6 +186,7 @@ TC_TEST(bcast_ring_two_roots_finalize_w2) { tc_spawn(2, two_roots_rank, NULL, 60
 typedef struct {
   _Atomic int reported;
   int tcp; /* else shared memory, whatever the suite's pass */
+  int odd; /* the one rank with the other count (0: every receiver) */
 } deep_t;
 
 static void deep_mismatch_rank(tc_ctx_t *ctx) {
@@ -182,7 +198,8 @@ static void deep_mismatch_rank(tc_ctx_t *ctx) {
   int rc = TC_OK;
   for (int i = 1; i <= 50 && rc == TC_OK; i++) {
     int v[5];
-    size_t n = ctx->rank != 0 && i == 50 ? 5 : 4;
+    const int other = d->odd ? ctx->rank == d->odd : ctx->rank != 0;
+    size_t n = other && i == 50 ? 5 : 4;
     for (int j = 0; j < 5; j++) v[j] = ctx->rank == 0 ? 10 * i + j : -1;
     rc = tc_broadcast(c, v, n, TC_INT32, 0, NULL, NULL);
     if (rc == TC_OK && i < 50)
@@ -190,7 +207,7 @@ static void deep_mismatch_rank(tc_ctx_t *ctx) {
     if (ctx->rank != 0) /* receivers lag by uneven work, no sleeping */
       for (int k = 0; k < ((i * 31 + ctx->rank * 17) % 97) * 40; k++) sink += (uint64_t)k;
   }
-  if (rc == TC_OK && ctx->rank == 0) { /* returned without its receivers */
+  if (rc == TC_OK) { /* the root, or a rank that did not read the odd one's fingerprint */
     float y = 1;
     rc = tc_all_reduce(c, &y, 1, TC_FLOAT32, TC_OP(TC_SUM), NULL, NULL);
   }
@@ -207,15 +224,23 @@ static void deep_mismatch_rank(tc_ctx_t *ctx) {
   tc_comm_destroy(c);
 }
 
-static deep_t *deep_arg(int tcp) {
+static deep_t *deep_odd(int tcp, int odd) {
   deep_t *d = tc_shared_zalloc(sizeof *d);
   d->tcp = tcp;
+  d->odd = odd;
   return d;
 }
+static deep_t *deep_arg(int tcp) { return deep_odd(tcp, 0); }
 TC_TEST(bcast_ring_deep_mismatch_w2) { tc_spawn(2, deep_mismatch_rank, deep_arg(0), 60); }
 TC_TEST(bcast_ring_deep_mismatch_w3) { tc_spawn(3, deep_mismatch_rank, deep_arg(0), 60); }
 TC_TEST(bcast_tcp_deep_mismatch_w2) { tc_spawn(2, deep_mismatch_rank, deep_arg(1), 60); }
 TC_TEST(bcast_tcp_deep_mismatch_w3) { tc_spawn(3, deep_mismatch_rank, deep_arg(1), 60); }
+TC_TEST(bcast_tcp_deep_mismatch_w4) { tc_spawn(4, deep_mismatch_rank, deep_arg(1), 60); }
+/* only rank 3 (under rank 2 in the tree) has the other count: rank 3 finds
+ * it in its parent's fingerprint at once; rank 2, which sends rank 3 the
+ * data, and the root and rank 1, which exchange no data with it, read its
+ * fingerprint later, at the all_reduce after */
+TC_TEST(bcast_tcp_leaf_mismatch_w4) { tc_spawn(4, deep_mismatch_rank, deep_odd(1, 3), 60); }
 
 /* Over TCP, two ranks that each believe they are the root of 200
  * broadcasts of 4 KiB: neither reads what the other sends, so a root that

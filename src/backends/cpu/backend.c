@@ -97,30 +97,33 @@ int tc__cpu_xfers(cpu_ctx_t *ctx, size_t n, tc_xfer_t **out) {
   return TC_OK;
 }
 
-/* Fingerprints owed to the root of a broadcast (TCP). The root receives
- * nothing in a broadcast, so the root of a small one (at most
- * CPU_OWED_OP_BYTES) between 2 ranks sends its fingerprint ahead of its
- * data and does not wait for its peer's: the receiver compares the root's
- * on arrival, before any data (it never takes a wrong result), and the
- * root reads the peer's later, before anything else from that peer: at its
- * next exchange that receives from it; when CPU_OWED_MAX are owed, or the
- * root sent the peer more than CPU_OWED_BYTES since the oldest (it then
- * waits for the oldest half at least); and at finalize (tc__cpu_settle).
- * The receiver's fingerprint to the root is a lazy send (tc_xfer_t.lazy:
- * queued, and written with the next message to the root, before the
- * receiver waits for anything, or a few at a time). A mismatch is then
- * reported by that later operation, naming the broadcast, as the
- * shared-memory root's lazy check does (shm_algos.c). The byte bound keeps
- * what a peer has not read within what the sockets hold (Linux starts a
- * connection with 16 KiB to send and 128 KiB to receive), so that two
- * ranks that are both a broadcast's root, neither reading, never block in
- * a send: each reads the other's fingerprint, sent ahead of its data, and
- * both fail with the mismatch. With a round trip to the receiver, a
- * broadcast took 4.6 us at 8 bytes, 3.5 without (docs/benchmarks.md,
- * "Broadcast over TCP without a round trip"). Only between 2 ranks: with
- * more, the receivers still exchange fingerprints among themselves at each
- * broadcast, and a root that ran ahead took their CPU (4 ranks on 2 cores:
- * 79 -> 102 us per broadcast). */
+/* Fingerprints owed (TCP). In a small broadcast (at most
+ * CPU_OWED_OP_BYTES) a rank compares at once only the fingerprint of the
+ * peer that sends it the data (its parent in the tree, algo_move.c; that
+ * peer sends its fingerprint ahead of the data), and reads the others of
+ * its pairs (cpu_xchg_fp) later: the root all of them, a receiver all but
+ * its parent's. Its own fingerprint goes at once to the peers it sends
+ * data to, and as a lazy send to the others (tc_xfer_t.lazy: queued, and
+ * written with the next message to that peer, before the rank waits for
+ * anything, or a few at a time). So a rank never takes data it has not
+ * checked (never a wrong result), and no rank waits for a peer that sends
+ * it nothing. It reads what a peer owes before anything else from that
+ * peer: at its next exchange that receives from it; when CPU_OWED_MAX are
+ * owed, or it sent the peer more than CPU_OWED_BYTES since the oldest (it
+ * then waits for the oldest half at least); and at finalize
+ * (tc__cpu_settle). A mismatch is then reported by that later operation,
+ * naming the broadcast, as the shared-memory root's lazy check does
+ * (shm_algos.c). The byte bound keeps what a peer has not read within what
+ * the sockets hold (Linux starts a connection with 16 KiB to send and 128
+ * KiB to receive), so that two ranks that are both a broadcast's root,
+ * neither reading, never block in a send: each reads the other's
+ * fingerprint, sent ahead of its data, and both fail with the mismatch.
+ * 2 ranks, 8 bytes: 4.6 us per broadcast with a round trip to the
+ * receiver, 3.5 without (docs/benchmarks.md, "Broadcast over TCP without a
+ * round trip"). 4 ranks on 2 cores: 80 us when only the root deferred
+ * (the receivers exchanged fingerprints among themselves at every
+ * broadcast, a barrier), 13.8 with every rank deferring (Open MPI 3.9)
+ * (docs/benchmarks.md, "Small broadcasts over TCP at any rank count"). */
 #define CPU_OWED_MAX 64u
 #define CPU_OWED_BYTES (32u * 1024u)
 #define CPU_OWED_OP_BYTES (4u * 1024u)
@@ -179,6 +182,22 @@ static int owed_push(cpu_ctx_t *ctx, int p, uint32_t bytes) {
   o->n++;
   c->owed_n++;
   return TC_OK;
+}
+
+/* tc_tp_op_t.owed_want and owed_read: the oldest fingerprint peer p owes,
+ * read by the transport while it waits for something else. */
+static const tc_opfp_t *owed_want(void *arg, int p) {
+  cpu_comm_t *c = arg;
+  const cpu_owed_t *o = c->owed ? c->owed[p] : NULL;
+  return o && o->n && !o->take ? &o->want[o->head] : NULL;
+}
+static void owed_read(void *arg, int p) {
+  cpu_comm_t *c = arg;
+  cpu_owed_t *o = c->owed[p];
+  o->bytes -= o->sent[o->head];
+  o->head = (o->head + 1) % CPU_OWED_RING;
+  o->n--;
+  c->owed_n--;
 }
 
 /* Writes the receives of what the current exchange reads (owed_take) at x
@@ -250,11 +269,8 @@ static int cpu_xchg_fp(cpu_ctx_t *ctx, tc_xfer_t *x, size_t n, tc_tp_op_t *t) {
   if (pair) ctx->fp_any = 1;
   /* the root of a broadcast receives nothing in it (algo_move.c) */
   const size_t obytes = ctx->op ? ctx->op->count * ctx->es : 0;
-  const int small_bcast = pair && c->size == 2 && ctx->op &&
-                          ctx->op->kind == TC_KIND_BROADCAST && obytes <= CPU_OWED_OP_BYTES;
-  const int defer = small_bcast && ctx->op->root == c->rank;
-  /* a receiver's fingerprint to that root may wait (tc_xfer_t.lazy) */
-  const int owe_to = small_bcast && !defer ? ctx->op->root : -1;
+  const int small_bcast = pair && ctx->op && ctx->op->kind == TC_KIND_BROADCAST &&
+                          obytes <= CPU_OWED_OP_BYTES;
   /* the owed ones read here come first; at most owed_n of them, and the
    * pairs are written after that many, then moved down */
   const size_t base = c->owed_n, cand = pair ? n + (size_t)nd : 0;
@@ -266,10 +282,16 @@ static int cpu_xchg_fp(cpu_ctx_t *ctx, tc_xfer_t *x, size_t n, tc_tp_op_t *t) {
     int p = i < (size_t)nd ? dist[i] : x[i - (size_t)nd].peer;
     if (p < 0 || p >= c->size || p == c->rank || c->fp_seq[p] == seq) continue;
     c->fp_seq[p] = seq;
+    /* in a small broadcast: does p send this rank data in this exchange
+     * (its parent in the tree: compared now, before the data), or this
+     * rank p (its fingerprint goes at once, ahead of the data)? */
+    int gets = 0, gives = 0;
+    for (size_t j = 0; small_bcast && j < n; j++)
+      if (x[j].peer == p) *(x[j].is_send ? &gives : &gets) = 1;
     c->fpx[k] = tc__xfer_send(p, &ctx->fp, sizeof ctx->fp);
-    c->fpx[k].lazy = p == owe_to; /* the root reads it later */
+    c->fpx[k].lazy = small_bcast && !gives; /* p reads it later */
     c->fpx[k++].kind = TC_XFER_FP;
-    if (defer) {
+    if (small_bcast && !gets) {
       int rc = owed_push(ctx, p, (uint32_t)obytes + 2 * (uint32_t)sizeof(tc_opfp_t) + 16u);
       if (rc != TC_OK) {
         owed_done(c, rc);
@@ -286,7 +308,7 @@ static int cpu_xchg_fp(cpu_ctx_t *ctx, tc_xfer_t *x, size_t n, tc_tp_op_t *t) {
       if (!x[i].is_send && p >= 0 && p < c->size && c->owed[p] && c->owed[p]->n)
         owed_take(c, p, c->owed[p]->n);
     }
-  if (c->owed_n && !defer) /* a pair's peer: before its fingerprint */
+  if (c->owed_n) /* a pair's peer: before its fingerprint */
     for (size_t i = base; i < k; i++)
       if (!c->fpx[i].is_send && c->owed[c->fpx[i].peer] && c->owed[c->fpx[i].peer]->n)
         owed_take(c, c->fpx[i].peer, c->owed[c->fpx[i].peer]->n);
@@ -309,7 +331,8 @@ int tc__cpu_xchg(cpu_ctx_t *ctx, tc_xfer_t *x, size_t n) {
     return tc__cpu_fail(ctx, TC_ERR_INTERNAL, "internal error: no transport");
   tc_tp_op_t t = {.opname = ctx->opname, .deadline = ctx->deadline,
                   .timeout_s = ctx->timeout_s, .msg = ctx->msg,
-                  .msglen = sizeof ctx->msg, .coll = ctx->fp.seq};
+                  .msglen = sizeof ctx->msg, .coll = ctx->fp.seq,
+                  .owed_want = owed_want, .owed_read = owed_read, .owed_arg = c};
   if (ctx->fp_todo || c->owed_n) return cpu_xchg_fp(ctx, x, n, &t);
   return c->tp_ops->exchange(c->tp, x, n, &t);
 }
