@@ -12,6 +12,7 @@
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -610,6 +611,10 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
       while ((r = poll(t->pfd, (nfds_t)np, 0)) == 0 && tc__now() < until) {
       }
     }
+    if (t->poll_yield_s > 0) { /* more ranks than cores: the core goes to them */
+      double until = tc__now() + t->poll_yield_s;
+      while ((r = poll(t->pfd, (nfds_t)np, 0)) == 0 && tc__now() < until) sched_yield();
+    }
     if (r == 0) r = poll(t->pfd, (nfds_t)np, ms);
     if (r < 0) {
       if (errno == EINTR) continue;
@@ -720,9 +725,9 @@ static void tcp_describe(void *tp, char *buf, size_t len) {
   int conn = 0;
   for (int p = 0; p < t->size; p++) conn += t->fd[p] >= 0;
   snprintf(buf, len, "tcp: a socket per peer, %s (%d of %d peers connected), %s of %d "
-           "ranks on this machine; busy-poll %g us, then sleep in poll",
+           "ranks on this machine; busy-poll %g us, poll and yield %g us, then sleep in poll",
            t->cx ? "connected on first use" : "every pair connected", conn, t->size - 1,
-           local, t->size, t->poll_spin_s * 1e6);
+           local, t->size, t->poll_spin_s * 1e6, t->poll_yield_s * 1e6);
 }
 
 const tc_transport_ops_t tc__tcp_transport = {

@@ -45,6 +45,9 @@ typedef struct tcp {
   double spin_s;      /* shared memory's busy-wait budget (tc__mesh_spin_policy, mesh.c) */
   double poll_spin_s; /* TCP: busy-poll the sockets this long before sleeping
                        * in poll (TORCHCOMMS_CPU_TCP_SPIN_US, default spin_s) */
+  double poll_yield_s; /* then, with more ranks on this machine than cores,
+                        * poll and sched_yield this long (TORCHCOMMS_CPU_YIELD_US,
+                        * as shared memory; tcp.c, tcp_exchange) */
   double timeout_s; /* the creation deadline's length, for messages */
   int noticed;       /* a mismatch notice was sent to every peer */
   unsigned char *quiet; /* [size]: this exchange saw early data from the peer */

@@ -1,9 +1,9 @@
 /* test_spin_policy.c -- the busy-wait policy counts the cores of the union
  * of the local ranks' CPU masks (issue 16): ranks bound to a core each (by
  * tcrun, mpirun or srun) spin, although each one's own mask holds a single
- * core; ranks bound to one shared core poll with sched_yield. Checked in the
- * init summary each rank logs (TORCHCOMMS_LOG=debug), over shared memory
- * and over TCP. */
+ * core; ranks bound to one shared core poll with sched_yield (their sockets
+ * too, over TCP). Checked in the init summary each rank logs
+ * (TORCHCOMMS_LOG=debug), over shared memory and over TCP. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -64,6 +64,9 @@ static void run_case(int tcp, int cpu0, int cpu1) {
              r, cores, cores == 2 ? "200" : "0");
     TC_ASSERT_CONTAINS(text, want);
     if (!tcp) TC_ASSERT_CONTAINS(text, cores == 2 ? "), spin 200 us, " : "), yield-poll 200 us, ");
+    else /* the sockets: the same policy (tcp_connect.c) */
+      TC_ASSERT_CONTAINS(text, cores == 2 ? "; busy-poll 200 us, poll and yield 0 us, "
+                                          : "; busy-poll 0 us, poll and yield 200 us, ");
   }
   rmdir(j.dir);
 }
