@@ -1,7 +1,11 @@
 /* test_mismatch.c -- ranks that call different collectives (op, dtype,
  * count, root, reduction, or one collective more) fail on EVERY rank, at
  * once, with a message naming both sides; never a wrong result and never a
- * confusing error one operation later. Runs over the transport the suite
+ * confusing error one operation later. (A rank of a small broadcast that
+ * does not wait, its own data right, fails at its next operation with the
+ * same message and a note that it was found later: the root over shared
+ * memory; over TCP any rank of a broadcast of at most 4 KiB whose data
+ * agreed with its parent's.) Runs over the transport the suite
  * runs on (make test: shared memory, then TORCHCOMMS_CPU_TRANSPORT=tcp), at
  * small and large sizes (every shared-memory path and the TCP algorithms). */
 #include <stdint.h>
