@@ -145,3 +145,16 @@ double tc__mesh_spin_policy(const tc_tp_args_t *a, int local, int ncpu) {
                   "busy-poll %g us", a->comm_name, a->rank, local, ncpu, spin * 1e6);
   return spin;
 }
+
+/* A waiter that sleeps at once costs a wake-up and a context switch per
+ * wait; polling with sched_yield hands the core straight to the ranks it
+ * waits for (shared memory: shm_setup.c; TCP: 4 ranks on 2 cores, 8
+ * bytes, us per operation, sleeping at once -> yielding for 200 us:
+ * all_reduce 66.6 -> 34.6, send_recv 31.6 -> 10.3, docs/benchmarks.md,
+ * "TCP with more ranks than cores"); a wait that lasts longer costs the
+ * budget's CPU once. */
+double tc__mesh_yield_policy(double spin_s) {
+  if (spin_s > 0 || tc__setting_is_set(TC_SET_CPU_SPIN_US)) return 0;
+  double us = tc__setting_double(TC_SET_CPU_YIELD_US);
+  return us > 0 ? us * 1e-6 : 0;
+}

@@ -77,6 +77,11 @@ TC_INTERNAL void tc__mesh_host_key(char *key, size_t len);
  * TORCHCOMMS_CPU_SPIN_US (microseconds) if set, else 200 us when the `local`
  * ranks on this machine are no more than `ncpu` cores, else 0. */
 TC_INTERNAL double tc__mesh_spin_policy(const tc_tp_args_t *a, int local, int ncpu);
+/* More ranks than cores (spin_s, the budget tc__mesh_spin_policy gave, is
+ * 0 and TORCHCOMMS_CPU_SPIN_US did not say so): how long a waiter polls
+ * with sched_yield before it sleeps (TORCHCOMMS_CPU_YIELD_US), shared
+ * memory and TCP alike; else 0. */
+TC_INTERNAL double tc__mesh_yield_policy(double spin_s);
 /* The CPUs this process may run on, a bitmap of cores 0..1023 (the online
  * cores when the mask cannot be read); and the number of cores in such a
  * bitmap. */

@@ -353,16 +353,10 @@ int tc__transport_open(const tc_tp_args_t *a, tc_tp_choice_t choice,
   s->aborted = a->aborted;
   s->spin_s = tc__mesh_spin_s(t);
   s->light_post = tc__setting_bool(TC_SET_SHM_MEMBARRIER) && tc__shm_light_setup();
-  if (s->spin_s <= 0 && !tc__setting_is_set(TC_SET_CPU_SPIN_US)) {
-    /* more ranks than cores: a waiter that sleeps at once costs a futex
-     * wake-up and a context switch per sync point; polling with
-     * sched_yield hands the core straight to the ranks it waits for, and
-     * stops after TORCHCOMMS_CPU_YIELD_US (default 200 us) */
-    double us = tc__setting_double(TC_SET_CPU_YIELD_US);
-    if (us > 0) {
-      s->spin_s = us * 1e-6;
-      s->yield_poll = 1;
-    }
+  double yield_s = tc__mesh_yield_policy(s->spin_s); /* more ranks than cores */
+  if (yield_s > 0) {
+    s->spin_s = yield_s;
+    s->yield_poll = 1;
   }
   shm_geometry(s, (size_t)tc__setting_double(TC_SET_SHM_BYTES)); /* > 0 */
 

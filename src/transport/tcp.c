@@ -308,51 +308,47 @@ static int tcp_notice_got(tcp_t *t, const tc_tp_op_t *op, int p, char *text, siz
   return tcp_fail(t, op, code, "%s (as peer %d found)", why, p);
 }
 
-/* 1 if the 16 bytes at h are a notice header; its text length in *len. */
-static int tcp_is_notice(const unsigned char *h, uint32_t epoch, size_t *len) {
+/* 1 if the 16 bytes at h are the header of a message of this kind (of
+ * this configuration); its length in *len. */
+static int tcp_is_kind(const unsigned char *h, uint32_t epoch, uint32_t kind, size_t *len) {
   uint32_t magic, word;
   uint64_t l;
   memcpy(&magic, h, 4);
   memcpy(&word, h + 4, 4);
   memcpy(&l, h + 8, 8);
-  if (magic != TCP_MSG_MAGIC || TC_XFER_KIND(word) != TC_XFER_NOTICE ||
+  if (magic != TCP_MSG_MAGIC || TC_XFER_KIND(word) != kind ||
       TC_XFER_EPOCH(word) != (epoch & 0xffffffu))
     return 0;
   *len = (size_t)l;
   return 1;
 }
 
-/* Reads a fingerprint peer p owes this rank when it is next in p's stream
- * (header h), whole (tc_tp_op_t.owed_want): *got 1 when one was read (and
- * matched), 2 when one is arriving (not whole yet), 0 when none is next.
+/* The fingerprint message m (n bytes of it peeked) is one peer p owes this
+ * rank (tc_tp_op_t.owed_want): *got 1 when it was read (and matched), 2
+ * when it is arriving (not whole yet), 0 when m is no such message.
  * TC_ERR_PROTOCOL with the mismatch (the others told). */
-static int tcp_read_owed(tcp_t *t, int p, const tc_tp_op_t *op, const unsigned char *h,
-                         int *got) {
+static int tcp_read_owed(tcp_t *t, int p, const tc_tp_op_t *op, const unsigned char *m,
+                         size_t n, int *got) {
+  enum { M = TCP_HDR + sizeof(tc_opfp_t) };
+  size_t len = 0;
   *got = 0;
-  uint32_t magic, word;
-  uint64_t len;
-  memcpy(&magic, h, 4);
-  memcpy(&word, h + 4, 4);
-  memcpy(&len, h + 8, 8);
-  if (!op->owed_want || magic != TCP_MSG_MAGIC || TC_XFER_KIND(word) != TC_XFER_FP ||
-      TC_XFER_EPOCH(word) != (t->epoch & 0xffffffu) || len != sizeof(tc_opfp_t))
+  if (!op->owed_want || !tcp_is_kind(m, t->epoch, TC_XFER_FP, &len) ||
+      len != sizeof(tc_opfp_t))
     return TC_OK;
   const tc_opfp_t *want = op->owed_want(op->owed_arg, p);
   if (!want) return TC_OK;
-  unsigned char m[TCP_HDR + sizeof(tc_opfp_t)];
-  ssize_t n;
-  do n = recv(t->fd[p], m, sizeof m, MSG_PEEK | MSG_DONTWAIT);
-  while (n < 0 && errno == EINTR);
   *got = 2;
-  if (n != (ssize_t)sizeof m) return TC_OK; /* not whole yet: at a later round */
-  do n = recv(t->fd[p], m, sizeof m, MSG_DONTWAIT); /* what was peeked: there */
-  while (n < 0 && errno == EINTR);
-  if (n != (ssize_t)sizeof m) /* what was peeked is there: cannot be */
+  if (n < M) return TC_OK; /* not whole yet: at a later round */
+  unsigned char b[M];
+  ssize_t r;
+  do r = recv(t->fd[p], b, M, MSG_DONTWAIT); /* what was peeked: there */
+  while (r < 0 && errno == EINTR);
+  if (r != (ssize_t)M) /* what was peeked is there: cannot be */
     return tcp_fail(t, op, TC_ERR_SYSTEM, "could not read peer %d's fingerprint (%s)", p,
-                    n < 0 ? strerror(errno) : "short read");
+                    r < 0 ? strerror(errno) : "short read");
   /* the current collective's own: found now, not later */
   const int now = op->fp && op->fp->seq == want->seq;
-  tc_xfer_t x = {.peer = p, .kind = TC_XFER_FP, .buf = m + TCP_HDR, .len = sizeof(tc_opfp_t),
+  tc_xfer_t x = {.peer = p, .kind = TC_XFER_FP, .buf = b + TCP_HDR, .len = sizeof(tc_opfp_t),
                  .fp_want = now ? NULL : want};
   char why[400];
   if (tc__xfer_fp_problem(&x, op, t->rank, why, sizeof why)) {
@@ -367,22 +363,23 @@ static int tcp_read_owed(tcp_t *t, int p, const tc_tp_op_t *op, const unsigned c
 /* A peer with nothing pending in this exchange sent something: a notice
  * fails the exchange; fingerprints it owes are read (tcp_read_owed);
  * anything else is for a later exchange and is left unread (the peer is
- * not watched for input again in this exchange). */
+ * not watched for input again in this exchange). One peek shows a
+ * header, or a whole fingerprint message. */
 static int tcp_peek_notice(tcp_t *t, int p, const tc_tp_op_t *op) {
-  unsigned char h[TCP_HDR];
+  unsigned char m[TCP_HDR + sizeof(tc_opfp_t)];
   size_t len = 0;
   ssize_t n;
   for (;;) {
-    do n = recv(t->fd[p], h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+    do n = recv(t->fd[p], m, op->owed_want ? sizeof m : TCP_HDR, MSG_PEEK | MSG_DONTWAIT);
     while (n < 0 && errno == EINTR);
-    if (n != (ssize_t)sizeof h) return TC_OK;
-    if (tcp_is_notice(h, t->epoch, &len)) {
-      do n = recv(t->fd[p], h, sizeof h, MSG_DONTWAIT); /* consumes the header */
+    if (n < (ssize_t)TCP_HDR) return TC_OK;
+    if (tcp_is_kind(m, t->epoch, TC_XFER_NOTICE, &len)) {
+      do n = recv(t->fd[p], m, TCP_HDR, MSG_DONTWAIT); /* consumes the header */
       while (n < 0 && errno == EINTR);
       char text[TC_XFER_NOTICE_MAX + 1];
       return tcp_notice_got(t, op, p, text, 0, len);
     }
-    int got, rc = tcp_read_owed(t, p, op, h, &got);
+    int got, rc = tcp_read_owed(t, p, op, m, (size_t)n, &got);
     if (rc != TC_OK) return rc;
     if (got == 1) continue;
     if (got == 0) t->quiet[p] = 1; /* else: the rest at a later round */
@@ -460,7 +457,7 @@ static int tcp_progress(tcp_t *t, tc_xfer_t *x, int *head, int is_send,
       left -= take;
       size_t nlen = 0;
       if (!is_send && before < TCP_HDR && xf->done >= TCP_HDR &&
-          tcp_is_notice(xf->hdr, t->epoch, &nlen)) {
+          tcp_is_kind(xf->hdr, t->epoch, TC_XFER_NOTICE, &nlen)) {
         /* its text follows the header in this read (the iovecs put it in
          * the transfer's buffer and beyond), the rest is in the socket */
         char text[TC_XFER_NOTICE_MAX + 1];

@@ -799,18 +799,10 @@ static int setup_spin(tcp_cx_t *cx, const tc_tp_args_t *a, uint64_t *cpus, doubl
   if (tc__setting_is_set(TC_SET_CPU_TCP_SPIN_US)) {
     double tsp = tc__setting_double(TC_SET_CPU_TCP_SPIN_US);
     t->poll_spin_s = tsp > 0 ? tsp * 1e-6 : 0;
-  } else if (t->spin_s <= 0 && !tc__setting_is_set(TC_SET_CPU_SPIN_US)) {
-    /* more ranks than cores: as shared memory does (shm_setup.c), a waiter
-     * polls its sockets and yields the core to the ranks it waits for
-     * before it sleeps in poll (whose wake-up and context switch a busy
-     * poll without yielding only delays). 4 ranks on 2 cores, 8 bytes,
-     * us per operation, sleeping at once -> yielding for 200 us: all_reduce
-     * 66.6 -> 34.6 (Open MPI 27.7), send_recv 31.6 -> 10.3, all_gather 59
-     * -> 25, broadcast 14.9 -> 12.6 (docs/benchmarks.md, "TCP with more
-     * ranks than cores"); a wait that lasts longer costs 200 us of CPU once
-     * per round of the exchange */
-    double us = tc__setting_double(TC_SET_CPU_YIELD_US);
-    t->poll_yield_s = us > 0 ? us * 1e-6 : 0;
+  } else {
+    /* more ranks than cores: poll the sockets and yield the core before
+     * sleeping in poll, as shared memory does */
+    t->poll_yield_s = tc__mesh_yield_policy(t->spin_s);
   }
   return TC_OK;
 }

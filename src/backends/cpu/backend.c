@@ -191,13 +191,16 @@ static const tc_opfp_t *owed_want(void *arg, int p) {
   const cpu_owed_t *o = c->owed ? c->owed[p] : NULL;
   return o && o->n && !o->take ? &o->want[o->head] : NULL;
 }
+/* The k oldest fingerprints o holds were read: no longer owed. */
+static void owed_drop(cpu_comm_t *c, cpu_owed_t *o, uint32_t k) {
+  for (uint32_t j = 0; j < k; j++) o->bytes -= o->sent[(o->head + j) % CPU_OWED_RING];
+  o->head = (o->head + k) % CPU_OWED_RING;
+  o->n -= k;
+  c->owed_n -= k;
+}
 static void owed_read(void *arg, int p) {
   cpu_comm_t *c = arg;
-  cpu_owed_t *o = c->owed[p];
-  o->bytes -= o->sent[o->head];
-  o->head = (o->head + 1) % CPU_OWED_RING;
-  o->n--;
-  c->owed_n--;
+  owed_drop(c, c->owed[p], 1);
 }
 
 /* Writes the receives of what the current exchange reads (owed_take) at x
@@ -222,12 +225,7 @@ static size_t owed_recvs(cpu_comm_t *c, tc_xfer_t *x) {
 static void owed_done(cpu_comm_t *c, int rc) {
   for (int i = 0; i < c->owed_ntouch; i++) {
     cpu_owed_t *o = c->owed[c->owed_touch[i]];
-    if (rc == TC_OK) {
-      for (uint32_t j = 0; j < o->take; j++) o->bytes -= o->sent[(o->head + j) % CPU_OWED_RING];
-      o->head = (o->head + o->take) % CPU_OWED_RING;
-      o->n -= o->take;
-      c->owed_n -= o->take;
-    }
+    if (rc == TC_OK) owed_drop(c, o, o->take);
     o->take = 0;
   }
   c->owed_ntouch = 0;

@@ -418,6 +418,12 @@ static size_t part_bytes(size_t half, int n, size_t es) {
   return p / es * es;
 }
 
+/* A broadcast at 2 ranks with single copy is copied by both ranks, half
+ * each, at any size (bcast_split_run). */
+static inline int bcast_split(const cpu_comm_t *c, int fam) {
+  return fam == FAM_BCAST && c->size == 2;
+}
+
 static int fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, int fam, size_t b) {
   size_t es = tc__dtype_size(op->dtype);
   if (!c->shm || c->size < 2) return 0;
@@ -425,10 +431,8 @@ static int fast_kind(const cpu_comm_t *c, const tc_backend_op_t *op, int fam, si
   size_t bcast_max = c->size > 2 ? CPU_CMA_MAX_BCAST_MANY : SIZE_MAX;
   size_t blk = fam == FAM_A2A ? op->count * es : b; /* what one peer reads of one rank */
   size_t cma_min = fam == FAM_A2A ? c->cma_min_a2a : c->cma_min;
-  /* a broadcast at 2 ranks is split between both ranks' copies at any
-   * size (cpu.h, CPU_CMA_MAX_BLOCK) */
   if ((fam == FAM_AG || fam == FAM_A2A || (fam == FAM_BCAST && b <= bcast_max)) &&
-      b >= cma_min && (blk < CPU_CMA_MAX_BLOCK || (fam == FAM_BCAST && c->size == 2)))
+      b >= cma_min && (blk < CPU_CMA_MAX_BLOCK || bcast_split(c, fam)))
     return CPU_FAST_CMA;
   if (b + FP_HDR <= c->areas.slot_bytes && (fam != FAM_AR || b <= c->small_ar) &&
       (fam != FAM_BCAST ||
@@ -827,15 +831,12 @@ static int big_all_reduce(cpu_ctx_t *ctx, cpu_fast_t *st, double spin) {
       const size_t step = CPU_AR_CHUNK / es;
       for (size_t i0 = 0; i0 < mcnt; i0 += step) {
         const size_t m = mcnt - i0 < step ? mcnt - i0 : step, o = (moff + i0) * es;
-        const char *src[2];
+        const char *in = premul ? own + i0 * es : ub + o; /* this rank's input */
         char *dst = mine + o;
-        for (int q = 0; q < 2; q++)
-          src[q] = q == r ? (premul ? own + i0 * es : ub + o) : fp_half(c, q, st->round) + o;
-        tc__reduce3(dst, src[0], src[1], m, op->dtype, kop);
-        for (int q = 2; q < n; q++) {
-          const char *sq = q == r ? (premul ? own + i0 * es : ub + o) : fp_half(c, q, st->round) + o;
-          tc__reduce(dst, sq, m, op->dtype, kop);
-        }
+        tc__reduce3(dst, r == 0 ? in : fp_half(c, 0, st->round) + o,
+                    r == 1 ? in : fp_half(c, 1, st->round) + o, m, op->dtype, kop);
+        for (int q = 2; q < n; q++)
+          tc__reduce(dst, q == r ? in : fp_half(c, q, st->round) + o, m, op->dtype, kop);
         if (op->redop.type == TC_AVG) tc__divide(dst, m, op->dtype, (uint64_t)n);
         memcpy(ub + o, dst, m * es);
       }
@@ -1139,9 +1140,6 @@ static inline uint64_t bg(uint64_t k, int state) { return k << 2 | (uint64_t)sta
 static inline size_t bcast_split_at(size_t bytes) { return bytes / 2 & ~(size_t)4095; }
 static inline _Atomic uint64_t *bcast_gate(cpu_comm_t *c, int recv, uint64_t k) {
   return (_Atomic uint64_t *)(void *)(fp_slot(c, recv, k, 0) + FP_HDR);
-}
-static inline int bcast_split(const cpu_comm_t *c, int fam) {
-  return fam == FAM_BCAST && c->size == 2;
 }
 typedef struct { _Atomic uint64_t *g; uint64_t writing; } gate_arg_t;
 static int gate_writing(void *arg) {
