@@ -559,7 +559,19 @@ static void hier_rank(tc_ctx_t *ctx) {
   TC_ASSERT_OK(tc_comm_destroy(c));
 }
 
+/* Fake hosts need a transport between the hosts: with
+ * TORCHCOMMS_CPU_TRANSPORT=shm forced (the C suite run over shared memory
+ * only) there is no hierarchy to test, so these tests take the default
+ * (shared memory on a host, TCP between hosts) instead; "tcp" is kept. Each
+ * test runs in its own forked process: the setting is not changed for the
+ * tests after it. */
+static void hier_transport(void) {
+  const char *t = getenv("TORCHCOMMS_CPU_TRANSPORT");
+  if (t && !strcmp(t, "shm")) unsetenv("TORCHCOMMS_CPU_TRANSPORT");
+}
+
 static void hier_run(int n, const hier_case_t *hc) {
+  hier_transport();
   char fake[16];
   snprintf(fake, sizeof fake, "%d", hc->fake);
   setenv("TORCHCOMMS_CPU_HIER_FAKE_HOSTS", fake, 1);
@@ -625,6 +637,7 @@ static void hier_mismatch_rank(tc_ctx_t *ctx) {
 }
 
 TC_TEST(coll_hier_fake_hosts_mismatch) {
+  hier_transport();
   setenv("TORCHCOMMS_CPU_HIER_FAKE_HOSTS", "2", 1);
   tc_spawn(4, hier_mismatch_rank, NULL, 60);
 }
