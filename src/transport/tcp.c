@@ -180,13 +180,22 @@ static void tcp_put_hdr(unsigned char *h, uint32_t kind, uint32_t epoch, uint64_
 
 /* A lazy send is copied, header and all, into its peer's queue and counts
  * as done. The queue is written before any other message to that peer (in
- * order), at the start of each round of an exchange that has to wait (so a
- * peer waiting for what is queued is never waited on in turn), once
- * TCP_OQ_FLUSH bytes wait, and before the goodbye or the notice of
- * leaving. A broadcast's receiver that runs behind its root thus sends its
- * fingerprints a few at a time instead of one system call each. */
+ * order), before an exchange that waits goes to sleep (after its busy poll
+ * or yield phase: a peer waiting for what is queued waits that long at
+ * most, and is never waited on in turn while it does), once TCP_OQ_FLUSH
+ * bytes wait (16 fingerprints) or TCP_OQ_WEIGHT of their weight (a quarter
+ * of the bound CPU_OWED_BYTES at which the reader waits for the oldest
+ * half of what a peer owes it, backends/cpu/backend.c; the count's bound,
+ * CPU_OWED_MAX, is 64), and before the goodbye or the notice of leaving.
+ * So the peer never has to wait for a queue in the common case, and a
+ * broadcast's receiver sends its fingerprints 16 at a time instead of one
+ * system call per broadcast: 4 ranks on 2 cores, 8 bytes, ~2.5 sends per
+ * broadcast when every waiting round wrote the queues, a third of the
+ * kernel time of the whole operation (docs/benchmarks.md, "Lazy
+ * fingerprints over TCP: written before a sleep"). */
 #define TCP_OQ_CAP 2048u
 #define TCP_OQ_FLUSH 640u
+#define TCP_OQ_WEIGHT 8192u
 
 /* Writes what peer p's queue holds, without blocking: 1 when it is empty
  * after, 0 when the socket took only part (the rest stays). A peer whose
@@ -200,7 +209,7 @@ static int tcp_oq_flush(tcp_t *t, int p) {
     if (n <= 0) break; /* its failure is the next exchange's with it */
     *off += (uint32_t)n;
   }
-  t->oq_len[p] = t->oq_off[p] = 0;
+  t->oq_len[p] = t->oq_off[p] = t->oq_weight[p] = 0;
   return 1;
 }
 
@@ -222,12 +231,14 @@ static int tcp_oq_put(tcp_t *t, const tc_xfer_t *x) {
     t->oq = calloc(n, sizeof *t->oq);
     t->oq_len = calloc(n, sizeof *t->oq_len);
     t->oq_off = calloc(n, sizeof *t->oq_off);
-    if (!t->oq || !t->oq_len || !t->oq_off) {
+    t->oq_weight = calloc(n, sizeof *t->oq_weight);
+    if (!t->oq || !t->oq_len || !t->oq_off || !t->oq_weight) {
       free(t->oq);
       free(t->oq_len);
       free(t->oq_off);
+      free(t->oq_weight);
       t->oq = NULL;
-      t->oq_len = t->oq_off = NULL;
+      t->oq_len = t->oq_off = t->oq_weight = NULL;
       return 0;
     }
   }
@@ -238,8 +249,9 @@ static int tcp_oq_put(tcp_t *t, const tc_xfer_t *x) {
   tcp_put_hdr(at, x->kind, t->epoch, x->len);
   if (x->len) memcpy(at + TCP_HDR, x->buf, x->len);
   t->oq_len[p] += (uint32_t)need;
+  t->oq_weight[p] += x->lazy;
   t->oq_any = 1;
-  if (t->oq_len[p] >= TCP_OQ_FLUSH) (void)tcp_oq_flush(t, p);
+  if (t->oq_len[p] >= TCP_OQ_FLUSH || t->oq_weight[p] >= TCP_OQ_WEIGHT) (void)tcp_oq_flush(t, p);
   return 1;
 }
 
@@ -249,7 +261,7 @@ static int tcp_oq_put(tcp_t *t, const tc_xfer_t *x) {
 static int tcp_oq_clear(tcp_t *t, int p) {
   if (!t->oq || !t->oq_len[p] || tcp_oq_flush(t, p)) return 1;
   if (t->oq_off[p]) return 0;
-  t->oq_len[p] = 0;
+  t->oq_len[p] = t->oq_weight[p] = 0;
   return 1;
 }
 
@@ -323,40 +335,58 @@ static int tcp_is_kind(const unsigned char *h, uint32_t epoch, uint32_t kind, si
   return 1;
 }
 
-/* The fingerprint message m (n bytes of it peeked) is one peer p owes this
- * rank (tc_tp_op_t.owed_want): *got 1 when it was read (and matched), 2
- * when it is arriving (not whole yet), 0 when m is no such message.
- * TC_ERR_PROTOCOL with the mismatch (the others told). */
+/* Fingerprints peer p owes this rank (tc_tp_op_t.owed_want), read while
+ * the exchange waits for something else: at most TCP_OWED_BATCH whole
+ * TC_XFER_FP messages, each owed, at the front of its stream, seen in the
+ * n bytes m peeked, are read with one recv and compared (a root of 8-byte
+ * broadcasts at 4 ranks on 2 cores found a few dozen queued each time, and
+ * read them with a peek and a recv each). *got: how many were read; *more:
+ * what follows them in m, TCP_OWED_NONE (nothing whole: it may be
+ * arriving), TCP_OWED_NOTICE (a notice header), TCP_OWED_OTHER (anything
+ * else: for a later exchange). TC_ERR_PROTOCOL with a mismatch (the others
+ * told). */
+enum { TCP_OWED_BATCH = 32, TCP_OWED_MSG = TCP_HDR + sizeof(tc_opfp_t) };
+enum { TCP_OWED_NONE, TCP_OWED_NOTICE, TCP_OWED_OTHER };
 static int tcp_read_owed(tcp_t *t, int p, const tc_tp_op_t *op, const unsigned char *m,
-                         size_t n, int *got) {
-  enum { M = TCP_HDR + sizeof(tc_opfp_t) };
-  size_t len = 0;
+                         size_t n, size_t *got, int *more) {
+  const size_t M = TCP_OWED_MSG;
+  size_t j = 0, len = 0;
   *got = 0;
-  if (!op->owed_want || !tcp_is_kind(m, t->epoch, TC_XFER_FP, &len) ||
-      len != sizeof(tc_opfp_t))
-    return TC_OK;
-  const tc_opfp_t *want = op->owed_want(op->owed_arg, p);
-  if (!want) return TC_OK;
-  *got = 2;
-  if (n < M) return TC_OK; /* not whole yet: at a later round */
-  unsigned char b[M];
+  while (j < TCP_OWED_BATCH && (j + 1) * M <= n && op->owed_want &&
+         tcp_is_kind(m + j * M, t->epoch, TC_XFER_FP, &len) && len == sizeof(tc_opfp_t) &&
+         op->owed_want(op->owed_arg, p, (uint32_t)j))
+    j++;
+  size_t at = j * M;
+  *more = n - at < TCP_HDR ? TCP_OWED_NONE
+          : tcp_is_kind(m + at, t->epoch, TC_XFER_NOTICE, &len) ? TCP_OWED_NOTICE
+          : tcp_is_kind(m + at, t->epoch, TC_XFER_FP, &len) && len == sizeof(tc_opfp_t) &&
+                  n - at < M && op->owed_want && op->owed_want(op->owed_arg, p, (uint32_t)j)
+              ? TCP_OWED_NONE /* an owed one, not whole yet: at a later round */
+              : TCP_OWED_OTHER;
+  if (!j) return TC_OK;
+  unsigned char b[TCP_OWED_BATCH * TCP_OWED_MSG];
   ssize_t r;
-  do r = recv(t->fd[p], b, M, MSG_DONTWAIT); /* what was peeked: there */
+  do r = recv(t->fd[p], b, at, MSG_DONTWAIT); /* what was peeked: there */
   while (r < 0 && errno == EINTR);
-  if (r != (ssize_t)M) /* what was peeked is there: cannot be */
-    return tcp_fail(t, op, TC_ERR_SYSTEM, "could not read peer %d's fingerprint (%s)", p,
+  if (r != (ssize_t)at) /* what was peeked is there: cannot be */
+    return tcp_fail(t, op, TC_ERR_SYSTEM, "could not read peer %d's fingerprints (%s)", p,
                     r < 0 ? strerror(errno) : "short read");
-  /* the current collective's own: found now, not later */
-  const int now = op->fp && op->fp->seq == want->seq;
-  tc_xfer_t x = {.peer = p, .kind = TC_XFER_FP, .buf = b + TCP_HDR, .len = sizeof(tc_opfp_t),
-                 .fp_want = now ? NULL : want};
   char why[400];
-  if (tc__xfer_fp_problem(&x, op, t->rank, why, sizeof why)) {
+  int bad = 0;
+  for (size_t i = 0; i < j && !bad; i++) {
+    const tc_opfp_t *want = op->owed_want(op->owed_arg, p, (uint32_t)i);
+    /* the current collective's own: found now, not later */
+    const int now = op->fp && op->fp->seq == want->seq;
+    tc_xfer_t x = {.peer = p, .kind = TC_XFER_FP, .buf = b + i * M + TCP_HDR,
+                   .len = sizeof(tc_opfp_t), .fp_want = now ? NULL : want};
+    bad = tc__xfer_fp_problem(&x, op, t->rank, why, sizeof why);
+  }
+  op->owed_read(op->owed_arg, p, (uint32_t)j); /* out of the stream, all of them */
+  if (bad) {
     tcp_notice_send(t, TC_ERR_PROTOCOL, why);
     return tcp_fail(t, op, TC_ERR_PROTOCOL, "%s", why);
   }
-  op->owed_read(op->owed_arg, p);
-  *got = 1;
+  *got = j;
   return TC_OK;
 }
 
@@ -364,9 +394,9 @@ static int tcp_read_owed(tcp_t *t, int p, const tc_tp_op_t *op, const unsigned c
  * fails the exchange; fingerprints it owes are read (tcp_read_owed);
  * anything else is for a later exchange and is left unread (the peer is
  * not watched for input again in this exchange). One peek shows a
- * header, or a whole fingerprint message. */
+ * header, or the fingerprints owed that are there and what follows. */
 static int tcp_peek_notice(tcp_t *t, int p, const tc_tp_op_t *op) {
-  unsigned char m[TCP_HDR + sizeof(tc_opfp_t)];
+  unsigned char m[TCP_OWED_BATCH * TCP_OWED_MSG + TCP_HDR];
   size_t len = 0;
   ssize_t n;
   for (;;) {
@@ -379,10 +409,11 @@ static int tcp_peek_notice(tcp_t *t, int p, const tc_tp_op_t *op) {
       char text[TC_XFER_NOTICE_MAX + 1];
       return tcp_notice_got(t, op, p, text, 0, len);
     }
-    int got, rc = tcp_read_owed(t, p, op, m, (size_t)n, &got);
+    size_t got;
+    int more, rc = tcp_read_owed(t, p, op, m, (size_t)n, &got, &more);
     if (rc != TC_OK) return rc;
-    if (got == 1) continue;
-    if (got == 0) t->quiet[p] = 1; /* else: the rest at a later round */
+    if (got == TCP_OWED_BATCH || (got && more == TCP_OWED_NOTICE)) continue;
+    if (more == TCP_OWED_OTHER) t->quiet[p] = 1; /* else: the rest at a later round */
     return TC_OK;
   }
 }
@@ -413,12 +444,17 @@ static int tcp_check_hdr(tcp_t *t, const tc_tp_op_t *op, const tc_xfer_t *x) {
  * block or the chain is done. */
 static int tcp_progress(tcp_t *t, tc_xfer_t *x, int *head, int is_send,
                         size_t *remaining, const tc_tp_op_t *op) {
-  if (is_send && *head >= 0 && t->oq && t->oq_len[x[*head].peer] &&
-      !tcp_oq_flush(t, x[*head].peer))
-    return TC_OK; /* the queue goes first: the socket is full */
   while (*head >= 0) {
     struct iovec iov[TCP_MAX_IOV];
-    int niov = 0;
+    int niov = 0, peer = x[*head].peer, fd = t->fd[peer];
+    /* the peer's queue of lazy sends goes first, in the same call (an
+     * interior rank of a broadcast queues its fingerprint for a child in
+     * the exchange that receives, then sends the data in the next) */
+    size_t qlen = 0;
+    if (is_send && t->oq && t->oq_len[peer]) {
+      qlen = t->oq_len[peer] - t->oq_off[peer];
+      iov[niov++] = (struct iovec){t->oq[peer] + t->oq_off[peer], qlen};
+    }
     for (int k = *head; k >= 0 && niov + 2 <= TCP_MAX_IOV; k = x[k].next) {
       tc_xfer_t *xf = &x[k];
       if (xf->done < TCP_HDR) {
@@ -429,7 +465,6 @@ static int tcp_progress(tcp_t *t, tc_xfer_t *x, int *head, int is_send,
         iov[niov++] = (struct iovec){(char *)xf->buf + off, xf->len - off};
       }
     }
-    int peer = x[*head].peer, fd = t->fd[peer];
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
     ssize_t n = is_send ? sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT)
                         : recvmsg(fd, &mh, MSG_DONTWAIT);
@@ -438,6 +473,7 @@ static int tcp_progress(tcp_t *t, tc_xfer_t *x, int *head, int is_send,
       if (errno == EAGAIN || errno == EWOULDBLOCK) return TC_OK;
       int err = errno;
       if (t->gone[peer] && is_send) { /* it said goodbye: nothing to deliver */
+        if (qlen) t->oq_len[peer] = t->oq_off[peer] = t->oq_weight[peer] = 0;
         while (*head >= 0) {
           (*remaining)--;
           *head = x[*head].next;
@@ -448,6 +484,14 @@ static int tcp_progress(tcp_t *t, tc_xfer_t *x, int *head, int is_send,
     }
     if (n == 0) return tcp_dead(t, op, peer, 0); /* EOF (recv only) */
     size_t left = (size_t)n;
+    if (qlen) {
+      if (left < qlen) { /* the socket is full */
+        t->oq_off[peer] += (uint32_t)left;
+        return TC_OK;
+      }
+      t->oq_len[peer] = t->oq_off[peer] = t->oq_weight[peer] = 0;
+      left -= qlen;
+    }
     while (left > 0 && *head >= 0) {
       tc_xfer_t *xf = &x[*head];
       size_t total = TCP_HDR + xf->len, take = total - xf->done;
@@ -574,10 +618,11 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
         (rc = tcp_progress(t, x, &t->recv_head[p], 0, &remaining, op)) != TC_OK)
       return rc;
 
+  int slept = 0; /* this exchange went to sleep: the queues go at each round */
   while (remaining > 0) {
     if (atomic_load(t->aborted))
       return tcp_fail(t, op, TC_ERR_ABORTED, "communicator was aborted");
-    if (t->oq_any) tcp_oq_flush_all(t); /* nobody waits on what this rank queued */
+    if (t->oq_any && slept) tcp_oq_flush_all(t); /* nobody waits on what this rank queued */
     double left = op->deadline - tc__now();
     if (left <= 0) return tcp_timeout(t, x, nx, op);
     int np = 0;
@@ -586,7 +631,7 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
     for (int p = 0; p < t->size; p++) {
       if (t->fd[p] < 0) continue;
       short ev = 0;
-      if (t->send_head[p] >= 0 || (t->oq && t->oq_len[p])) ev |= POLLOUT;
+      if (t->send_head[p] >= 0 || (slept && t->oq && t->oq_len[p])) ev |= POLLOUT;
       if (t->recv_head[p] >= 0) ev |= POLLIN;
       /* a peer with nothing pending: its failure notice, if it sends one */
       else if (!t->quiet[p] && !t->gone[p] && !t->hup[p]) ev |= POLLIN;
@@ -611,6 +656,10 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
     if (t->poll_yield_s > 0) { /* more ranks than cores: the core goes to them */
       double until = tc__now() + t->poll_yield_s;
       while ((r = poll(t->pfd, (nfds_t)np, 0)) == 0 && tc__now() < until) sched_yield();
+    }
+    if (r == 0 && !slept) {
+      slept = 1; /* "Lazy sends": the queues before the sleep */
+      if (t->oq_any) continue;
     }
     if (r == 0) r = poll(t->pfd, (nfds_t)np, ms);
     if (r < 0) {
@@ -709,6 +758,7 @@ void tc__tcp_close(void *vtp) {
   free(t->oq);
   free(t->oq_len);
   free(t->oq_off);
+  free(t->oq_weight);
   free(t->host_id);
   free(t->quiet);
   free(t);

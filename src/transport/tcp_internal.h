@@ -60,9 +60,10 @@ typedef struct tcp {
   /* [size] each, allocated at first use: whole messages of lazy sends
    * (tc_xfer_t.lazy) not written yet, bytes oq_off .. oq_len of oq[p];
    * written before anything else to that peer, before an exchange sleeps,
-   * once TCP_OQ_FLUSH bytes wait, and when leaving (tcp.c, "Lazy sends") */
+   * once TCP_OQ_FLUSH bytes or TCP_OQ_WEIGHT of their weight (tc_xfer_t.lazy)
+   * wait, and when leaving (tcp.c, "Lazy sends") */
   unsigned char **oq;
-  uint32_t *oq_len, *oq_off;
+  uint32_t *oq_len, *oq_off, *oq_weight;
   int oq_any; /* some queue may hold bytes */
   unsigned char token[16]; /* the communicator's random token */
   uint32_t epoch;          /* the configuration, in every header and hello */

@@ -97,11 +97,14 @@ typedef struct tc_xfer {
    * exchange's (tc_tp_op_t.fp): one an earlier collective is owed (the
    * root of a broadcast reads its receivers' later); NULL: the exchange's */
   const tc_opfp_t *fp_want;
-  /* 1: a small send that may wait in a queue (TCP) and go with the next
-   * message to its peer, before this rank waits for anything, or once a
-   * few are queued; complete when queued. For the fingerprint a broadcast's
-   * receiver owes its root, which reads it later (backends/cpu/backend.c) */
-  int lazy;
+  /* > 0: a small send that may wait in a queue (TCP) and go with the next
+   * message to its peer, before this rank sleeps in a wait, or once a few
+   * are queued; complete when queued. For the fingerprint a peer reads
+   * later (backends/cpu/backend.c, "Fingerprints owed"); the value is what
+   * that peer counts for it against its bound (CPU_OWED_BYTES), so that
+   * the queue goes out before the peer has to wait for it (tcp.c, "Lazy
+   * sends") */
+  uint32_t lazy;
   /* private to the transport */
   size_t done;  /* bytes moved, header included */
   int next;     /* next transfer of the same peer and direction, or -1 */
@@ -142,12 +145,13 @@ typedef struct tc_tp_op {
   /* fingerprints peers owe this rank (backends/cpu/backend.c, "Fingerprints
    * owed"), read as soon as they are there: while the exchange waits, a
    * peer with nothing pending in it whose next message is a whole
-   * TC_XFER_FP one is read if owed_want(owed_arg, peer) gives the
-   * fingerprint to compare it with (NULL: none owed), and owed_read then
-   * drops that one. So a rank that waits on another of another mind (a
+   * TC_XFER_FP one is read if owed_want(owed_arg, peer, i) gives the
+   * fingerprint to compare it with (i: the i-th oldest owed, from 0; NULL:
+   * not that many owed), and owed_read(owed_arg, peer, k) then drops the k
+   * oldest (several read with one recv). So a rank that waits on another of another mind (a
    * mismatch) finds it in what a third sent ahead of time. NULL: never. */
-  const tc_opfp_t *(*owed_want)(void *arg, int peer);
-  void (*owed_read)(void *arg, int peer);
+  const tc_opfp_t *(*owed_want)(void *arg, int peer, uint32_t i);
+  void (*owed_read)(void *arg, int peer, uint32_t k);
   void *owed_arg;
 } tc_tp_op_t;
 

@@ -184,12 +184,12 @@ static int owed_push(cpu_ctx_t *ctx, int p, uint32_t bytes) {
   return TC_OK;
 }
 
-/* tc_tp_op_t.owed_want and owed_read: the oldest fingerprint peer p owes,
- * read by the transport while it waits for something else. */
-static const tc_opfp_t *owed_want(void *arg, int p) {
+/* tc_tp_op_t.owed_want and owed_read: the i-th oldest fingerprint peer p
+ * owes (from 0), read by the transport while it waits for something else. */
+static const tc_opfp_t *owed_want(void *arg, int p, uint32_t i) {
   cpu_comm_t *c = arg;
   const cpu_owed_t *o = c->owed ? c->owed[p] : NULL;
-  return o && o->n && !o->take ? &o->want[o->head] : NULL;
+  return o && i < o->n && !o->take ? &o->want[(o->head + i) % CPU_OWED_RING] : NULL;
 }
 /* The k oldest fingerprints o holds were read: no longer owed. */
 static void owed_drop(cpu_comm_t *c, cpu_owed_t *o, uint32_t k) {
@@ -198,9 +198,9 @@ static void owed_drop(cpu_comm_t *c, cpu_owed_t *o, uint32_t k) {
   o->n -= k;
   c->owed_n -= k;
 }
-static void owed_read(void *arg, int p) {
+static void owed_read(void *arg, int p, uint32_t k) {
   cpu_comm_t *c = arg;
-  owed_drop(c, c->owed[p], 1);
+  owed_drop(c, c->owed[p], k);
 }
 
 /* Writes the receives of what the current exchange reads (owed_take) at x
@@ -286,11 +286,13 @@ static int cpu_xchg_fp(cpu_ctx_t *ctx, tc_xfer_t *x, size_t n, tc_tp_op_t *t) {
     int gets = 0, gives = 0;
     for (size_t j = 0; small_bcast && j < n; j++)
       if (x[j].peer == p) *(x[j].is_send ? &gives : &gets) = 1;
+    /* what each side counts for one owed fingerprint (CPU_OWED_BYTES) */
+    const uint32_t weigh = (uint32_t)obytes + 2 * (uint32_t)sizeof(tc_opfp_t) + 16u;
     c->fpx[k] = tc__xfer_send(p, &ctx->fp, sizeof ctx->fp);
-    c->fpx[k].lazy = small_bcast && !gives; /* p reads it later */
+    c->fpx[k].lazy = small_bcast && !gives ? weigh : 0; /* p reads it later */
     c->fpx[k++].kind = TC_XFER_FP;
     if (small_bcast && !gets) {
-      int rc = owed_push(ctx, p, (uint32_t)obytes + 2 * (uint32_t)sizeof(tc_opfp_t) + 16u);
+      int rc = owed_push(ctx, p, weigh);
       if (rc != TC_OK) {
         owed_done(c, rc);
         return rc;
