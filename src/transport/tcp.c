@@ -347,26 +347,28 @@ static int tcp_is_kind(const unsigned char *h, uint32_t epoch, uint32_t kind, si
  * told). */
 enum { TCP_OWED_BATCH = 32, TCP_OWED_MSG = TCP_HDR + sizeof(tc_opfp_t) };
 enum { TCP_OWED_NONE, TCP_OWED_NOTICE, TCP_OWED_OTHER };
-static int tcp_read_owed(tcp_t *t, int p, const tc_tp_op_t *op, const unsigned char *m,
-                         size_t n, size_t *got, int *more) {
+/* 1 if the header at h starts the j-th oldest fingerprint p owes. */
+static int tcp_owed_at(const tcp_t *t, int p, const tc_tp_op_t *op, const unsigned char *h,
+                       size_t j) {
+  size_t len = 0;
+  return op->owed_want && tcp_is_kind(h, t->epoch, TC_XFER_FP, &len) &&
+         len == sizeof(tc_opfp_t) && op->owed_want(op->owed_arg, p, (uint32_t)j);
+}
+static int tcp_read_owed(tcp_t *t, int p, const tc_tp_op_t *op, unsigned char *m, size_t n,
+                         size_t *got, int *more) {
   const size_t M = TCP_OWED_MSG;
   size_t j = 0, len = 0;
   *got = 0;
-  while (j < TCP_OWED_BATCH && (j + 1) * M <= n && op->owed_want &&
-         tcp_is_kind(m + j * M, t->epoch, TC_XFER_FP, &len) && len == sizeof(tc_opfp_t) &&
-         op->owed_want(op->owed_arg, p, (uint32_t)j))
-    j++;
-  size_t at = j * M;
-  *more = n - at < TCP_HDR ? TCP_OWED_NONE
+  while (j < TCP_OWED_BATCH && (j + 1) * M <= n && tcp_owed_at(t, p, op, m + j * M, j)) j++;
+  const size_t at = j * M;
+  *more = n - at < TCP_HDR                                        ? TCP_OWED_NONE
           : tcp_is_kind(m + at, t->epoch, TC_XFER_NOTICE, &len) ? TCP_OWED_NOTICE
-          : tcp_is_kind(m + at, t->epoch, TC_XFER_FP, &len) && len == sizeof(tc_opfp_t) &&
-                  n - at < M && op->owed_want && op->owed_want(op->owed_arg, p, (uint32_t)j)
+          : n - at < M && tcp_owed_at(t, p, op, m + at, j)
               ? TCP_OWED_NONE /* an owed one, not whole yet: at a later round */
               : TCP_OWED_OTHER;
   if (!j) return TC_OK;
-  unsigned char b[TCP_OWED_BATCH * TCP_OWED_MSG];
   ssize_t r;
-  do r = recv(t->fd[p], b, at, MSG_DONTWAIT); /* what was peeked: there */
+  do r = recv(t->fd[p], m, at, MSG_DONTWAIT); /* what was peeked (the same bytes) */
   while (r < 0 && errno == EINTR);
   if (r != (ssize_t)at) /* what was peeked is there: cannot be */
     return tcp_fail(t, op, TC_ERR_SYSTEM, "could not read peer %d's fingerprints (%s)", p,
@@ -377,7 +379,7 @@ static int tcp_read_owed(tcp_t *t, int p, const tc_tp_op_t *op, const unsigned c
     const tc_opfp_t *want = op->owed_want(op->owed_arg, p, (uint32_t)i);
     /* the current collective's own: found now, not later */
     const int now = op->fp && op->fp->seq == want->seq;
-    tc_xfer_t x = {.peer = p, .kind = TC_XFER_FP, .buf = b + i * M + TCP_HDR,
+    tc_xfer_t x = {.peer = p, .kind = TC_XFER_FP, .buf = m + i * M + TCP_HDR,
                    .len = sizeof(tc_opfp_t), .fp_want = now ? NULL : want};
     bad = tc__xfer_fp_problem(&x, op, t->rank, why, sizeof why);
   }
@@ -657,9 +659,10 @@ static int tcp_exchange(void *vtp, tc_xfer_t *x, size_t nx, const tc_tp_op_t *op
       double until = tc__now() + t->poll_yield_s;
       while ((r = poll(t->pfd, (nfds_t)np, 0)) == 0 && tc__now() < until) sched_yield();
     }
-    if (r == 0 && !slept) {
-      slept = 1; /* "Lazy sends": the queues before the sleep */
-      if (t->oq_any) continue;
+    if (r == 0 && !slept) { /* "Lazy sends": the queues before the sleep */
+      slept = 1;
+      if (t->oq_any) tcp_oq_flush_all(t);
+      if (t->oq_any) continue; /* a full socket: the next round polls it for room */
     }
     if (r == 0) r = poll(t->pfd, (nfds_t)np, ms);
     if (r < 0) {

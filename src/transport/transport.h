@@ -148,8 +148,9 @@ typedef struct tc_tp_op {
    * TC_XFER_FP one is read if owed_want(owed_arg, peer, i) gives the
    * fingerprint to compare it with (i: the i-th oldest owed, from 0; NULL:
    * not that many owed), and owed_read(owed_arg, peer, k) then drops the k
-   * oldest (several read with one recv). So a rank that waits on another of another mind (a
-   * mismatch) finds it in what a third sent ahead of time. NULL: never. */
+   * oldest (several read with one recv). So a rank that waits on another
+   * of another mind (a mismatch) finds it in what a third sent ahead of
+   * time. NULL: never. */
   const tc_opfp_t *(*owed_want)(void *arg, int peer, uint32_t i);
   void (*owed_read)(void *arg, int peer, uint32_t k);
   void *owed_arg;

@@ -105,9 +105,9 @@ int tc__cpu_xfers(cpu_ctx_t *ctx, size_t n, tc_xfer_t **out) {
  * its parent's. Its own fingerprint goes at once to the peers it sends
  * data to, and as a lazy send to the others (tc_xfer_t.lazy: queued, and
  * written with the next message to that peer, before the rank sleeps in a
- * wait, or 16 at a time; tcp.c, "Lazy sends"). So a rank never takes data it has not
- * checked (never a wrong result), and no rank waits for a peer that sends
- * it nothing. It reads what a peer owes before anything else from that
+ * wait, or 16 at a time; tcp.c, "Lazy sends"). So a rank never takes data
+ * it has not checked (never a wrong result), and no rank waits for a peer
+ * that sends it nothing. It reads what a peer owes before anything else from that
  * peer: at its next exchange that receives from it; when CPU_OWED_MAX are
  * owed, or it sent the peer more than CPU_OWED_BYTES since the oldest (it
  * then waits for the oldest half at least); and at finalize
