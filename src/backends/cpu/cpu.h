@@ -103,6 +103,15 @@
  * (docs/benchmarks.md, "Single copy from 32 KiB"). */
 #define CPU_CMA_CAL_SMALL_BYTES (32u * 1024u)
 #define CPU_CMA_CAL_REPS 3
+/* ...each sample the time per operation of this many back to back. One
+ * operation per sample chose single copy for all_to_all at 4 ranks on the
+ * 2-core AMD host of 2026-12-07 in some launches and the segments in
+ * others, where the segments are twice as fast in steady state (256 KiB
+ * per rank 32-40 us against 58-94): the one operation's time was the time
+ * slices that brought the four ranks in, not the copies
+ * (docs/benchmarks.md, "Single copy chosen per host: samples of several
+ * operations"). */
+#define CPU_CMA_CAL_OPS 4
 #define CPU_CMA_CAL_MARGIN 0.9
 /* ...unless some rank counts more than this many ranks per core: beyond
  * it the timings are mostly time slices. Up to it they still tell the two
