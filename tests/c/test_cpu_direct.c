@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -650,6 +651,51 @@ TC_TEST(cpu_direct_stream_threshold) {
   TC_ASSERT_EQ(tc__cpu_stream_min((size_t)480 << 20, 4), (size_t)15 << 20);
   TC_ASSERT_EQ(tc__cpu_stream_min((size_t)480 << 20, 8), (size_t)8 << 20);
   TC_ASSERT_EQ(tc__cpu_stream_min((size_t)480 << 20, 1), (size_t)60 << 20);
+}
+
+/* The L3's size from a sysfs-like cache directory (tc__cpu_llc_bytes):
+ * the level-3 entry's size with its K/M/G suffix; 0 where the directory
+ * has no level-3 entry or does not exist; the scan stops at the first
+ * missing indexK. */
+static void llc_put(const char *dir, int i, const char *level, const char *size) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/index%d", dir, i);
+  TC_ASSERT_EQ(mkdir(path, 0700), 0);
+  snprintf(path, sizeof path, "%s/index%d/level", dir, i);
+  FILE *f = fopen(path, "w");
+  TC_ASSERT(f != NULL);
+  fprintf(f, "%s\n", level);
+  fclose(f);
+  snprintf(path, sizeof path, "%s/index%d/size", dir, i);
+  TC_ASSERT((f = fopen(path, "w")) != NULL);
+  fprintf(f, "%s\n", size);
+  fclose(f);
+}
+TC_TEST(cpu_direct_llc_from_sysfs) {
+  char dir[] = "/tmp/tc_llc_XXXXXX", sub[600];
+  TC_ASSERT(mkdtemp(dir));
+  TC_ASSERT_EQ(tc__cpu_llc_bytes(dir), (size_t)0); /* no entries */
+  TC_ASSERT_EQ(tc__cpu_llc_bytes("/nonexistent/tc_llc"), (size_t)0);
+  llc_put(dir, 0, "1", "32K");
+  llc_put(dir, 1, "1", "32K");
+  llc_put(dir, 2, "2", "1024K");
+  TC_ASSERT_EQ(tc__cpu_llc_bytes(dir), (size_t)0); /* no level 3 */
+  llc_put(dir, 3, "3", "32768K");
+  TC_ASSERT_EQ(tc__cpu_llc_bytes(dir), (size_t)32 << 20);
+  llc_put(dir, 5, "3", "1G"); /* after a gap: not read */
+  TC_ASSERT_EQ(tc__cpu_llc_bytes(dir), (size_t)32 << 20);
+  llc_put(dir, 4, "3", "480M"); /* two level-3 entries: the larger */
+  TC_ASSERT_EQ(tc__cpu_llc_bytes(dir), (size_t)1 << 30);
+  TC_ASSERT_EQ(tc__cpu_stream_min(tc__cpu_llc_bytes(dir), 2), (size_t)64 << 20);
+  for (int i = 0; i <= 5; i++) {
+    snprintf(sub, sizeof sub, "%s/index%d/level", dir, i);
+    unlink(sub);
+    snprintf(sub, sizeof sub, "%s/index%d/size", dir, i);
+    unlink(sub);
+    snprintf(sub, sizeof sub, "%s/index%d", dir, i);
+    rmdir(sub);
+  }
+  TC_ASSERT_EQ(rmdir(dir), 0);
 }
 
 /* ---- failures ---- */

@@ -1000,8 +1000,12 @@ int tc__cpu_open(const tc_backend_init_args_t *a, tc_tp_choice_t choice, int chi
     if (tc__setting_is_set(TC_SET_CPU_STREAM_BYTES)) {
       c->stream_min = (size_t)tc__setting_bytes(TC_SET_CPU_STREAM_BYTES);
     } else {
-      long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-      c->stream_min = tc__cpu_stream_min(llc > 0 ? (size_t)llc : 0, c->size);
+      size_t llc = tc__cpu_llc_bytes("/sys/devices/system/cpu/cpu0/cache");
+      if (!llc) {
+        long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+        llc = v > 0 ? (size_t)v : 0;
+      }
+      c->stream_min = tc__cpu_stream_min(llc, c->size);
     }
     /* single copy (process_vm_readv from the peers' buffers) or two
      * copies through the shared segments: which is faster depends on the

@@ -170,6 +170,14 @@
 /* The streaming threshold for an L3 cache of llc bytes (0: unknown) shared
  * by nranks ranks. */
 size_t tc__cpu_stream_min(size_t llc, int nranks);
+/* The L3's size in bytes as the kernel describes the caches under dir
+ * (/sys/devices/system/cpu/cpuN/cache: indexK/level "3", indexK/size
+ * "32768K"); 0 if none is described there. Not sysconf's
+ * _SC_LEVEL3_CACHE_SIZE: glibc read 320 MiB on the AMD EPYC guest of
+ * 2026-12-07 whose L3 is 32 MiB (sysfs, lscpu), which put the streaming
+ * threshold at 20 MiB blocks instead of 8 (docs/benchmarks.md, "The L3's
+ * size from sysfs"). */
+size_t tc__cpu_llc_bytes(const char *dir);
 
 /* The progress of a resumable shared-memory operation. */
 typedef struct cpu_fast {

@@ -49,6 +49,7 @@
 #include "backends/cpu/cpu.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -764,6 +765,32 @@ int tc__cpu_fast_fpsync(cpu_ctx_t *ctx) {
 /* ------------------------------------------------------------------------ */
 /* Large: rounds through the big halves, resumable at every wait             */
 /* ------------------------------------------------------------------------ */
+
+size_t tc__cpu_llc_bytes(const char *dir) {
+  size_t best = 0;
+  for (int i = 0; i < 16; i++) { /* index0, index1, ...: one per cache */
+    char path[512], buf[64];
+    int level = 0;
+    snprintf(path, sizeof path, "%s/index%d/level", dir, i);
+    FILE *f = fopen(path, "r");
+    if (!f) break;
+    if (!fgets(buf, sizeof buf, f)) buf[0] = 0;
+    fclose(f);
+    level = atoi(buf);
+    if (level != 3) continue;
+    snprintf(path, sizeof path, "%s/index%d/size", dir, i);
+    if (!(f = fopen(path, "r"))) continue;
+    if (!fgets(buf, sizeof buf, f)) buf[0] = 0;
+    fclose(f);
+    char *end;
+    unsigned long long v = strtoull(buf, &end, 10);
+    size_t mul = *end == 'K' ? 1024u : *end == 'M' ? 1024u * 1024u
+                 : *end == 'G' ? (size_t)1024u * 1024u * 1024u : 1u;
+    if (end == buf || v == 0) continue;
+    if ((size_t)v * mul > best) best = (size_t)v * mul;
+  }
+  return best;
+}
 
 size_t tc__cpu_stream_min(size_t llc, int nranks) {
   size_t m = llc / (CPU_STREAM_LLC_PER_RANK * (size_t)(nranks > 1 ? nranks : 1));
