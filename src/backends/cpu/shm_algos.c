@@ -766,28 +766,28 @@ int tc__cpu_fast_fpsync(cpu_ctx_t *ctx) {
 /* Large: rounds through the big halves, resumable at every wait             */
 /* ------------------------------------------------------------------------ */
 
+/* dir/indexK/name's first line into buf; 0 if it cannot be read. */
+static int cache_attr(const char *dir, int k, const char *name, char *buf, int len) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/index%d/%s", dir, k, name);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  const int ok = fgets(buf, len, f) != NULL;
+  fclose(f);
+  return ok;
+}
+
 size_t tc__cpu_llc_bytes(const char *dir) {
   size_t best = 0;
-  for (int i = 0; i < 16; i++) { /* index0, index1, ...: one per cache */
-    char path[512], buf[64];
-    int level = 0;
-    snprintf(path, sizeof path, "%s/index%d/level", dir, i);
-    FILE *f = fopen(path, "r");
-    if (!f) break;
-    if (!fgets(buf, sizeof buf, f)) buf[0] = 0;
-    fclose(f);
-    level = atoi(buf);
-    if (level != 3) continue;
-    snprintf(path, sizeof path, "%s/index%d/size", dir, i);
-    if (!(f = fopen(path, "r"))) continue;
-    if (!fgets(buf, sizeof buf, f)) buf[0] = 0;
-    fclose(f);
+  char buf[64];
+  /* index0, index1, ...: one per cache, up to the first missing one */
+  for (int k = 0; k < 16 && cache_attr(dir, k, "level", buf, sizeof buf); k++) {
+    if (atoi(buf) != 3 || !cache_attr(dir, k, "size", buf, sizeof buf)) continue;
     char *end;
-    unsigned long long v = strtoull(buf, &end, 10);
-    size_t mul = *end == 'K' ? 1024u : *end == 'M' ? 1024u * 1024u
-                 : *end == 'G' ? (size_t)1024u * 1024u * 1024u : 1u;
-    if (end == buf || v == 0) continue;
-    if ((size_t)v * mul > best) best = (size_t)v * mul;
+    const size_t v = (size_t)strtoull(buf, &end, 10);
+    const size_t mul = *end == 'K' ? (size_t)1 << 10 : *end == 'M' ? (size_t)1 << 20
+                       : *end == 'G' ? (size_t)1 << 30 : 1;
+    if (v * mul > best) best = v * mul;
   }
   return best;
 }
