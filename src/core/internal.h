@@ -184,6 +184,12 @@ TC_INTERNAL void tc__divide(void *buf, size_t n, tc_dtype_t dtype,
  * AVX512-FP16 float16 ones (reduce and reduce3). Returns the tier in use
  * before the call (0 to 3). For tests and benchmarks. */
 TC_INTERNAL int tc__reduce_set_simd(int level);
+/* The vector width of the AVX-512 (tier 2) float16 reduce and reduce3
+ * kernels: 256 or 512 bits, or 0 for the CPU's choice (512 but on AMD
+ * family 19h, Zen 4). Returns the width in use before the call, 0 where
+ * those kernels are not in use (no AVX-512, a tier set below 2, or the
+ * AVX512-FP16 ones in use). For tests and benchmarks. */
+TC_INTERNAL int tc__reduce_set_f16_width(int bits);
 /* 1 where the compiler builds tier 3, the AVX512-FP16 kernels (GCC 12 and
  * clang 14 have the intrinsics). */
 #if (defined(__clang__) && __clang_major__ >= 14) ||                           \

@@ -680,15 +680,25 @@ TC__AVX512_INLINE void tc__zbf_store2(uint16_t *p, __m512 ev, __m512 od) {
     }                                                                          \
   } while (0)
 
-/* The float16 kernels of this tier run on 256-bit vectors (AVX-512VL):
- * the loop is bound by the conversions (vcvtph2ps twice and vcvtps2ph once
- * per result), and on Zen 4 those run about 12 % faster per element on
- * 256-bit vectors than on 512-bit ones (bench/f16_bound_probe.c: ymm-bare
- * 25.9 against zmm-bare 23.2 GB/s at 64 KiB). tcreduce_bench reduce3,
- * 64 KiB-1 MiB: 20.4-21.2 GB/s on 512-bit vectors (one NaN test per 64
- * results), 22.0-23.5 on these; float16 all_reduce at 2 ranks against
- * float32, medians of 6 interleaved launches: 64 KiB x0.83 -> x0.87,
- * 256 KiB x0.89 -> x0.92, 1 MiB x0.92 -> x0.97, 16 KiB x0.81 both. */
+/* The float16 kernels of this tier come in two widths, both bound by the
+ * conversions (vcvtph2ps twice and vcvtps2ph once per result), picked by
+ * the CPU (simd16, f16_zmm_cpu):
+ *  - 256-bit vectors (AVX-512VL) on Zen 4, which runs those conversions
+ *    about 12 % faster per element on 256-bit vectors than on 512-bit ones
+ *    (bench/f16_bound_probe.c: ymm-bare 25.9 against zmm-bare 23.2 GB/s at
+ *    64 KiB). tcreduce_bench reduce3, 64 KiB-1 MiB: 20.4-21.2 GB/s on
+ *    512-bit vectors (one NaN test per 64 results), 22.0-23.5 on these;
+ *    float16 all_reduce at 2 ranks against float32, medians of 6
+ *    interleaved launches: 64 KiB x0.83 -> x0.87, 256 KiB x0.89 -> x0.92,
+ *    1 MiB x0.92 -> x0.97, 16 KiB x0.81 both.
+ *  - 512-bit vectors everywhere else: on Zen 5 (AMD family 1Ah, full-width
+ *    512-bit units) f16_bound_probe gives zmm-bare 42.7 against ymm-bare
+ *    30.5 GB/s at 64 KiB; with the data in the peer's cache, as in a
+ *    reduce_scatter, 15 against 10 bytes per cycle; in the collectives at
+ *    2 ranks, float16 against float32 (medians of 10 interleaved launches,
+ *    8 KiB-2 MiB): all_reduce x0.76-0.87 -> x0.81-0.94, reduce_scatter
+ *    x0.70-0.79 -> x0.79-0.83 (docs/benchmarks.md, "float16 on 512-bit
+ *    vectors on Zen 5"). */
 #define TC__YH_PACK(r) _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
 /* 32 float16 results in one step, with the AVX2 tier's loads, element
@@ -722,8 +732,28 @@ TC__AVX512_INLINE void tc__zbf_store2(uint16_t *p, __m512 ev, __m512 od) {
     }                                                                          \
   } while (0)
 #define TC__Y64_H(OP, o, a, b) TC__TWO(TC__Y32_H, 32, OP, o, a, b)
+/* 32 float16 results on 512-bit vectors, the NaN masks tested with one
+ * branch; a step with a NaN result is done again by TC__Y32_H, which has
+ * the NaN rules (nothing is stored before, so o may be a or b). */
+#define TC__ZH_LOAD(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p)))
+#define TC__ZH_PACK(r) _mm512_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define TC__Z32_H(OP, o, a, b)                                                 \
+  do {                                                                         \
+    const __m512 r0 = TC__Z_##OP(TC__ZH_LOAD(a), TC__ZH_LOAD(b));              \
+    const __m512 r1 = TC__Z_##OP(TC__ZH_LOAD((a) + 16), TC__ZH_LOAD((b) + 16)); \
+    const __mmask16 f = (__mmask16)(_mm512_fpclass_ps_mask(r0, TC__FPC_NAN) |  \
+                                    _mm512_fpclass_ps_mask(r1, TC__FPC_NAN));  \
+    if (__builtin_expect(f == 0, 1)) {                                         \
+      _mm256_storeu_si256((__m256i *)(void *)(o), TC__ZH_PACK(r0));            \
+      _mm256_storeu_si256((__m256i *)(void *)((o) + 16), TC__ZH_PACK(r1));     \
+    } else {                                                                   \
+      TC__Y32_H(OP, o, a, b);                                                  \
+    }                                                                          \
+  } while (0)
+#define TC__Z64_H(OP, o, a, b) TC__TWO(TC__Z32_H, 32, OP, o, a, b)
 TC__GEN_VEC_OPS(tc__z, TC__AVX512, 32, BFLOAT16, TC__Z32_BF, TC__Z64_BF)
 TC__GEN_VEC_OPS(tc__z, TC__AVX512, 32, FLOAT16, TC__Y32_H, TC__Y64_H)
+TC__GEN_VEC_OPS(tc__w, TC__AVX512, 32, FLOAT16, TC__Z32_H, TC__Z64_H)
 
 /* AVX512-FP16 kernels for float16 (Intel Sapphire Rapids and later), picked
  * over the AVX-512 ones when the CPU has AVX512_FP16: vaddph / vmulph /
@@ -789,12 +819,33 @@ TC__GEN_VEC_OPS_PF(tc__p, TC__AVX512FP16, 32, FLOAT16, TC__P32_H, TC__P64_H, 0)
 
 /* Which 16-bit kernels the CPU has: bit 0 the bfloat16 AVX2 ones, bit 1
  * the float16 AVX2+F16C ones, bit 2 the bfloat16 AVX-512 ones, bit 3 the
- * float16 AVX-512 ones, bit 4 the float16 AVX512-FP16 ones; -1 until the
- * CPU is asked (first call). */
+ * float16 AVX-512 ones, bit 4 the float16 AVX512-FP16 ones; bit 5: the
+ * AVX-512 float16 ones on 512-bit vectors by default (f16_zmm_cpu); -1
+ * until the CPU is asked (first call). */
 static int simd16_mask = -1;
 /* The highest tier tc__reduce_set_simd allows: 0 generic, 1 AVX2, 2
  * AVX-512, 3 AVX512-FP16. */
 static int simd16_level = 3;
+
+/* The width of the AVX-512 float16 kernels: 0 the CPU's (f16_zmm_cpu),
+ * 256 or 512 (tc__reduce_set_f16_width). */
+static int simd16_f16_width = 0;
+
+#ifdef TC__SIMD16
+#include <cpuid.h>
+/* 1 where the AVX-512 float16 kernels should run on 512-bit vectors: every
+ * CPU but AMD's family 19h (Zen 4), whose conversions are faster on 256-bit
+ * ones (see TC__Z32_H). */
+static int f16_zmm_cpu(void) {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return 1;
+  const int amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* AuthenticAMD */
+  if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return 1;
+  unsigned family = (a >> 8) & 0xF;
+  if (family == 0xF) family += (a >> 20) & 0xFF;
+  return family != 0x19;
+}
+#endif
 
 /* The kernels in use: simd16_mask less the tiers above simd16_level. */
 static int simd16(void) {
@@ -807,14 +858,15 @@ static int simd16(void) {
                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
                   __builtin_cpu_supports("avx512vl");
     m = avx2 | ((avx2 && __builtin_cpu_supports("f16c")) << 1) |
-        ((z && __builtin_cpu_supports("avx512bf16")) << 2) | (z << 3);
+        ((z && __builtin_cpu_supports("avx512bf16")) << 2) | (z << 3) |
+        ((z && f16_zmm_cpu()) << 5);
 #ifdef TC__SIMD16_FP16
     m |= (z && __builtin_cpu_supports("avx512fp16")) << 4;
 #endif
     __atomic_store_n(&simd16_mask, m, __ATOMIC_RELAXED);
   }
   const int level = __atomic_load_n(&simd16_level, __ATOMIC_RELAXED);
-  return level >= 3 ? m : level == 2 ? (m & 15) : level == 1 ? (m & 3) : 0;
+  return level >= 3 ? m : level == 2 ? (m & 47) : level == 1 ? (m & 3) : 0;
 #else
   return 0;
 #endif
@@ -823,6 +875,14 @@ static int simd16(void) {
 /* The tier of a kernel mask: 3 if the AVX512-FP16 kernels, 2 if any
  * AVX-512 kernel, 1 if any AVX2 one. */
 static int simd16_tier(int m) { return (m & 16) ? 3 : (m & 12) ? 2 : (m & 3) ? 1 : 0; }
+
+int tc__reduce_set_f16_width(int bits) {
+  const int m = simd16();
+  const int w = __atomic_load_n(&simd16_f16_width, __ATOMIC_RELAXED);
+  const int was = !(m & 8) || simd16_tier(m) == 3 ? 0 : w ? w : (m & 32) ? 512 : 256;
+  __atomic_store_n(&simd16_f16_width, bits == 256 || bits == 512 ? bits : 0, __ATOMIC_RELAXED);
+  return was;
+}
 
 int tc__reduce_set_simd(int level) {
   const int was = simd16_tier(simd16());
@@ -868,6 +928,12 @@ static const tc__kernel_t simd16z_table[2][TC_MAX + 1] = {
      TC__ZENTRY(FLOAT16, MIN), TC__ZENTRY(FLOAT16, MAX)},
 #undef TC__ZENTRY
 };
+/* The AVX-512 float16 ones on 512-bit vectors, by op SUM..MAX. */
+static const tc__kernel_t simd16w_table[TC_MAX + 1] = {
+#define TC__WENTRY(OP) [TC_##OP] = {.k2 = tc__w2_FLOAT16_##OP, .k3 = tc__w3_FLOAT16_##OP}
+    TC__WENTRY(SUM), TC__WENTRY(PRODUCT), TC__WENTRY(MIN), TC__WENTRY(MAX),
+#undef TC__WENTRY
+};
 #ifdef TC__SIMD16_FP16
 /* The AVX512-FP16 float16 ones, by op SUM..MAX. */
 static const tc__kernel_t simd16p_table[TC_MAX + 1] = {
@@ -891,7 +957,10 @@ static const tc__kernel_t *kernel_of(tc_dtype_t dtype, tc_redop_type_t op) {
     if (dtype == TC_FLOAT16 && (m & 16)) return &simd16p_table[op];
 #endif
     if (dtype == TC_BFLOAT16 && (m & 4)) return &simd16z_table[0][op];
-    if (dtype == TC_FLOAT16 && (m & 8)) return &simd16z_table[1][op];
+    if (dtype == TC_FLOAT16 && (m & 8)) {
+      const int w = __atomic_load_n(&simd16_f16_width, __ATOMIC_RELAXED);
+      return (w ? w == 512 : (m & 32) != 0) ? &simd16w_table[op] : &simd16z_table[1][op];
+    }
     if (dtype == TC_BFLOAT16 && (m & 1)) return &simd16_table[0][op];
     if (dtype == TC_FLOAT16 && (m & 2)) return &simd16_table[1][op];
   }

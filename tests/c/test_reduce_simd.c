@@ -121,9 +121,16 @@ static void check(tc_dtype_t dt, tc_redop_type_t op, size_t n, size_t oa, size_t
     w[m] = ref(dt, op, a[m], b[m]);
     ww[m] = ref(dt, op, a[m], a[m]);
   }
-  for (int simd = 3; simd >= 0; simd--) {
+  /* every tier, and the AVX-512 float16 kernels at both widths */
+  static const int pass_simd[] = {3, 2, 2, 1, 0}, pass_width[] = {0, 512, 256, 0, 0};
+  for (int pass = 0; pass < 5; pass++) {
+    const int simd = pass_simd[pass], width = pass_width[pass];
+    if (pass == 2 && dt != TC_FLOAT16) continue;
     tc__reduce_set_simd(simd);
-    const char *path = tier_name[simd];
+    tc__reduce_set_f16_width(width);
+    char path[40];
+    snprintf(path, sizeof path, "%s%s", tier_name[simd],
+             simd == 2 && dt == TC_FLOAT16 ? (width == 256 ? " (256-bit)" : " (512-bit)") : "");
     char what[160];
 #define CHECK_OUT(label, x, y, want)                                                     \
   do {                                                                                   \
@@ -151,6 +158,7 @@ static void check(tc_dtype_t dt, tc_redop_type_t op, size_t n, size_t oa, size_t
     guards(b, n, "input b");
 #undef CHECK_OUT
   }
+  tc__reduce_set_f16_width(0);
   /* every tier agrees with the generic code bit for bit, NaN signs included */
   tc__reduce_set_simd(0);
   memset(o, 0, n * 2);
@@ -216,6 +224,17 @@ TC_TEST(reduce_simd_present) {
   TC_ASSERT_EQ(tc__reduce_set_simd(2), want ? 1 : 0);
   TC_ASSERT_EQ(tc__reduce_set_simd(3), want < 2 ? want : 2);
   TC_ASSERT_EQ(tc__reduce_set_simd(3), want);
+  /* the AVX-512 float16 kernels' width: the CPU's, or the one set */
+  if (want == 2) {
+    const int w = tc__reduce_set_f16_width(256);
+    TC_ASSERT(w == 256 || w == 512);
+    TC_ASSERT_EQ(tc__reduce_set_f16_width(512), 256);
+    TC_ASSERT_EQ(tc__reduce_set_f16_width(0), 512);
+    TC_ASSERT_EQ(tc__reduce_set_f16_width(0), w);
+    printf("# float16 AVX-512 kernels: %d-bit vectors\n", w);
+  } else {
+    TC_ASSERT_EQ(tc__reduce_set_f16_width(0), 0);
+  }
 }
 
 TC_TEST(reduce_simd_bfloat16) { check_dtype(TC_BFLOAT16); }
