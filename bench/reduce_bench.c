@@ -15,14 +15,16 @@
  *
  * Usage: tcreduce_bench [--cold] [--all] [--csv] [--ms N] [--reps N]
  *                       [--sizes 8K,64K,1M,16M] [--match SUBSTRING] [--simd 0|1|2|3]
- *                       [--f16-width 256|512]
+ *                       [--f16-width 256|512] [--prefetch16 0|1]
  *   default: memcpy and SUM reduce/reduce3 for float32, bfloat16, float16;
  *   --all: also PRODUCT, MIN, MAX, scale (PREMUL_SUM) and divide (AVG);
  *   --match: only the kernels whose name contains SUBSTRING;
  *   --simd: the highest tier of 16-bit kernels (0 generic, 1 AVX2, 2
  *   AVX-512, 3 the default, AVX512-FP16 for float16, each where the CPU
  *   has it), to compare them; --f16-width: the AVX-512 float16 kernels on
- *   256- or 512-bit vectors (default: the CPU's choice, src/reduce/reduce.c).
+ *   256- or 512-bit vectors, --prefetch16: the AVX-512 16-bit kernels with
+ *   (1) or without (0) software prefetches (default: the CPU's choice of
+ *   each, src/reduce/reduce.c).
  * Each figure is the median of --reps (5) timings of >= --ms (20) ms of the
  * thread's CPU time each.
  */
@@ -137,13 +139,14 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--match") && i + 1 < argc) match = argv[++i];
     else if (!strcmp(argv[i], "--simd") && i + 1 < argc) tc__reduce_set_simd(atoi(argv[++i]));
     else if (!strcmp(argv[i], "--f16-width") && i + 1 < argc) tc__reduce_set_f16_width(atoi(argv[++i]));
+    else if (!strcmp(argv[i], "--prefetch16") && i + 1 < argc) tc__reduce_set_prefetch16(atoi(argv[++i]));
     else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
       nsizes = 0;
       for (char *t = strtok(argv[++i], ","); t && nsizes < 16; t = strtok(NULL, ","))
         sizes[nsizes++] = parse_size(t);
     } else {
       fprintf(stderr,
-              "usage: %s [--cold] [--all] [--csv] [--ms N] [--reps N] [--sizes 8K,64K,1M,16M] [--match SUBSTRING] [--simd 0|1|2|3] [--f16-width 256|512]\n",
+              "usage: %s [--cold] [--all] [--csv] [--ms N] [--reps N] [--sizes 8K,64K,1M,16M] [--match SUBSTRING] [--simd 0|1|2|3] [--f16-width 256|512] [--prefetch16 0|1]\n",
               argv[0]);
       return 2;
     }

@@ -682,7 +682,7 @@ TC__AVX512_INLINE void tc__zbf_store2(uint16_t *p, __m512 ev, __m512 od) {
 
 /* The float16 kernels of this tier come in two widths, both bound by the
  * conversions (vcvtph2ps twice and vcvtps2ph once per result), picked by
- * the CPU (simd16, f16_zmm_cpu):
+ * the CPU (simd16, amd_family):
  *  - 256-bit vectors (AVX-512VL) on Zen 4, which runs those conversions
  *    about 12 % faster per element on 256-bit vectors than on 512-bit ones
  *    (bench/f16_bound_probe.c: ymm-bare 25.9 against zmm-bare 23.2 GB/s at
@@ -754,6 +754,9 @@ TC__AVX512_INLINE void tc__zbf_store2(uint16_t *p, __m512 ev, __m512 od) {
 TC__GEN_VEC_OPS(tc__z, TC__AVX512, 32, BFLOAT16, TC__Z32_BF, TC__Z64_BF)
 TC__GEN_VEC_OPS(tc__z, TC__AVX512, 32, FLOAT16, TC__Y32_H, TC__Y64_H)
 TC__GEN_VEC_OPS(tc__w, TC__AVX512, 32, FLOAT16, TC__Z32_H, TC__Z64_H)
+/* the same without prefetches (AMD family 1Ah and later: amd_family) */
+TC__GEN_VEC_OPS_PF(tc__zn, TC__AVX512, 32, BFLOAT16, TC__Z32_BF, TC__Z64_BF, 0)
+TC__GEN_VEC_OPS_PF(tc__wn, TC__AVX512, 32, FLOAT16, TC__Z32_H, TC__Z64_H, 0)
 
 /* AVX512-FP16 kernels for float16 (Intel Sapphire Rapids and later), picked
  * over the AVX-512 ones when the CPU has AVX512_FP16: vaddph / vmulph /
@@ -819,31 +822,39 @@ TC__GEN_VEC_OPS_PF(tc__p, TC__AVX512FP16, 32, FLOAT16, TC__P32_H, TC__P64_H, 0)
 
 /* Which 16-bit kernels the CPU has: bit 0 the bfloat16 AVX2 ones, bit 1
  * the float16 AVX2+F16C ones, bit 2 the bfloat16 AVX-512 ones, bit 3 the
- * float16 AVX-512 ones, bit 4 the float16 AVX512-FP16 ones; bit 5: the
- * AVX-512 float16 ones on 512-bit vectors by default (f16_zmm_cpu); -1
- * until the CPU is asked (first call). */
+ * float16 AVX-512 ones, bit 4 the float16 AVX512-FP16 ones; by default
+ * (amd_family) bit 5: the AVX-512 float16 ones on 512-bit vectors, bit 6:
+ * the AVX-512 ones without prefetches; -1 until the CPU is asked (first
+ * call). */
 static int simd16_mask = -1;
 /* The highest tier tc__reduce_set_simd allows: 0 generic, 1 AVX2, 2
  * AVX-512, 3 AVX512-FP16. */
 static int simd16_level = 3;
 
-/* The width of the AVX-512 float16 kernels: 0 the CPU's (f16_zmm_cpu),
+/* The width of the AVX-512 float16 kernels: 0 the CPU's (mask bit 5),
  * 256 or 512 (tc__reduce_set_f16_width). */
 static int simd16_f16_width = 0;
+/* Whether the AVX-512 16-bit kernels prefetch: -1 the CPU's (mask bit 6),
+ * 0 or 1 (tc__reduce_set_prefetch16). */
+static int simd16_prefetch = -1;
 
 #ifdef TC__SIMD16
 #include <cpuid.h>
-/* 1 where the AVX-512 float16 kernels should run on 512-bit vectors: every
- * CPU but AMD's family 19h (Zen 4), whose conversions are faster on 256-bit
- * ones (see TC__Z32_H). */
-static int f16_zmm_cpu(void) {
+/* AMD's CPU family (19h Zen 4, 1Ah Zen 5), 0 on other vendors' CPUs. It
+ * picks two shapes of the AVX-512 16-bit kernels (simd16):
+ *  - float16 on 256-bit vectors on family 19h only, whose conversions are
+ *    faster on them; 512-bit vectors elsewhere (see TC__Z32_H);
+ *  - no software prefetch from family 1Ah on: those prefetches, tuned on
+ *    an Intel Xeon (TC__GEN_VEC), cost Zen 5 time (docs/benchmarks.md,
+ *    "The 16-bit kernels without prefetches on Zen 5"). */
+static unsigned amd_family(void) {
   unsigned a, b, c, d;
-  if (!__get_cpuid(0, &a, &b, &c, &d)) return 1;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
   const int amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* AuthenticAMD */
-  if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return 1;
+  if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
   unsigned family = (a >> 8) & 0xF;
   if (family == 0xF) family += (a >> 20) & 0xFF;
-  return family != 0x19;
+  return family;
 }
 #endif
 
@@ -857,16 +868,17 @@ static int simd16(void) {
     const int z = avx2 && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx512f") &&
                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
                   __builtin_cpu_supports("avx512vl");
+    const unsigned fam = amd_family();
     m = avx2 | ((avx2 && __builtin_cpu_supports("f16c")) << 1) |
         ((z && __builtin_cpu_supports("avx512bf16")) << 2) | (z << 3) |
-        ((z && f16_zmm_cpu()) << 5);
+        ((z && fam != 0x19) << 5) | ((z && fam >= 0x1A) << 6);
 #ifdef TC__SIMD16_FP16
     m |= (z && __builtin_cpu_supports("avx512fp16")) << 4;
 #endif
     __atomic_store_n(&simd16_mask, m, __ATOMIC_RELAXED);
   }
   const int level = __atomic_load_n(&simd16_level, __ATOMIC_RELAXED);
-  return level >= 3 ? m : level == 2 ? (m & 47) : level == 1 ? (m & 3) : 0;
+  return level >= 3 ? m : level == 2 ? (m & 111) : level == 1 ? (m & 3) : 0;
 #else
   return 0;
 #endif
@@ -881,6 +893,14 @@ int tc__reduce_set_f16_width(int bits) {
   const int w = __atomic_load_n(&simd16_f16_width, __ATOMIC_RELAXED);
   const int was = !(m & 8) || simd16_tier(m) == 3 ? 0 : w ? w : (m & 32) ? 512 : 256;
   __atomic_store_n(&simd16_f16_width, bits == 256 || bits == 512 ? bits : 0, __ATOMIC_RELAXED);
+  return was;
+}
+
+int tc__reduce_set_prefetch16(int on) {
+  const int m = simd16();
+  const int p = __atomic_load_n(&simd16_prefetch, __ATOMIC_RELAXED);
+  const int was = !(m & 12) || simd16_tier(m) < 2 ? -1 : p >= 0 ? p : !(m & 64);
+  __atomic_store_n(&simd16_prefetch, on == 0 || on == 1 ? on : -1, __ATOMIC_RELAXED);
   return was;
 }
 
@@ -928,6 +948,15 @@ static const tc__kernel_t simd16z_table[2][TC_MAX + 1] = {
      TC__ZENTRY(FLOAT16, MIN), TC__ZENTRY(FLOAT16, MAX)},
 #undef TC__ZENTRY
 };
+/* Without prefetches: [0] bfloat16, [1] float16 on 512-bit vectors. */
+static const tc__kernel_t simd16zn_table[2][TC_MAX + 1] = {
+#define TC__NENTRY(P, D, OP) [TC_##OP] = {.k2 = P##2_##D##_##OP, .k3 = P##3_##D##_##OP}
+    {TC__NENTRY(tc__zn, BFLOAT16, SUM), TC__NENTRY(tc__zn, BFLOAT16, PRODUCT),
+     TC__NENTRY(tc__zn, BFLOAT16, MIN), TC__NENTRY(tc__zn, BFLOAT16, MAX)},
+    {TC__NENTRY(tc__wn, FLOAT16, SUM), TC__NENTRY(tc__wn, FLOAT16, PRODUCT),
+     TC__NENTRY(tc__wn, FLOAT16, MIN), TC__NENTRY(tc__wn, FLOAT16, MAX)},
+#undef TC__NENTRY
+};
 /* The AVX-512 float16 ones on 512-bit vectors, by op SUM..MAX. */
 static const tc__kernel_t simd16w_table[TC_MAX + 1] = {
 #define TC__WENTRY(OP) [TC_##OP] = {.k2 = tc__w2_FLOAT16_##OP, .k3 = tc__w3_FLOAT16_##OP}
@@ -956,10 +985,16 @@ static const tc__kernel_t *kernel_of(tc_dtype_t dtype, tc_redop_type_t op) {
 #ifdef TC__SIMD16_FP16
     if (dtype == TC_FLOAT16 && (m & 16)) return &simd16p_table[op];
 #endif
-    if (dtype == TC_BFLOAT16 && (m & 4)) return &simd16z_table[0][op];
-    if (dtype == TC_FLOAT16 && (m & 8)) {
-      const int w = __atomic_load_n(&simd16_f16_width, __ATOMIC_RELAXED);
-      return (w ? w == 512 : (m & 32) != 0) ? &simd16w_table[op] : &simd16z_table[1][op];
+    if (m & 12) {
+      const int p = __atomic_load_n(&simd16_prefetch, __ATOMIC_RELAXED);
+      const int pf = p >= 0 ? p : !(m & 64);
+      if (dtype == TC_BFLOAT16 && (m & 4))
+        return pf ? &simd16z_table[0][op] : &simd16zn_table[0][op];
+      if (dtype == TC_FLOAT16 && (m & 8)) {
+        const int w = __atomic_load_n(&simd16_f16_width, __ATOMIC_RELAXED);
+        if (!(w ? w == 512 : (m & 32) != 0)) return &simd16z_table[1][op]; /* 256-bit: prefetches */
+        return pf ? &simd16w_table[op] : &simd16zn_table[1][op];
+      }
     }
     if (dtype == TC_BFLOAT16 && (m & 1)) return &simd16_table[0][op];
     if (dtype == TC_FLOAT16 && (m & 2)) return &simd16_table[1][op];

@@ -121,16 +121,20 @@ static void check(tc_dtype_t dt, tc_redop_type_t op, size_t n, size_t oa, size_t
     w[m] = ref(dt, op, a[m], b[m]);
     ww[m] = ref(dt, op, a[m], a[m]);
   }
-  /* every tier, and the AVX-512 float16 kernels at both widths */
-  static const int pass_simd[] = {3, 2, 2, 1, 0}, pass_width[] = {0, 512, 256, 0, 0};
-  for (int pass = 0; pass < 5; pass++) {
-    const int simd = pass_simd[pass], width = pass_width[pass];
-    if (pass == 2 && dt != TC_FLOAT16) continue;
+  /* every tier, and the AVX-512 kernels with and without prefetches, the
+   * float16 ones at both widths */
+  static const struct { int simd, width, prefetch; } pass[] = {
+      {3, 0, -1}, {2, 512, 1}, {2, 512, 0}, {2, 256, 1}, {1, 0, -1}, {0, 0, -1}};
+  for (size_t ps = 0; ps < sizeof pass / sizeof pass[0]; ps++) {
+    const int simd = pass[ps].simd, width = pass[ps].width;
+    if (width == 256 && dt != TC_FLOAT16) continue;
     tc__reduce_set_simd(simd);
     tc__reduce_set_f16_width(width);
-    char path[40];
-    snprintf(path, sizeof path, "%s%s", tier_name[simd],
-             simd == 2 && dt == TC_FLOAT16 ? (width == 256 ? " (256-bit)" : " (512-bit)") : "");
+    tc__reduce_set_prefetch16(pass[ps].prefetch);
+    char path[64];
+    snprintf(path, sizeof path, "%s%s%s", tier_name[simd],
+             simd == 2 && dt == TC_FLOAT16 ? (width == 256 ? " 256-bit" : " 512-bit") : "",
+             simd == 2 ? (pass[ps].prefetch ? " prefetching" : " without prefetches") : "");
     char what[160];
 #define CHECK_OUT(label, x, y, want)                                                     \
   do {                                                                                   \
@@ -159,6 +163,7 @@ static void check(tc_dtype_t dt, tc_redop_type_t op, size_t n, size_t oa, size_t
 #undef CHECK_OUT
   }
   tc__reduce_set_f16_width(0);
+  tc__reduce_set_prefetch16(-1);
   /* every tier agrees with the generic code bit for bit, NaN signs included */
   tc__reduce_set_simd(0);
   memset(o, 0, n * 2);
@@ -231,9 +236,16 @@ TC_TEST(reduce_simd_present) {
     TC_ASSERT_EQ(tc__reduce_set_f16_width(512), 256);
     TC_ASSERT_EQ(tc__reduce_set_f16_width(0), 512);
     TC_ASSERT_EQ(tc__reduce_set_f16_width(0), w);
-    printf("# float16 AVX-512 kernels: %d-bit vectors\n", w);
+    const int pf = tc__reduce_set_prefetch16(0);
+    TC_ASSERT(pf == 0 || pf == 1);
+    TC_ASSERT_EQ(tc__reduce_set_prefetch16(1), 0);
+    TC_ASSERT_EQ(tc__reduce_set_prefetch16(-1), 1);
+    TC_ASSERT_EQ(tc__reduce_set_prefetch16(-1), pf);
+    printf("# float16 AVX-512 kernels: %d-bit vectors; AVX-512 16-bit kernels %s\n", w,
+           pf ? "prefetching" : "without prefetches");
   } else {
     TC_ASSERT_EQ(tc__reduce_set_f16_width(0), 0);
+    if (want < 2) TC_ASSERT_EQ(tc__reduce_set_prefetch16(-1), -1);
   }
 }
 
