@@ -504,7 +504,11 @@ TC__AVX2_INLINE void tc__h_store(uint16_t *p, __m256 f) {
  * float32 63), and in the collectives float16 against float32 went, 2
  * ranks, medians of 7 launches: reduce_scatter 64 KiB x0.91 -> x0.93,
  * 256 KiB x0.89 -> x0.95; all_reduce 64 KiB x0.96 -> x0.99, 256 KiB x0.98
- * -> x1.00 (docs/benchmarks.md, "float16 without prefetches"). */
+ * -> x1.00 (docs/benchmarks.md, "float16 without prefetches"). The
+ * AVX-512 16-bit kernels also come without them (tc__zn, tc__wn), picked
+ * on AMD family 1Ah (Zen 5), where a 2-rank reduce_scatter of bfloat16
+ * went from x0.87 to x0.95 of float32 at 128 KiB without them
+ * (docs/benchmarks.md, "The 16-bit kernels without prefetches on Zen 5"). */
 enum { TC__PF_L1 = 2048, TC__PF_L2 = 8192 };
 #define TC__GEN_VEC(PFX, ATTR, W, OP, D, V, V2, PF)                            \
   static ATTR void PFX##3_##D##_##OP(void *ov, const void *av, const void *bv, \
