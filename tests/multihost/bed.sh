@@ -233,11 +233,19 @@ run_job() {
     JOB_PIDS+=($!)
   done
   local -a live=("${JOB_PIDS[@]}")
+  local st p
   while [ ${#live[@]} -gt 0 ]; do
     pid=
     wait -n -p pid "${live[@]}"
-    local st=$?
-    [ -n "$pid" ] || break
+    st=$?
+    if [ -z "${pid:-}" ]; then
+      # wait -n named no job: bash had already reaped the one that ended (the
+      # exit of a process substitution can make it do so) and left -p's
+      # variable unset. "wait PID" still returns each job's saved status.
+      pid=${live[0]}
+      wait "$pid"
+      st=$?
+    fi
     local -a still=()
     for p in "${live[@]}"; do [ "$p" = "$pid" ] || still+=("$p"); done
     live=("${still[@]}")
