@@ -862,7 +862,9 @@ static unsigned amd_family(void) {
 }
 #endif
 
-/* The kernels in use: simd16_mask less the tiers above simd16_level. */
+/* The kernels in use: simd16_mask less the tiers above simd16_level, with
+ * bits 5 and 6 as tc__reduce_set_f16_width / tc__reduce_set_prefetch16
+ * set them. */
 static int simd16(void) {
 #ifdef TC__SIMD16
   int m = __atomic_load_n(&simd16_mask, __ATOMIC_RELAXED);
@@ -882,6 +884,10 @@ static int simd16(void) {
     __atomic_store_n(&simd16_mask, m, __ATOMIC_RELAXED);
   }
   const int level = __atomic_load_n(&simd16_level, __ATOMIC_RELAXED);
+  const int w = __atomic_load_n(&simd16_f16_width, __ATOMIC_RELAXED);
+  const int p = __atomic_load_n(&simd16_prefetch, __ATOMIC_RELAXED);
+  if (w) m = (m & ~32) | (w == 512 ? 32 : 0);
+  if (p >= 0) m = (m & ~64) | (p ? 0 : 64);
   return level >= 3 ? m : level == 2 ? (m & 111) : level == 1 ? (m & 3) : 0;
 #else
   return 0;
@@ -894,16 +900,14 @@ static int simd16_tier(int m) { return (m & 16) ? 3 : (m & 12) ? 2 : (m & 3) ? 1
 
 int tc__reduce_set_f16_width(int bits) {
   const int m = simd16();
-  const int w = __atomic_load_n(&simd16_f16_width, __ATOMIC_RELAXED);
-  const int was = !(m & 8) || simd16_tier(m) == 3 ? 0 : w ? w : (m & 32) ? 512 : 256;
+  const int was = !(m & 8) || (m & 16) ? 0 : (m & 32) ? 512 : 256;
   __atomic_store_n(&simd16_f16_width, bits == 256 || bits == 512 ? bits : 0, __ATOMIC_RELAXED);
   return was;
 }
 
 int tc__reduce_set_prefetch16(int on) {
   const int m = simd16();
-  const int p = __atomic_load_n(&simd16_prefetch, __ATOMIC_RELAXED);
-  const int was = !(m & 12) || simd16_tier(m) < 2 ? -1 : p >= 0 ? p : !(m & 64);
+  const int was = !(m & 12) ? -1 : !(m & 64);
   __atomic_store_n(&simd16_prefetch, on == 0 || on == 1 ? on : -1, __ATOMIC_RELAXED);
   return was;
 }
@@ -959,14 +963,13 @@ static const tc__kernel_t simd16zn_table[2][TC_MAX + 1] = {
      TC__NENTRY(tc__zn, BFLOAT16, MIN), TC__NENTRY(tc__zn, BFLOAT16, MAX)},
     {TC__NENTRY(tc__wn, FLOAT16, SUM), TC__NENTRY(tc__wn, FLOAT16, PRODUCT),
      TC__NENTRY(tc__wn, FLOAT16, MIN), TC__NENTRY(tc__wn, FLOAT16, MAX)},
-#undef TC__NENTRY
 };
 /* The AVX-512 float16 ones on 512-bit vectors, by op SUM..MAX. */
 static const tc__kernel_t simd16w_table[TC_MAX + 1] = {
-#define TC__WENTRY(OP) [TC_##OP] = {.k2 = tc__w2_FLOAT16_##OP, .k3 = tc__w3_FLOAT16_##OP}
-    TC__WENTRY(SUM), TC__WENTRY(PRODUCT), TC__WENTRY(MIN), TC__WENTRY(MAX),
-#undef TC__WENTRY
+    TC__NENTRY(tc__w, FLOAT16, SUM), TC__NENTRY(tc__w, FLOAT16, PRODUCT),
+    TC__NENTRY(tc__w, FLOAT16, MIN), TC__NENTRY(tc__w, FLOAT16, MAX),
 };
+#undef TC__NENTRY
 #ifdef TC__SIMD16_FP16
 /* The AVX512-FP16 float16 ones, by op SUM..MAX. */
 static const tc__kernel_t simd16p_table[TC_MAX + 1] = {
@@ -989,16 +992,12 @@ static const tc__kernel_t *kernel_of(tc_dtype_t dtype, tc_redop_type_t op) {
 #ifdef TC__SIMD16_FP16
     if (dtype == TC_FLOAT16 && (m & 16)) return &simd16p_table[op];
 #endif
-    if (m & 12) {
-      const int p = __atomic_load_n(&simd16_prefetch, __ATOMIC_RELAXED);
-      const int pf = p >= 0 ? p : !(m & 64);
-      if (dtype == TC_BFLOAT16 && (m & 4))
-        return pf ? &simd16z_table[0][op] : &simd16zn_table[0][op];
-      if (dtype == TC_FLOAT16 && (m & 8)) {
-        const int w = __atomic_load_n(&simd16_f16_width, __ATOMIC_RELAXED);
-        if (!(w ? w == 512 : (m & 32) != 0)) return &simd16z_table[1][op]; /* 256-bit: prefetches */
-        return pf ? &simd16w_table[op] : &simd16zn_table[1][op];
-      }
+    const int pf = !(m & 64);
+    if (dtype == TC_BFLOAT16 && (m & 4))
+      return pf ? &simd16z_table[0][op] : &simd16zn_table[0][op];
+    if (dtype == TC_FLOAT16 && (m & 8)) {
+      if (!(m & 32)) return &simd16z_table[1][op]; /* 256-bit: always prefetching */
+      return pf ? &simd16w_table[op] : &simd16zn_table[1][op];
     }
     if (dtype == TC_BFLOAT16 && (m & 1)) return &simd16_table[0][op];
     if (dtype == TC_FLOAT16 && (m & 2)) return &simd16_table[1][op];
