@@ -505,10 +505,13 @@ TC__AVX2_INLINE void tc__h_store(uint16_t *p, __m256 f) {
  * ranks, medians of 7 launches: reduce_scatter 64 KiB x0.91 -> x0.93,
  * 256 KiB x0.89 -> x0.95; all_reduce 64 KiB x0.96 -> x0.99, 256 KiB x0.98
  * -> x1.00 (docs/benchmarks.md, "float16 without prefetches"). The
- * AVX-512 16-bit kernels also come without them (tc__zn, tc__wn), picked
- * on AMD family 1Ah (Zen 5), where a 2-rank reduce_scatter of bfloat16
- * went from x0.87 to x0.95 of float32 at 128 KiB without them
- * (docs/benchmarks.md, "The 16-bit kernels without prefetches on Zen 5"). */
+ * AVX-512 16-bit kernels also come without them (tc__zn, tc__wn, tc__yn),
+ * picked on AMD family 1Ah (Zen 5), where a 2-rank reduce_scatter of
+ * bfloat16 went from x0.87 to x0.95 of float32 at 128 KiB without them
+ * (docs/benchmarks.md, "The 16-bit kernels without prefetches on Zen 5"),
+ * and on family 19h (Zen 4), where it went from x0.89 to x1.03 at 2 MiB
+ * and float16's from x0.83 to x0.97 at 8 MiB (the same, "... on Zen 4
+ * too"). */
 enum { TC__PF_L1 = 2048, TC__PF_L2 = 8192 };
 #define TC__GEN_VEC(PFX, ATTR, W, OP, D, V, V2, PF)                            \
   static ATTR void PFX##3_##D##_##OP(void *ov, const void *av, const void *bv, \
@@ -758,9 +761,10 @@ TC__AVX512_INLINE void tc__zbf_store2(uint16_t *p, __m512 ev, __m512 od) {
 TC__GEN_VEC_OPS(tc__z, TC__AVX512, 32, BFLOAT16, TC__Z32_BF, TC__Z64_BF)
 TC__GEN_VEC_OPS(tc__z, TC__AVX512, 32, FLOAT16, TC__Y32_H, TC__Y64_H)
 TC__GEN_VEC_OPS(tc__w, TC__AVX512, 32, FLOAT16, TC__Z32_H, TC__Z64_H)
-/* the same without prefetches (AMD family 1Ah and later: amd_family) */
+/* the same without prefetches (AMD family 19h and later: amd_family) */
 TC__GEN_VEC_OPS_PF(tc__zn, TC__AVX512, 32, BFLOAT16, TC__Z32_BF, TC__Z64_BF, 0)
 TC__GEN_VEC_OPS_PF(tc__wn, TC__AVX512, 32, FLOAT16, TC__Z32_H, TC__Z64_H, 0)
+TC__GEN_VEC_OPS_PF(tc__yn, TC__AVX512, 32, FLOAT16, TC__Y32_H, TC__Y64_H, 0)
 
 /* AVX512-FP16 kernels for float16 (Intel Sapphire Rapids and later), picked
  * over the AVX-512 ones when the CPU has AVX512_FP16: vaddph / vmulph /
@@ -848,9 +852,10 @@ static int simd16_prefetch = -1;
  * picks two shapes of the AVX-512 16-bit kernels (simd16):
  *  - float16 on 256-bit vectors on family 19h only, whose conversions are
  *    faster on them; 512-bit vectors elsewhere (see TC__Z32_H);
- *  - no software prefetch from family 1Ah on: those prefetches, tuned on
- *    an Intel Xeon (TC__GEN_VEC), cost Zen 5 time (docs/benchmarks.md,
- *    "The 16-bit kernels without prefetches on Zen 5"). */
+ *  - no software prefetch on family 19h and later: those prefetches,
+ *    tuned on an Intel Xeon (TC__GEN_VEC), cost Zen 5 time and Zen 4 time
+ *    (docs/benchmarks.md, "The 16-bit kernels without prefetches on Zen
+ *    5" and "... on Zen 4 too"). */
 static unsigned amd_family(void) {
   unsigned a, b, c, d;
   if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
@@ -877,7 +882,7 @@ static int simd16(void) {
     const unsigned fam = amd_family();
     m = avx2 | ((avx2 && __builtin_cpu_supports("f16c")) << 1) |
         ((z && __builtin_cpu_supports("avx512bf16")) << 2) | (z << 3) |
-        ((z && fam != 0x19) << 5) | ((z && fam >= 0x1A) << 6);
+        ((z && fam != 0x19) << 5) | ((z && fam >= 0x19) << 6);
 #ifdef TC__SIMD16_FP16
     m |= (z && __builtin_cpu_supports("avx512fp16")) << 4;
 #endif
@@ -956,13 +961,16 @@ static const tc__kernel_t simd16z_table[2][TC_MAX + 1] = {
      TC__ZENTRY(FLOAT16, MIN), TC__ZENTRY(FLOAT16, MAX)},
 #undef TC__ZENTRY
 };
-/* Without prefetches: [0] bfloat16, [1] float16 on 512-bit vectors. */
-static const tc__kernel_t simd16zn_table[2][TC_MAX + 1] = {
+/* Without prefetches: [0] bfloat16, [1] float16 on 512-bit vectors, [2]
+ * float16 on 256-bit vectors. */
+static const tc__kernel_t simd16zn_table[3][TC_MAX + 1] = {
 #define TC__NENTRY(P, D, OP) [TC_##OP] = {.k2 = P##2_##D##_##OP, .k3 = P##3_##D##_##OP}
     {TC__NENTRY(tc__zn, BFLOAT16, SUM), TC__NENTRY(tc__zn, BFLOAT16, PRODUCT),
      TC__NENTRY(tc__zn, BFLOAT16, MIN), TC__NENTRY(tc__zn, BFLOAT16, MAX)},
     {TC__NENTRY(tc__wn, FLOAT16, SUM), TC__NENTRY(tc__wn, FLOAT16, PRODUCT),
      TC__NENTRY(tc__wn, FLOAT16, MIN), TC__NENTRY(tc__wn, FLOAT16, MAX)},
+    {TC__NENTRY(tc__yn, FLOAT16, SUM), TC__NENTRY(tc__yn, FLOAT16, PRODUCT),
+     TC__NENTRY(tc__yn, FLOAT16, MIN), TC__NENTRY(tc__yn, FLOAT16, MAX)},
 };
 /* The AVX-512 float16 ones on 512-bit vectors, by op SUM..MAX. */
 static const tc__kernel_t simd16w_table[TC_MAX + 1] = {
@@ -996,8 +1004,8 @@ static const tc__kernel_t *kernel_of(tc_dtype_t dtype, tc_redop_type_t op) {
     if (dtype == TC_BFLOAT16 && (m & 4))
       return pf ? &simd16z_table[0][op] : &simd16zn_table[0][op];
     if (dtype == TC_FLOAT16 && (m & 8)) {
-      if (!(m & 32)) return &simd16z_table[1][op]; /* 256-bit: always prefetching */
-      return pf ? &simd16w_table[op] : &simd16zn_table[1][op];
+      if (m & 32) return pf ? &simd16w_table[op] : &simd16zn_table[1][op];
+      return pf ? &simd16z_table[1][op] : &simd16zn_table[2][op];
     }
     if (dtype == TC_BFLOAT16 && (m & 1)) return &simd16_table[0][op];
     if (dtype == TC_FLOAT16 && (m & 2)) return &simd16_table[1][op];

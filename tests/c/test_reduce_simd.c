@@ -124,7 +124,7 @@ static void check(tc_dtype_t dt, tc_redop_type_t op, size_t n, size_t oa, size_t
   /* every tier, and the AVX-512 kernels with and without prefetches, the
    * float16 ones at both widths */
   static const struct { int simd, width, prefetch; } pass[] = {
-      {3, 0, -1}, {2, 512, 1}, {2, 512, 0}, {2, 256, 1}, {1, 0, -1}, {0, 0, -1}};
+      {3, 0, -1}, {2, 512, 1}, {2, 512, 0}, {2, 256, 1}, {2, 256, 0}, {1, 0, -1}, {0, 0, -1}};
   for (size_t ps = 0; ps < sizeof pass / sizeof pass[0]; ps++) {
     const int simd = pass[ps].simd, width = pass[ps].width;
     if (width == 256 && dt != TC_FLOAT16) continue;
