@@ -14,6 +14,13 @@
  *              multiply by 2^112, exact for finite inputs without DAZ),
  *              vcvtps2ph for the result: whether moving the widening off
  *              the conversion unit pays;
+ *   ymm-mix    ymm-bare with one input widened by integer operations (as
+ *              zmm-int, on 256-bit vectors), the other by vcvtph2ps:
+ *              whether sharing the widening between the conversion unit
+ *              and the integer units pays;
+ *   ymm-pint   ymm-bare with the result packed by integer operations
+ *              (round to nearest even by an add, exact for results in
+ *              float16's normal range), not vcvtps2ph;
  *   f32        out = a + b on float32 arrays of the same byte size: the
  *              rate float16 is compared with;
  *   ph-add     vaddph on 512-bit vectors, where the CPU has AVX512-FP16:
@@ -86,6 +93,46 @@ static Z void zmm_int(void *ov, const void *av, const void *bv, size_t n) {
   for (size_t i = 0; i + 16 <= n; i += 16)
     _mm256_storeu_si256((__m256i *)(o + i),
                         _mm512_cvtps_ph(_mm512_add_ps(widen_int(a + i), widen_int(b + i)), RND));
+}
+
+/* zmm-int's widening on 256-bit vectors */
+ZI __m256 widen_int_y(const uint16_t *p) {
+  __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+  __m256i t = _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(w, 16), 3),
+                               _mm256_set1_epi32((int)0x8FFFE000u));
+  return _mm256_mul_ps(_mm256_castsi256_ps(t), _mm256_castsi256_ps(_mm256_set1_epi32(0x77800000)));
+}
+
+static Z void ymm_mix(void *ov, const void *av, const void *bv, size_t n) {
+  uint16_t *o = ov;
+  const uint16_t *a = av, *b = bv;
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i)));
+    _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(_mm256_add_ps(x, widen_int_y(b + i)), RND));
+  }
+}
+
+/* 8 float32 in float16's normal range to float16, rounded to nearest even
+ * by integer operations: the 13 dropped bits rounded by an add, the
+ * exponent rebiased (127 - 15), the sign put back, packed with vpackusdw. */
+ZI __m128i pack_int_y(__m256 r) {
+  const __m256i x = _mm256_castps_si256(r);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(x, 13), _mm256_set1_epi32(1));
+  __m256i y = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0xFFF)), odd);
+  y = _mm256_sub_epi32(_mm256_srli_epi32(y, 13), _mm256_set1_epi32(112 << 10));
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x8000));
+  y = _mm256_or_si256(_mm256_and_si256(y, _mm256_set1_epi32(0x7FFF)), sign);
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(y, y), 0x08));
+}
+
+static Z void ymm_pint(void *ov, const void *av, const void *bv, size_t n) {
+  uint16_t *o = ov;
+  const uint16_t *a = av, *b = bv;
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i)));
+    __m256 y = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i)));
+    _mm_storeu_si128((__m128i *)(o + i), pack_int_y(_mm256_add_ps(x, y)));
+  }
 }
 
 static Z void f32_add(void *ov, const void *av, const void *bv, size_t n) {
@@ -336,16 +383,20 @@ int main(int argc, char **argv) {
       a[i] = (uint16_t)(0x3C00 + (i * 7) % 1000);
       b[i] = (uint16_t)(0x3800 + (i * 13) % 1000);
     }
-    /* the integer widening gives the same sums on this data */
+    /* the integer widening and packing give the same sums on this data */
     uint16_t *want = malloc(bytes);
     if (!want) return 1;
     zmm_bare(want, a, b, n);
-    zmm_int(o, a, b, n);
-    if (memcmp(want, o, bytes)) printf("# zmm-int differs from zmm-bare at %zu bytes\n", bytes);
+    static const struct { const char *name; loop_fn f; } f16[] = {
+        {"zmm-bare", zmm_bare}, {"ymm-bare", ymm_bare}, {"zmm-int", zmm_int},
+        {"ymm-mix", ymm_mix}, {"ymm-pint", ymm_pint}};
+    for (size_t k = 0; k < sizeof f16 / sizeof f16[0]; k++) {
+      memset(o, 0, bytes);
+      f16[k].f(o, a, b, n);
+      printf("%s %zu %.1f%s\n", f16[k].name, bytes, rate(f16[k].f, o, a, b, n, bytes),
+             memcmp(want, o, bytes) ? " (WRONG BITS)" : "");
+    }
     free(want);
-    printf("zmm-bare %zu %.1f\n", bytes, rate(zmm_bare, o, a, b, n, bytes));
-    printf("ymm-bare %zu %.1f\n", bytes, rate(ymm_bare, o, a, b, n, bytes));
-    printf("zmm-int %zu %.1f\n", bytes, rate(zmm_int, o, a, b, n, bytes));
 #ifdef HAVE_PH
     if (__builtin_cpu_supports("avx512fp16"))
       printf("ph-add %zu %.1f\n", bytes, rate(ph_add, o, a, b, n, bytes));
