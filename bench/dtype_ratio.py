@@ -8,8 +8,9 @@ for one or more builds of libtorchcomms in launches rotated every round.
 LIBDIR: a directory holding a libtorchcomms.so.0, put first on
 LD_LIBRARY_PATH of build/tcrun and build/tcperf (their RUNPATH gives way
 to it), so two builds of the library compare in one run. Before each
-launch it waits up to 60 s for near placement (build/tcplacement_probe
-ping-pong under 150 ns). Prints, per LIBDIR and 16-bit dtype, the median
+launch it waits for the near placement as make bench does (run_bench.py's
+wait_near: build/tcplacement_probe, up to BENCH_PLACEMENT_WAIT_S, here 60 s
+unless set). Prints, per LIBDIR and 16-bit dtype, the median
 over rounds of float32's time / the 16-bit dtype's time at each size.
 SIZES: tcperf's size flags (default "-b 8K -e 2M"); ITERS: operations per
 size (default 10000). BUILD: the build directory (default build).
@@ -17,21 +18,13 @@ Example: python3 bench/dtype_ratio.py 8 reduce_scatter /tmp/old /tmp/new
 (docs/benchmarks.md, "The 16-bit kernels without prefetches on Zen 4 too").
 """
 import os
-import re
 import statistics
 import subprocess
 import sys
-import time
 
-
-def near(build):
-    for _ in range(60):
-        out = subprocess.run([os.path.join(build, "tcplacement_probe")],
-                             capture_output=True, text=True).stdout
-        m = re.search(r"pingpong_ns=(\d+)", out)
-        if m and int(m.group(1)) < 150:
-            return
-        time.sleep(1)
+os.environ.setdefault("BENCH_PLACEMENT_WAIT_S", "60")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_bench import wait_near  # noqa: E402
 
 
 def launch(build, coll, libdir, sizes, iters):
@@ -57,7 +50,7 @@ def main():
     ratios = {}
     for r in range(rounds):
         for lib in libdirs[r % len(libdirs):] + libdirs[:r % len(libdirs)]:
-            near(build)
+            wait_near({"probe": os.path.join(build, "tcplacement_probe")})
             t = launch(build, coll, lib, sizes, iters)
             for (dt, size), tm in t.items():
                 if dt != "float32":
