@@ -22,7 +22,7 @@
  *   --simd: the highest tier of 16-bit kernels (0 generic, 1 AVX2, 2
  *   AVX-512, 3 the default, AVX512-FP16 for float16, each where the CPU
  *   has it), to compare them; --f16-width: the AVX-512 float16 kernels on
- *   256- or 512-bit vectors, --prefetch16: the AVX-512 16-bit kernels with
+ *   256- or 512-bit vectors, --prefetch16: the AVX2 and AVX-512 16-bit kernels with
  *   (1) or without (0) software prefetches (default: the CPU's choice of
  *   each, src/reduce/reduce.c).
  * Each figure is the median of --reps (5) timings of >= --ms (20) ms of the

@@ -190,11 +190,12 @@ TC_INTERNAL int tc__reduce_set_simd(int level);
  * those kernels are not in use (no AVX-512, a tier set below 2, or the
  * AVX512-FP16 ones in use). For tests and benchmarks. */
 TC_INTERNAL int tc__reduce_set_f16_width(int bits);
-/* Whether the AVX-512 (tier 2) bfloat16 and float16 reduce and reduce3
- * kernels make software prefetches: 1 yes, 0 no, -1 the CPU's choice
- * (none on AMD family 19h and later, Zen 4 and Zen 5), the float16 ones at
- * either width (tc__reduce_set_f16_width). Returns the setting in use
- * before the call (1 or 0), -1 where no AVX-512 16-bit kernel is in use.
+/* Whether the AVX2 (tier 1) and AVX-512 (tier 2) bfloat16 and float16
+ * reduce and reduce3 kernels make software prefetches: 1 yes, 0 no, -1 the
+ * CPU's choice (none on AMD family 19h and later: Zen 3, Zen 4, Zen 5),
+ * the float16 ones at either width (tc__reduce_set_f16_width). Returns the
+ * setting in use before the call (1 or 0), -1 where no such kernel is in
+ * use.
  * For tests and benchmarks. */
 TC_INTERNAL int tc__reduce_set_prefetch16(int on);
 /* 1 where the compiler builds tier 3, the AVX512-FP16 kernels (GCC 12 and

@@ -558,10 +558,75 @@ enum { TC__PF_L1 = 2048, TC__PF_L2 = 8192 };
     V(OP, o, a, b);                                                            \
     V(OP, (o) + (W), (a) + (W), (b) + (W));                                    \
   } while (0)
-#define TC__V32_BF(OP, o, a, b) TC__TWO(TC__V16_BF, 16, OP, o, a, b)
-#define TC__V32_H(OP, o, a, b) TC__TWO(TC__V16_H, 16, OP, o, a, b)
-TC__GEN_VEC_OPS(tc__v, TC__AVX2, 16, BFLOAT16, TC__V16_BF, TC__V32_BF)
-TC__GEN_VEC_OPS(tc__v, TC__AVX2, 16, FLOAT16, TC__V16_H, TC__V32_H)
+/* bfloat16 rounded (tc__f2bf) and packed without the NaN rule: the part
+ * of tc__bf_store for lanes that are not NaN (infinities and overflow to
+ * them come out right from the integer rounding). */
+TC__AVX2_INLINE __m256i tc__bf_round(__m256 ev, __m256 od) {
+  const __m256i e = _mm256_castps_si256(ev), o = _mm256_castps_si256(od);
+  const __m256i h = _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xAA);
+  const __m256i l = _mm256_blend_epi16(e, _mm256_slli_epi32(o, 16), 0xAA);
+  const __m256i t = _mm256_add_epi16(_mm256_and_si256(h, _mm256_set1_epi16(1)),
+                                     _mm256_set1_epi16(0x7FFE));
+  return _mm256_add_epi16(h, _mm256_srli_epi16(_mm256_avg_epu16(l, t), 15));
+}
+/* 32 bfloat16 results in one step: one NaN test for all of them (a
+ * vcmpps per 16 results, of the even and the odd lanes at once), and only
+ * a step with a NaN result goes through tc__bf_store's NaN rule. All
+ * loads come before the stores (o may be a or b). */
+#define TC__A32_BF(OP, o, a, b)                                                \
+  do {                                                                         \
+    __m256 ae0, ao0, be0, bo0, ae1, ao1, be1, bo1;                             \
+    tc__bf_load(a, &ae0, &ao0);                                                \
+    tc__bf_load((a) + 16, &ae1, &ao1);                                         \
+    tc__bf_load(b, &be0, &bo0);                                                \
+    tc__bf_load((b) + 16, &be1, &bo1);                                         \
+    const __m256 e0 = TC__V_##OP(ae0, be0), o0 = TC__V_##OP(ao0, bo0);         \
+    const __m256 e1 = TC__V_##OP(ae1, be1), o1 = TC__V_##OP(ao1, bo1);         \
+    const __m256 nan = _mm256_or_ps(_mm256_cmp_ps(e0, o0, _CMP_UNORD_Q),       \
+                                    _mm256_cmp_ps(e1, o1, _CMP_UNORD_Q));      \
+    if (__builtin_expect(_mm256_testz_ps(nan, nan), 1)) {                      \
+      _mm256_storeu_si256((__m256i *)(void *)(o), tc__bf_round(e0, o0));       \
+      _mm256_storeu_si256((__m256i *)(void *)((o) + 16), tc__bf_round(e1, o1)); \
+    } else {                                                                   \
+      tc__bf_store(o, e0, o0);                                                 \
+      tc__bf_store((o) + 16, e1, o1);                                          \
+    }                                                                          \
+  } while (0)
+/* 32 float16 results in one step: the NaN test of TC__Y32_H with vcmpps
+ * (one per 16 results) in place of AVX-512's vfpclassps. */
+#define TC__AH_PACK(r) _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define TC__A32_H(OP, o, a, b)                                                 \
+  do {                                                                         \
+    const __m256 a0 = tc__h_load(a), a1 = tc__h_load((a) + 8);                 \
+    const __m256 a2 = tc__h_load((a) + 16), a3 = tc__h_load((a) + 24);         \
+    const __m256 r0 = TC__V_##OP(a0, tc__h_load(b));                           \
+    const __m256 r1 = TC__V_##OP(a1, tc__h_load((b) + 8));                     \
+    const __m256 r2 = TC__V_##OP(a2, tc__h_load((b) + 16));                    \
+    const __m256 r3 = TC__V_##OP(a3, tc__h_load((b) + 24));                    \
+    const __m256 nan = _mm256_or_ps(_mm256_cmp_ps(r0, r1, _CMP_UNORD_Q),       \
+                                    _mm256_cmp_ps(r2, r3, _CMP_UNORD_Q));      \
+    if (__builtin_expect(_mm256_testz_ps(nan, nan), 1)) {                      \
+      _mm_storeu_si128((__m128i *)(void *)(o), TC__AH_PACK(r0));               \
+      _mm_storeu_si128((__m128i *)(void *)((o) + 8), TC__AH_PACK(r1));         \
+      _mm_storeu_si128((__m128i *)(void *)((o) + 16), TC__AH_PACK(r2));        \
+      _mm_storeu_si128((__m128i *)(void *)((o) + 24), TC__AH_PACK(r3));        \
+    } else {                                                                   \
+      tc__h_store(o, TC__V_NANFIRST(a0, r0));                                  \
+      tc__h_store((o) + 8, TC__V_NANFIRST(a1, r1));                            \
+      tc__h_store((o) + 16, TC__V_NANFIRST(a2, r2));                           \
+      tc__h_store((o) + 24, TC__V_NANFIRST(a3, r3));                           \
+    }                                                                          \
+  } while (0)
+TC__GEN_VEC_OPS(tc__v, TC__AVX2, 16, BFLOAT16, TC__V16_BF, TC__A32_BF)
+TC__GEN_VEC_OPS(tc__v, TC__AVX2, 16, FLOAT16, TC__V16_H, TC__A32_H)
+/* Without prefetches, picked on AMD family 19h and later as the AVX-512
+ * ones (simd16): on Zen 3 (family 19h, AVX2 only) bfloat16 and float16
+ * all_reduce at 2 ranks against float32 went, medians of 6 rotated
+ * launches, 8 KiB x0.59 -> x0.63 and x0.66 -> x0.71, 128 KiB x0.72 ->
+ * x0.75 and x0.79 -> x0.82, 2 MiB x0.81 -> x0.91 and x0.88 -> x0.94
+ * (docs/benchmarks.md, "The AVX2 16-bit kernels on Zen 3"). */
+TC__GEN_VEC_OPS_PF(tc__vn, TC__AVX2, 16, BFLOAT16, TC__V16_BF, TC__A32_BF, 0)
+TC__GEN_VEC_OPS_PF(tc__vn, TC__AVX2, 16, FLOAT16, TC__V16_H, TC__A32_H, 0)
 
 /* Scale (x * f) and divide (x / f) of n elements, s -> d (d may equal s). */
 #define TC__GEN_VMAP(NAME, D, V, VOP)                                          \
@@ -832,8 +897,8 @@ TC__GEN_VEC_OPS_PF(tc__p, TC__AVX512FP16, 32, FLOAT16, TC__P32_H, TC__P64_H, 0)
  * the float16 AVX2+F16C ones, bit 2 the bfloat16 AVX-512 ones, bit 3 the
  * float16 AVX-512 ones, bit 4 the float16 AVX512-FP16 ones; by default
  * (amd_family) bit 5: the AVX-512 float16 ones on 512-bit vectors, bit 6:
- * the AVX-512 ones without prefetches; -1 until the CPU is asked (first
- * call). */
+ * the AVX2 and AVX-512 ones without prefetches; -1 until the CPU is asked
+ * (first call). */
 static int simd16_mask = -1;
 /* The highest tier tc__reduce_set_simd allows: 0 generic, 1 AVX2, 2
  * AVX-512, 3 AVX512-FP16. */
@@ -842,8 +907,8 @@ static int simd16_level = 3;
 /* The width of the AVX-512 float16 kernels: 0 the CPU's (mask bit 5),
  * 256 or 512 (tc__reduce_set_f16_width). */
 static int simd16_f16_width = 0;
-/* Whether the AVX-512 16-bit kernels prefetch: -1 the CPU's (mask bit 6),
- * 0 or 1 (tc__reduce_set_prefetch16). */
+/* Whether the AVX2 and AVX-512 16-bit kernels prefetch: -1 the CPU's
+ * (mask bit 6), 0 or 1 (tc__reduce_set_prefetch16). */
 static int simd16_prefetch = -1;
 
 #ifdef TC__SIMD16
@@ -855,7 +920,7 @@ static int simd16_prefetch = -1;
  *  - no software prefetch on family 19h and later: those prefetches,
  *    tuned on an Intel Xeon (TC__GEN_VEC), cost Zen 5 time and Zen 4 time
  *    (docs/benchmarks.md, "The 16-bit kernels without prefetches on Zen
- *    5" and "... on Zen 4 too"). */
+ *    5" and "... on Zen 4 too"), and Zen 3's AVX2 kernels time (tc__vn). */
 static unsigned amd_family(void) {
   unsigned a, b, c, d;
   if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
@@ -882,7 +947,7 @@ static int simd16(void) {
     const unsigned fam = amd_family();
     m = avx2 | ((avx2 && __builtin_cpu_supports("f16c")) << 1) |
         ((z && __builtin_cpu_supports("avx512bf16")) << 2) | (z << 3) |
-        ((z && fam != 0x19) << 5) | ((z && fam >= 0x19) << 6);
+        ((z && fam != 0x19) << 5) | ((avx2 && fam >= 0x19) << 6);
 #ifdef TC__SIMD16_FP16
     m |= (z && __builtin_cpu_supports("avx512fp16")) << 4;
 #endif
@@ -893,7 +958,7 @@ static int simd16(void) {
   const int p = __atomic_load_n(&simd16_prefetch, __ATOMIC_RELAXED);
   if (w) m = (m & ~32) | (w == 512 ? 32 : 0);
   if (p >= 0) m = (m & ~64) | (p ? 0 : 64);
-  return level >= 3 ? m : level == 2 ? (m & 111) : level == 1 ? (m & 3) : 0;
+  return level >= 3 ? m : level == 2 ? (m & 111) : level == 1 ? (m & 67) : 0;
 #else
   return 0;
 #endif
@@ -912,7 +977,7 @@ int tc__reduce_set_f16_width(int bits) {
 
 int tc__reduce_set_prefetch16(int on) {
   const int m = simd16();
-  const int was = !(m & 12) ? -1 : !(m & 64);
+  const int was = !(m & 15) ? -1 : !(m & 64);
   __atomic_store_n(&simd16_prefetch, on == 0 || on == 1 ? on : -1, __ATOMIC_RELAXED);
   return was;
 }
@@ -943,13 +1008,18 @@ static const tc__kernel_t kernel_table[TC_DTYPE_COUNT][TC_AVG] = {
 };
 
 #ifdef TC__SIMD16
-/* The AVX2 16-bit kernels: [0] bfloat16, [1] float16, by op SUM..MAX. */
-static const tc__kernel_t simd16_table[2][TC_MAX + 1] = {
-#define TC__VENTRY(D, OP) [TC_##OP] = {.k2 = tc__v2_##D##_##OP, .k3 = tc__v3_##D##_##OP}
-    {TC__VENTRY(BFLOAT16, SUM), TC__VENTRY(BFLOAT16, PRODUCT),
-     TC__VENTRY(BFLOAT16, MIN), TC__VENTRY(BFLOAT16, MAX)},
-    {TC__VENTRY(FLOAT16, SUM), TC__VENTRY(FLOAT16, PRODUCT),
-     TC__VENTRY(FLOAT16, MIN), TC__VENTRY(FLOAT16, MAX)},
+/* The AVX2 16-bit kernels: [0] bfloat16, [1] float16, by op SUM..MAX;
+ * [2] and [3] the same without prefetches. */
+static const tc__kernel_t simd16_table[4][TC_MAX + 1] = {
+#define TC__VENTRY(P, D, OP) [TC_##OP] = {.k2 = P##2_##D##_##OP, .k3 = P##3_##D##_##OP}
+    {TC__VENTRY(tc__v, BFLOAT16, SUM), TC__VENTRY(tc__v, BFLOAT16, PRODUCT),
+     TC__VENTRY(tc__v, BFLOAT16, MIN), TC__VENTRY(tc__v, BFLOAT16, MAX)},
+    {TC__VENTRY(tc__v, FLOAT16, SUM), TC__VENTRY(tc__v, FLOAT16, PRODUCT),
+     TC__VENTRY(tc__v, FLOAT16, MIN), TC__VENTRY(tc__v, FLOAT16, MAX)},
+    {TC__VENTRY(tc__vn, BFLOAT16, SUM), TC__VENTRY(tc__vn, BFLOAT16, PRODUCT),
+     TC__VENTRY(tc__vn, BFLOAT16, MIN), TC__VENTRY(tc__vn, BFLOAT16, MAX)},
+    {TC__VENTRY(tc__vn, FLOAT16, SUM), TC__VENTRY(tc__vn, FLOAT16, PRODUCT),
+     TC__VENTRY(tc__vn, FLOAT16, MIN), TC__VENTRY(tc__vn, FLOAT16, MAX)},
 #undef TC__VENTRY
 };
 /* The AVX-512 ones, the same way. */
@@ -1007,8 +1077,8 @@ static const tc__kernel_t *kernel_of(tc_dtype_t dtype, tc_redop_type_t op) {
       if (m & 32) return pf ? &simd16w_table[op] : &simd16zn_table[1][op];
       return pf ? &simd16z_table[1][op] : &simd16zn_table[2][op];
     }
-    if (dtype == TC_BFLOAT16 && (m & 1)) return &simd16_table[0][op];
-    if (dtype == TC_FLOAT16 && (m & 2)) return &simd16_table[1][op];
+    if (dtype == TC_BFLOAT16 && (m & 1)) return &simd16_table[pf ? 0 : 2][op];
+    if (dtype == TC_FLOAT16 && (m & 2)) return &simd16_table[pf ? 1 : 3][op];
   }
 #endif
   const tc__kernel_t *k = &kernel_table[dtype][op];

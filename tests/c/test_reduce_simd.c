@@ -121,10 +121,11 @@ static void check(tc_dtype_t dt, tc_redop_type_t op, size_t n, size_t oa, size_t
     w[m] = ref(dt, op, a[m], b[m]);
     ww[m] = ref(dt, op, a[m], a[m]);
   }
-  /* every tier, and the AVX-512 kernels with and without prefetches, the
+  /* every tier, the AVX2 and AVX-512 kernels with and without prefetches, the
    * float16 ones at both widths */
   static const struct { int simd, width, prefetch; } pass[] = {
-      {3, 0, -1}, {2, 512, 1}, {2, 512, 0}, {2, 256, 1}, {2, 256, 0}, {1, 0, -1}, {0, 0, -1}};
+      {3, 0, -1}, {2, 512, 1}, {2, 512, 0}, {2, 256, 1}, {2, 256, 0},
+      {1, 0, 1},  {1, 0, 0},   {0, 0, -1}};
   for (size_t ps = 0; ps < sizeof pass / sizeof pass[0]; ps++) {
     const int simd = pass[ps].simd, width = pass[ps].width;
     if (width == 256 && dt != TC_FLOAT16) continue;
@@ -134,7 +135,8 @@ static void check(tc_dtype_t dt, tc_redop_type_t op, size_t n, size_t oa, size_t
     char path[64];
     snprintf(path, sizeof path, "%s%s%s", tier_name[simd],
              simd == 2 && dt == TC_FLOAT16 ? (width == 256 ? " 256-bit" : " 512-bit") : "",
-             simd == 2 ? (pass[ps].prefetch ? " prefetching" : " without prefetches") : "");
+             simd == 1 || simd == 2 ? (pass[ps].prefetch ? " prefetching" : " without prefetches")
+                                    : "");
     char what[160];
 #define CHECK_OUT(label, x, y, want)                                                     \
   do {                                                                                   \
@@ -245,7 +247,16 @@ TC_TEST(reduce_simd_present) {
            pf ? "prefetching" : "without prefetches");
   } else {
     TC_ASSERT_EQ(tc__reduce_set_f16_width(0), 0);
-    if (want < 2) TC_ASSERT_EQ(tc__reduce_set_prefetch16(-1), -1);
+    if (want == 0) TC_ASSERT_EQ(tc__reduce_set_prefetch16(-1), -1);
+  }
+  /* the AVX2 kernels (tier 1) prefetch or not as the AVX-512 ones */
+  if (want == 1) {
+    const int pf = tc__reduce_set_prefetch16(0);
+    TC_ASSERT(pf == 0 || pf == 1);
+    TC_ASSERT_EQ(tc__reduce_set_prefetch16(1), 0);
+    TC_ASSERT_EQ(tc__reduce_set_prefetch16(-1), 1);
+    TC_ASSERT_EQ(tc__reduce_set_prefetch16(-1), pf);
+    printf("# AVX2 16-bit kernels %s\n", pf ? "prefetching" : "without prefetches");
   }
 }
 
