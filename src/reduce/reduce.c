@@ -401,12 +401,9 @@ TC__REDUCE_KERNELS(TC__GEN)
 #define TC__V_PRODUCT(a, b) _mm256_mul_ps(a, b)
 #define TC__V_MIN(a, b) TC__V_NANFIRST(a, _mm256_min_ps(a, b))
 #define TC__V_MAX(a, b) TC__V_NANFIRST(a, _mm256_max_ps(a, b))
-/* float16 keeps NaN signs: its SUM/PRODUCT name the NaN (tc__nanfirst);
- * bfloat16's NaN is always 0x7FC0. */
-#define TC__VH_SUM(a, b) TC__V_NANFIRST(a, _mm256_add_ps(a, b))
-#define TC__VH_PRODUCT(a, b) TC__V_NANFIRST(a, _mm256_mul_ps(a, b))
-#define TC__VH_MIN TC__V_MIN
-#define TC__VH_MAX TC__V_MAX
+/* float16 keeps NaN signs: its SUM/PRODUCT/scale name the NaN
+ * (tc__nanfirst: TC__AH_SLOW, TC__VH_MUL); bfloat16's NaN is always
+ * 0x7FC0. */
 #define TC__VH_MUL(x, f) TC__V_NANFIRST(x, _mm256_mul_ps(x, f))
 
 /* 16 bfloat16 as two float32 vectors: the even elements (shifted up) and
@@ -454,23 +451,6 @@ TC__AVX2_INLINE void tc__h_store(uint16_t *p, __m256 f) {
   _mm_storeu_si128((__m128i *)p,
                    _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
-
-/* 16 elements: o = a op b, every input read before o is written (o may
- * alias a or b exactly). */
-#define TC__V16_BF(OP, o, a, b)                                                \
-  do {                                                                         \
-    __m256 ae, ao, be, bo;                                                     \
-    tc__bf_load(a, &ae, &ao);                                                  \
-    tc__bf_load(b, &be, &bo);                                                  \
-    tc__bf_store(o, TC__V_##OP(ae, be), TC__V_##OP(ao, bo));                   \
-  } while (0)
-#define TC__V16_H(OP, o, a, b)                                                 \
-  do {                                                                         \
-    const __m256 a0 = tc__h_load(a), a1 = tc__h_load((a) + 8);                 \
-    const __m256 b0 = tc__h_load(b), b1 = tc__h_load((b) + 8);                 \
-    tc__h_store(o, TC__VH_##OP(a0, b0));                                       \
-    tc__h_store((o) + 8, TC__VH_##OP(a1, b1));                                 \
-  } while (0)
 
 /* k3 (o = a op b, PFX##3) and k2 (d op= s, PFX##2) per op for a vector
  * step V of W elements, compiled with ATTR: two steps at a time (V2, 2W
@@ -569,64 +549,105 @@ TC__AVX2_INLINE __m256i tc__bf_round(__m256 ev, __m256 od) {
                                      _mm256_set1_epi16(0x7FFE));
   return _mm256_add_epi16(h, _mm256_srli_epi16(_mm256_avg_epu16(l, t), 15));
 }
-/* 32 bfloat16 results in one step: one NaN test for all of them (a
- * vcmpps per 16 results, of the even and the odd lanes at once), and only
- * a step with a NaN result goes through tc__bf_store's NaN rule. All
- * loads come before the stores (o may be a or b). */
-#define TC__A32_BF(OP, o, a, b)                                                \
+/* The AVX2 tier's step: 32 results, with one NaN test for 64 of them.
+ * TC__A32_BF / TC__A32_H compute 32 results into registers named with
+ * prefix X (bfloat16: the even and odd lanes X##e0, X##o0, X##e1, X##o1;
+ * float16: X##0..X##3 and the first input's values X##a0..X##a3) and a
+ * vector X##nan with a lane set where a result is NaN (one vcmpps per 16
+ * results: unordered is true where either operand is NaN). TC__A64_* runs
+ * two of them, tests both masks with one vmovmskps and one branch, and
+ * stores the results rounded and packed without any NaN rule; a step with
+ * a NaN result is done again as two single steps TC__A1_* (nothing is
+ * stored before), which apply tc__bf_store's and tc__h_store's rules to
+ * the 32 results of their own step. Keeping the first input's values for
+ * those rules in the double step would take more than AVX2's 16 vector
+ * registers. All loads come before the stores (o may be a or b). */
+#define TC__A32_BF(OP, X, a, b)                                                \
+  __m256 X##ae0, X##ao0, X##be0, X##bo0, X##ae1, X##ao1, X##be1, X##bo1;       \
+  tc__bf_load(a, &X##ae0, &X##ao0);                                            \
+  tc__bf_load((a) + 16, &X##ae1, &X##ao1);                                     \
+  tc__bf_load(b, &X##be0, &X##bo0);                                            \
+  tc__bf_load((b) + 16, &X##be1, &X##bo1);                                     \
+  const __m256 X##e0 = TC__V_##OP(X##ae0, X##be0), X##o0 = TC__V_##OP(X##ao0, X##bo0); \
+  const __m256 X##e1 = TC__V_##OP(X##ae1, X##be1), X##o1 = TC__V_##OP(X##ao1, X##bo1); \
+  const __m256 X##nan = _mm256_or_ps(_mm256_cmp_ps(X##e0, X##o0, _CMP_UNORD_Q),  \
+                                     _mm256_cmp_ps(X##e1, X##o1, _CMP_UNORD_Q))
+#define TC__A32_BF_STORE(o, X, STORE)                                          \
   do {                                                                         \
-    __m256 ae0, ao0, be0, bo0, ae1, ao1, be1, bo1;                             \
-    tc__bf_load(a, &ae0, &ao0);                                                \
-    tc__bf_load((a) + 16, &ae1, &ao1);                                         \
-    tc__bf_load(b, &be0, &bo0);                                                \
-    tc__bf_load((b) + 16, &be1, &bo1);                                         \
-    const __m256 e0 = TC__V_##OP(ae0, be0), o0 = TC__V_##OP(ao0, bo0);         \
-    const __m256 e1 = TC__V_##OP(ae1, be1), o1 = TC__V_##OP(ao1, bo1);         \
-    const __m256 nan = _mm256_or_ps(_mm256_cmp_ps(e0, o0, _CMP_UNORD_Q),       \
-                                    _mm256_cmp_ps(e1, o1, _CMP_UNORD_Q));      \
-    if (__builtin_expect(_mm256_testz_ps(nan, nan), 1)) {                      \
-      _mm256_storeu_si256((__m256i *)(void *)(o), tc__bf_round(e0, o0));       \
-      _mm256_storeu_si256((__m256i *)(void *)((o) + 16), tc__bf_round(e1, o1)); \
+    STORE(o, X##e0, X##o0);                                                    \
+    STORE((o) + 16, X##e1, X##o1);                                             \
+  } while (0)
+#define TC__ABF_FAST(p, e, od) _mm256_storeu_si256((__m256i *)(void *)(p), tc__bf_round(e, od))
+#define TC__A64_BF(OP, o, a, b)                                                \
+  do {                                                                         \
+    TC__A32_BF(OP, p, a, b);                                                   \
+    TC__A32_BF(OP, q, (a) + 32, (b) + 32);                                     \
+    if (__builtin_expect(_mm256_movemask_ps(_mm256_or_ps(pnan, qnan)) == 0, 1)) { \
+      TC__A32_BF_STORE(o, p, TC__ABF_FAST);                                    \
+      TC__A32_BF_STORE((o) + 32, q, TC__ABF_FAST);                             \
     } else {                                                                   \
-      tc__bf_store(o, e0, o0);                                                 \
-      tc__bf_store((o) + 16, e1, o1);                                          \
+      TC__A1_BF(OP, o, a, b);                                                  \
+      TC__A1_BF(OP, (o) + 32, (a) + 32, (b) + 32);                             \
     }                                                                          \
   } while (0)
-/* 32 float16 results in one step: the NaN test of TC__Y32_H with vcmpps
- * (one per 16 results) in place of AVX-512's vfpclassps. */
 #define TC__AH_PACK(r) _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-#define TC__A32_H(OP, o, a, b)                                                 \
+#define TC__A32_H(OP, X, a, b)                                                 \
+  const __m256 X##a0 = tc__h_load(a), X##a1 = tc__h_load((a) + 8);             \
+  const __m256 X##a2 = tc__h_load((a) + 16), X##a3 = tc__h_load((a) + 24);     \
+  const __m256 X##0 = TC__V_##OP(X##a0, tc__h_load(b));                        \
+  const __m256 X##1 = TC__V_##OP(X##a1, tc__h_load((b) + 8));                  \
+  const __m256 X##2 = TC__V_##OP(X##a2, tc__h_load((b) + 16));                 \
+  const __m256 X##3 = TC__V_##OP(X##a3, tc__h_load((b) + 24));                 \
+  const __m256 X##nan = _mm256_or_ps(_mm256_cmp_ps(X##0, X##1, _CMP_UNORD_Q),   \
+                                     _mm256_cmp_ps(X##2, X##3, _CMP_UNORD_Q))
+#define TC__AH_FAST(p, r, x) _mm_storeu_si128((__m128i *)(void *)(p), TC__AH_PACK(r))
+#define TC__AH_SLOW(p, r, x) tc__h_store(p, TC__V_NANFIRST(x, r))
+#define TC__A32_H_STORE(o, X, STORE)                                           \
   do {                                                                         \
-    const __m256 a0 = tc__h_load(a), a1 = tc__h_load((a) + 8);                 \
-    const __m256 a2 = tc__h_load((a) + 16), a3 = tc__h_load((a) + 24);         \
-    const __m256 r0 = TC__V_##OP(a0, tc__h_load(b));                           \
-    const __m256 r1 = TC__V_##OP(a1, tc__h_load((b) + 8));                     \
-    const __m256 r2 = TC__V_##OP(a2, tc__h_load((b) + 16));                    \
-    const __m256 r3 = TC__V_##OP(a3, tc__h_load((b) + 24));                    \
-    const __m256 nan = _mm256_or_ps(_mm256_cmp_ps(r0, r1, _CMP_UNORD_Q),       \
-                                    _mm256_cmp_ps(r2, r3, _CMP_UNORD_Q));      \
-    if (__builtin_expect(_mm256_testz_ps(nan, nan), 1)) {                      \
-      _mm_storeu_si128((__m128i *)(void *)(o), TC__AH_PACK(r0));               \
-      _mm_storeu_si128((__m128i *)(void *)((o) + 8), TC__AH_PACK(r1));         \
-      _mm_storeu_si128((__m128i *)(void *)((o) + 16), TC__AH_PACK(r2));        \
-      _mm_storeu_si128((__m128i *)(void *)((o) + 24), TC__AH_PACK(r3));        \
+    STORE(o, X##0, X##a0);                                                     \
+    STORE((o) + 8, X##1, X##a1);                                               \
+    STORE((o) + 16, X##2, X##a2);                                              \
+    STORE((o) + 24, X##3, X##a3);                                              \
+  } while (0)
+#define TC__A64_H(OP, o, a, b)                                                 \
+  do {                                                                         \
+    TC__A32_H(OP, p, a, b);                                                    \
+    TC__A32_H(OP, q, (a) + 32, (b) + 32);                                      \
+    if (__builtin_expect(_mm256_movemask_ps(_mm256_or_ps(pnan, qnan)) == 0, 1)) { \
+      TC__A32_H_STORE(o, p, TC__AH_FAST);                                      \
+      TC__A32_H_STORE((o) + 32, q, TC__AH_FAST);                               \
     } else {                                                                   \
-      tc__h_store(o, TC__V_NANFIRST(a0, r0));                                  \
-      tc__h_store((o) + 8, TC__V_NANFIRST(a1, r1));                            \
-      tc__h_store((o) + 16, TC__V_NANFIRST(a2, r2));                           \
-      tc__h_store((o) + 24, TC__V_NANFIRST(a3, r3));                           \
+      TC__A1_H(OP, o, a, b);                                                   \
+      TC__A1_H(OP, (o) + 32, (a) + 32, (b) + 32);                              \
     }                                                                          \
   } while (0)
-TC__GEN_VEC_OPS(tc__v, TC__AVX2, 16, BFLOAT16, TC__V16_BF, TC__A32_BF)
-TC__GEN_VEC_OPS(tc__v, TC__AVX2, 16, FLOAT16, TC__V16_H, TC__A32_H)
+/* The single step of 32 (the tail's), one test per 32. */
+#define TC__A1_BF(OP, o, a, b)                                                 \
+  do {                                                                         \
+    TC__A32_BF(OP, p, a, b);                                                   \
+    if (__builtin_expect(_mm256_movemask_ps(pnan) == 0, 1))                    \
+      TC__A32_BF_STORE(o, p, TC__ABF_FAST);                                    \
+    else                                                                       \
+      TC__A32_BF_STORE(o, p, tc__bf_store);                                    \
+  } while (0)
+#define TC__A1_H(OP, o, a, b)                                                  \
+  do {                                                                         \
+    TC__A32_H(OP, p, a, b);                                                    \
+    if (__builtin_expect(_mm256_movemask_ps(pnan) == 0, 1))                    \
+      TC__A32_H_STORE(o, p, TC__AH_FAST);                                      \
+    else                                                                       \
+      TC__A32_H_STORE(o, p, TC__AH_SLOW);                                      \
+  } while (0)
+TC__GEN_VEC_OPS(tc__v, TC__AVX2, 32, BFLOAT16, TC__A1_BF, TC__A64_BF)
+TC__GEN_VEC_OPS(tc__v, TC__AVX2, 32, FLOAT16, TC__A1_H, TC__A64_H)
 /* Without prefetches, picked on AMD family 19h and later as the AVX-512
  * ones (simd16): on Zen 3 (family 19h, AVX2 only) bfloat16 and float16
  * all_reduce at 2 ranks against float32 went, medians of 6 rotated
  * launches, 8 KiB x0.59 -> x0.63 and x0.66 -> x0.71, 128 KiB x0.72 ->
  * x0.75 and x0.79 -> x0.82, 2 MiB x0.81 -> x0.91 and x0.88 -> x0.94
  * (docs/benchmarks.md, "The AVX2 16-bit kernels on Zen 3"). */
-TC__GEN_VEC_OPS_PF(tc__vn, TC__AVX2, 16, BFLOAT16, TC__V16_BF, TC__A32_BF, 0)
-TC__GEN_VEC_OPS_PF(tc__vn, TC__AVX2, 16, FLOAT16, TC__V16_H, TC__A32_H, 0)
+TC__GEN_VEC_OPS_PF(tc__vn, TC__AVX2, 32, BFLOAT16, TC__A1_BF, TC__A64_BF, 0)
+TC__GEN_VEC_OPS_PF(tc__vn, TC__AVX2, 32, FLOAT16, TC__A1_H, TC__A64_H, 0)
 
 /* Scale (x * f) and divide (x / f) of n elements, s -> d (d may equal s). */
 #define TC__GEN_VMAP(NAME, D, V, VOP)                                          \
