@@ -38,13 +38,32 @@
  *              step or per block), each checked against it: whether
  *              another step would be faster.
  *
+ * On every CPU with AVX2 and F16C (the library's tier 1, the only 16-bit
+ * tier on CPUs without AVX-512 such as Zen 3), with 256-bit AVX2 code:
+ *
+ *   a2-f16-bare    vcvtph2ps x2, vaddps, vcvtps2ph: the conversions alone;
+ *   a2-f16-step    the library's AVX2 float16 step on data without NaN
+ *                  (TC__A64_H: 64 results, one vcmpps per 16, one branch);
+ *   a2-bf16-step   the library's AVX2 bfloat16 step likewise (TC__A64_BF:
+ *                  widen by shift/mask, vaddps, round to nearest even by
+ *                  integer operations, one NaN test per 64);
+ *   a2-bf16-nonan  a2-bf16-step without its NaN test;
+ *   a2-bf16-trunc  a2-bf16-nonan without the rounding (truncated: other
+ *                  bits, said on its line): what the rounding costs;
+ *   a2-f32         out = a + b on float32 arrays of the same byte size.
+ * The steps' bits are checked against the library's rules on this data
+ * (finite, no NaN): a2-f16-step against a2-f16-bare, a2-bf16-nonan
+ * against a2-bf16-step.
+ *
  * GB/s of one input's bytes (as tcreduce_bench), median of 5 timings of
  * >= 20 ms each, one thread, hot buffers.
  *
  * Output, one line per loop and size: "loop BYTES GB/s".
- * Usage: tcf16_probe [BYTES ...]   (default 16384 65536 1048576)
- * Prints "SKIP: ..." and exits 0 where the CPU lacks AVX-512 (F/BW/DQ/VL)
- * or the compiler is not GCC/Clang on x86-64. */
+ * Usage: tcf16_probe [BYTES ...]   (default 16384 65536 1048576; each
+ * rounded down to a multiple of 128)
+ * Prints "SKIP: ..." and exits 0 where the CPU lacks AVX2 or F16C (the
+ * AVX-512 loops: where it lacks AVX-512 F/BW/DQ/VL) or the compiler is not
+ * GCC/Clang on x86-64. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -326,6 +345,112 @@ ph_add(void *ov, const void *av, const void *bv, size_t n) {
 }
 #endif
 
+/* The AVX2 loops (a2-*): plain AVX2 + F16C code, no EVEX encodings. */
+#define A2 __attribute__((noinline, target("avx2,f16c")))
+#define A2I static inline __attribute__((always_inline, target("avx2,f16c")))
+#define A2_HL(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
+#define A2_HS(p, r) _mm_storeu_si128((__m128i *)(void *)(p), _mm256_cvtps_ph(r, RND))
+
+static A2 void a2_f16_bare(void *ov, const void *av, const void *bv, size_t n) {
+  uint16_t *o = ov;
+  const uint16_t *a = av, *b = bv;
+  for (size_t i = 0; i + 8 <= n; i += 8) A2_HS(o + i, _mm256_add_ps(A2_HL(a + i), A2_HL(b + i)));
+}
+
+static A2 void a2_f16_step(void *ov, const void *av, const void *bv, size_t n) {
+  uint16_t *o = ov;
+  const uint16_t *a = av, *b = bv;
+  for (size_t i = 0; i + 64 <= n; i += 64) { /* written out: GCC keeps arrays in memory */
+    const __m256 r0 = _mm256_add_ps(A2_HL(a + i), A2_HL(b + i));
+    const __m256 r1 = _mm256_add_ps(A2_HL(a + i + 8), A2_HL(b + i + 8));
+    const __m256 r2 = _mm256_add_ps(A2_HL(a + i + 16), A2_HL(b + i + 16));
+    const __m256 r3 = _mm256_add_ps(A2_HL(a + i + 24), A2_HL(b + i + 24));
+    const __m256 r4 = _mm256_add_ps(A2_HL(a + i + 32), A2_HL(b + i + 32));
+    const __m256 r5 = _mm256_add_ps(A2_HL(a + i + 40), A2_HL(b + i + 40));
+    const __m256 r6 = _mm256_add_ps(A2_HL(a + i + 48), A2_HL(b + i + 48));
+    const __m256 r7 = _mm256_add_ps(A2_HL(a + i + 56), A2_HL(b + i + 56));
+    const __m256 nan =
+        _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(r0, r1, _CMP_UNORD_Q), _mm256_cmp_ps(r2, r3, _CMP_UNORD_Q)),
+                     _mm256_or_ps(_mm256_cmp_ps(r4, r5, _CMP_UNORD_Q), _mm256_cmp_ps(r6, r7, _CMP_UNORD_Q)));
+    if (__builtin_expect(_mm256_movemask_ps(nan) == 0, 1)) {
+      A2_HS(o + i, r0);
+      A2_HS(o + i + 8, r1);
+      A2_HS(o + i + 16, r2);
+      A2_HS(o + i + 24, r3);
+      A2_HS(o + i + 32, r4);
+      A2_HS(o + i + 40, r5);
+      A2_HS(o + i + 48, r6);
+      A2_HS(o + i + 56, r7);
+    } else {
+      o[i] = 0x7E00; /* not on this data */
+    }
+  }
+}
+
+/* bfloat16 as the library's tier 1: even lanes shifted up, odd lanes
+ * masked; packed back with the rounding by vpavgw (tc__bf_round) or
+ * truncated. */
+A2I void a2_bf_load(const uint16_t *p, __m256 *ev, __m256 *od) {
+  const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)p);
+  *ev = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+  *od = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xFFFF0000u)));
+}
+A2I __m256i a2_bf_round(__m256 ev, __m256 od) {
+  const __m256i e = _mm256_castps_si256(ev), o = _mm256_castps_si256(od);
+  const __m256i h = _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xAA);
+  const __m256i l = _mm256_blend_epi16(e, _mm256_slli_epi32(o, 16), 0xAA);
+  const __m256i t = _mm256_add_epi16(_mm256_and_si256(h, _mm256_set1_epi16(1)), _mm256_set1_epi16(0x7FFE));
+  return _mm256_add_epi16(h, _mm256_srli_epi16(_mm256_avg_epu16(l, t), 15));
+}
+A2I __m256i a2_bf_trunc(__m256 ev, __m256 od) {
+  return _mm256_blend_epi16(_mm256_srli_epi32(_mm256_castps_si256(ev), 16), _mm256_castps_si256(od), 0xAA);
+}
+/* mode 0: the step (NaN test, rounding); 1: no NaN test; 2: neither.
+ * Written out: GCC keeps arrays of vectors in memory. */
+#define A2_BF_SUM(k, e, d)                                                     \
+  __m256 e, d;                                                                 \
+  do {                                                                         \
+    __m256 ae_, ad_, be_, bd_;                                                 \
+    a2_bf_load(a + i + 16 * (k), &ae_, &ad_);                                  \
+    a2_bf_load(b + i + 16 * (k), &be_, &bd_);                                  \
+    e = _mm256_add_ps(ae_, be_);                                               \
+    d = _mm256_add_ps(ad_, bd_);                                               \
+  } while (0)
+#define A2_BF_PUT(k, e, d)                                                     \
+  _mm256_storeu_si256((__m256i *)(void *)(o + i + 16 * (k)),                   \
+                      mode == 2 ? a2_bf_trunc(e, d) : a2_bf_round(e, d))
+A2I void a2_bf_loop(uint16_t *o, const uint16_t *a, const uint16_t *b, size_t n, int mode) {
+  for (size_t i = 0; i + 64 <= n; i += 64) {
+    A2_BF_SUM(0, e0, d0);
+    A2_BF_SUM(1, e1, d1);
+    A2_BF_SUM(2, e2, d2);
+    A2_BF_SUM(3, e3, d3);
+    if (mode == 0) {
+      const __m256 nan = _mm256_or_ps(
+          _mm256_or_ps(_mm256_cmp_ps(e0, d0, _CMP_UNORD_Q), _mm256_cmp_ps(e1, d1, _CMP_UNORD_Q)),
+          _mm256_or_ps(_mm256_cmp_ps(e2, d2, _CMP_UNORD_Q), _mm256_cmp_ps(e3, d3, _CMP_UNORD_Q)));
+      if (__builtin_expect(_mm256_movemask_ps(nan) != 0, 0)) {
+        o[i] = 0x7FC0; /* not on this data */
+        continue;
+      }
+    }
+    A2_BF_PUT(0, e0, d0);
+    A2_BF_PUT(1, e1, d1);
+    A2_BF_PUT(2, e2, d2);
+    A2_BF_PUT(3, e3, d3);
+  }
+}
+static A2 void a2_bf16_step(void *o, const void *a, const void *b, size_t n) { a2_bf_loop(o, a, b, n, 0); }
+static A2 void a2_bf16_nonan(void *o, const void *a, const void *b, size_t n) { a2_bf_loop(o, a, b, n, 1); }
+static A2 void a2_bf16_trunc(void *o, const void *a, const void *b, size_t n) { a2_bf_loop(o, a, b, n, 2); }
+
+static A2 void a2_f32(void *ov, const void *av, const void *bv, size_t n) {
+  float *o = ov;
+  const float *a = av, *b = bv;
+  for (size_t i = 0; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+}
+
 static double cpu_now(void) {
   struct timespec t;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -357,26 +482,64 @@ static double rate(loop_fn f, void *o, const void *a, const void *b, size_t n, s
   return r[2];
 }
 
+/* The a2-* loops at one size, over m (3 x bytes). */
+static void avx2_loops(char *m, size_t bytes) {
+  uint16_t *a = (uint16_t *)m, *b = (uint16_t *)(m + bytes), *o = (uint16_t *)(m + 2 * bytes);
+  const size_t n = bytes / 2;
+  uint16_t *want = malloc(bytes), *got = malloc(bytes);
+  if (!want || !got) exit(1);
+  for (size_t i = 0; i < n; i++) { /* float16 1.0 .. about 2.0, 0.5 .. 1.0 */
+    a[i] = (uint16_t)(0x3C00 + (i * 7) % 1000);
+    b[i] = (uint16_t)(0x3800 + (i * 13) % 1000);
+  }
+  a2_f16_bare(want, a, b, n);
+  a2_f16_step(got, a, b, n);
+  printf("a2-f16-bare %zu %.1f\n", bytes, rate(a2_f16_bare, o, a, b, n, bytes));
+  printf("a2-f16-step %zu %.1f%s\n", bytes, rate(a2_f16_step, o, a, b, n, bytes),
+         memcmp(want, got, bytes) ? " (WRONG BITS)" : "");
+  for (size_t i = 0; i < n; i++) { /* bfloat16 1.0 .. 2.0 and 0.5 .. 1.0 */
+    a[i] = (uint16_t)(0x3F80 + (i * 7) % 128);
+    b[i] = (uint16_t)(0x3F00 + (i * 13) % 128);
+  }
+  a2_bf16_step(want, a, b, n);
+  a2_bf16_nonan(got, a, b, n);
+  printf("a2-bf16-step %zu %.1f\n", bytes, rate(a2_bf16_step, o, a, b, n, bytes));
+  printf("a2-bf16-nonan %zu %.1f%s\n", bytes, rate(a2_bf16_nonan, o, a, b, n, bytes),
+         memcmp(want, got, bytes) ? " (WRONG BITS)" : "");
+  a2_bf16_trunc(got, a, b, n);
+  printf("a2-bf16-trunc %zu %.1f%s\n", bytes, rate(a2_bf16_trunc, o, a, b, n, bytes),
+         memcmp(want, got, bytes) ? " (truncated: other bits)" : "");
+  memset(m, 0, 3 * bytes); /* float32 zeros */
+  printf("a2-f32 %zu %.1f\n", bytes, rate(a2_f32, o, a, b, bytes / 4, bytes));
+  free(want);
+  free(got);
+}
+
 int main(int argc, char **argv) {
   __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-      !__builtin_cpu_supports("avx512dq") || !__builtin_cpu_supports("avx512vl") ||
-      !__builtin_cpu_supports("f16c")) {
-    printf("SKIP: this CPU lacks AVX-512 F/BW/DQ/VL or F16C\n");
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("f16c")) {
+    printf("SKIP: this CPU lacks AVX2 or F16C\n");
     return 0;
   }
+  const int z = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   static const size_t dflt[] = {16384, 65536, 1048576};
   int nsz = argc > 1 ? argc - 1 : 3;
   printf("# loop BYTES GB/s (of one input; one thread, hot; median of 5 x 20 ms)\n");
   for (int s = 0; s < nsz; s++) {
     size_t bytes = argc > 1 ? strtoull(argv[s + 1], NULL, 0) : dflt[s];
-    bytes = bytes / 64 * 64;
+    bytes = bytes / 128 * 128;
     if (bytes == 0) {
-      fprintf(stderr, "tcf16_probe: BYTES must be at least 64\n");
+      fprintf(stderr, "tcf16_probe: BYTES must be at least 128\n");
       return 2;
     }
     char *m = aligned_alloc(64, 3 * bytes);
     if (!m) return 1;
+    avx2_loops(m, bytes);
+    if (!z) { /* the AVX-512 loops need AVX-512 */
+      free(m);
+      continue;
+    }
     uint16_t *a = (uint16_t *)m, *b = (uint16_t *)(m + bytes), *o = (uint16_t *)(m + 2 * bytes);
     size_t n = bytes / 2;
     for (size_t i = 0; i < n; i++) { /* finite values: 1.0 .. about 2.0 */
