@@ -482,37 +482,40 @@ static double rate(loop_fn f, void *o, const void *a, const void *b, size_t n, s
   return r[2];
 }
 
+/* Two a2-* loops on the same data: a line each (none for the first where
+ * n1 is NULL), the second's saying `differ` where its bits are not the
+ * first's. */
+static void a2_pair(const char *n1, loop_fn f1, const char *n2, loop_fn f2, const char *differ,
+                    uint16_t *o, const uint16_t *a, const uint16_t *b, size_t n, size_t bytes) {
+  uint16_t *want = malloc(bytes), *got = malloc(bytes);
+  if (!want || !got) exit(1);
+  f1(want, a, b, n);
+  f2(got, a, b, n);
+  if (n1) printf("%s %zu %.1f\n", n1, bytes, rate(f1, o, a, b, n, bytes));
+  printf("%s %zu %.1f%s\n", n2, bytes, rate(f2, o, a, b, n, bytes), memcmp(want, got, bytes) ? differ : "");
+  free(want);
+  free(got);
+}
+
 /* The a2-* loops at one size, over m (3 x bytes). */
 static void avx2_loops(char *m, size_t bytes) {
   uint16_t *a = (uint16_t *)m, *b = (uint16_t *)(m + bytes), *o = (uint16_t *)(m + 2 * bytes);
   const size_t n = bytes / 2;
-  uint16_t *want = malloc(bytes), *got = malloc(bytes);
-  if (!want || !got) exit(1);
   for (size_t i = 0; i < n; i++) { /* float16 1.0 .. about 2.0, 0.5 .. 1.0 */
     a[i] = (uint16_t)(0x3C00 + (i * 7) % 1000);
     b[i] = (uint16_t)(0x3800 + (i * 13) % 1000);
   }
-  a2_f16_bare(want, a, b, n);
-  a2_f16_step(got, a, b, n);
-  printf("a2-f16-bare %zu %.1f\n", bytes, rate(a2_f16_bare, o, a, b, n, bytes));
-  printf("a2-f16-step %zu %.1f%s\n", bytes, rate(a2_f16_step, o, a, b, n, bytes),
-         memcmp(want, got, bytes) ? " (WRONG BITS)" : "");
+  a2_pair("a2-f16-bare", a2_f16_bare, "a2-f16-step", a2_f16_step, " (WRONG BITS)", o, a, b, n, bytes);
   for (size_t i = 0; i < n; i++) { /* bfloat16 1.0 .. 2.0 and 0.5 .. 1.0 */
     a[i] = (uint16_t)(0x3F80 + (i * 7) % 128);
     b[i] = (uint16_t)(0x3F00 + (i * 13) % 128);
   }
-  a2_bf16_step(want, a, b, n);
-  a2_bf16_nonan(got, a, b, n);
-  printf("a2-bf16-step %zu %.1f\n", bytes, rate(a2_bf16_step, o, a, b, n, bytes));
-  printf("a2-bf16-nonan %zu %.1f%s\n", bytes, rate(a2_bf16_nonan, o, a, b, n, bytes),
-         memcmp(want, got, bytes) ? " (WRONG BITS)" : "");
-  a2_bf16_trunc(got, a, b, n);
-  printf("a2-bf16-trunc %zu %.1f%s\n", bytes, rate(a2_bf16_trunc, o, a, b, n, bytes),
-         memcmp(want, got, bytes) ? " (truncated: other bits)" : "");
+  a2_pair("a2-bf16-step", a2_bf16_step, "a2-bf16-nonan", a2_bf16_nonan, " (WRONG BITS)", o, a, b, n,
+          bytes);
+  a2_pair(NULL, a2_bf16_step, "a2-bf16-trunc", a2_bf16_trunc, " (truncated: other bits)", o,
+          a, b, n, bytes);
   memset(m, 0, 3 * bytes); /* float32 zeros */
   printf("a2-f32 %zu %.1f\n", bytes, rate(a2_f32, o, a, b, bytes / 4, bytes));
-  free(want);
-  free(got);
 }
 
 int main(int argc, char **argv) {

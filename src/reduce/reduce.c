@@ -578,18 +578,7 @@ TC__AVX2_INLINE __m256i tc__bf_round(__m256 ev, __m256 od) {
     STORE((o) + 16, X##e1, X##o1);                                             \
   } while (0)
 #define TC__ABF_FAST(p, e, od) _mm256_storeu_si256((__m256i *)(void *)(p), tc__bf_round(e, od))
-#define TC__A64_BF(OP, o, a, b)                                                \
-  do {                                                                         \
-    TC__A32_BF(OP, p, a, b);                                                   \
-    TC__A32_BF(OP, q, (a) + 32, (b) + 32);                                     \
-    if (__builtin_expect(_mm256_movemask_ps(_mm256_or_ps(pnan, qnan)) == 0, 1)) { \
-      TC__A32_BF_STORE(o, p, TC__ABF_FAST);                                    \
-      TC__A32_BF_STORE((o) + 32, q, TC__ABF_FAST);                             \
-    } else {                                                                   \
-      TC__A1_BF(OP, o, a, b);                                                  \
-      TC__A1_BF(OP, (o) + 32, (a) + 32, (b) + 32);                             \
-    }                                                                          \
-  } while (0)
+#define TC__ABF_SLOW(p, e, od) tc__bf_store(p, e, od)
 #define TC__AH_PACK(r) _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define TC__A32_H(OP, X, a, b)                                                 \
   const __m256 X##a0 = tc__h_load(a), X##a1 = tc__h_load((a) + 8);             \
@@ -609,35 +598,32 @@ TC__AVX2_INLINE __m256i tc__bf_round(__m256 ev, __m256 od) {
     STORE((o) + 16, X##2, X##a2);                                              \
     STORE((o) + 24, X##3, X##a3);                                              \
   } while (0)
-#define TC__A64_H(OP, o, a, b)                                                 \
+/* K: BF or H. The double step of 64 results, and the single step of 32
+ * (the tail's, one test per 32). */
+#define TC__A64(K, OP, o, a, b)                                                \
   do {                                                                         \
-    TC__A32_H(OP, p, a, b);                                                    \
-    TC__A32_H(OP, q, (a) + 32, (b) + 32);                                      \
+    TC__A32_##K(OP, p, a, b);                                                  \
+    TC__A32_##K(OP, q, (a) + 32, (b) + 32);                                    \
     if (__builtin_expect(_mm256_movemask_ps(_mm256_or_ps(pnan, qnan)) == 0, 1)) { \
-      TC__A32_H_STORE(o, p, TC__AH_FAST);                                      \
-      TC__A32_H_STORE((o) + 32, q, TC__AH_FAST);                               \
+      TC__A32_##K##_STORE(o, p, TC__A##K##_FAST);                              \
+      TC__A32_##K##_STORE((o) + 32, q, TC__A##K##_FAST);                       \
     } else {                                                                   \
-      TC__A1_H(OP, o, a, b);                                                   \
-      TC__A1_H(OP, (o) + 32, (a) + 32, (b) + 32);                              \
+      TC__A1(K, OP, o, a, b);                                                  \
+      TC__A1(K, OP, (o) + 32, (a) + 32, (b) + 32);                             \
     }                                                                          \
   } while (0)
-/* The single step of 32 (the tail's), one test per 32. */
-#define TC__A1_BF(OP, o, a, b)                                                 \
+#define TC__A1(K, OP, o, a, b)                                                 \
   do {                                                                         \
-    TC__A32_BF(OP, p, a, b);                                                   \
+    TC__A32_##K(OP, p, a, b);                                                  \
     if (__builtin_expect(_mm256_movemask_ps(pnan) == 0, 1))                    \
-      TC__A32_BF_STORE(o, p, TC__ABF_FAST);                                    \
+      TC__A32_##K##_STORE(o, p, TC__A##K##_FAST);                              \
     else                                                                       \
-      TC__A32_BF_STORE(o, p, tc__bf_store);                                    \
+      TC__A32_##K##_STORE(o, p, TC__A##K##_SLOW);                              \
   } while (0)
-#define TC__A1_H(OP, o, a, b)                                                  \
-  do {                                                                         \
-    TC__A32_H(OP, p, a, b);                                                    \
-    if (__builtin_expect(_mm256_movemask_ps(pnan) == 0, 1))                    \
-      TC__A32_H_STORE(o, p, TC__AH_FAST);                                      \
-    else                                                                       \
-      TC__A32_H_STORE(o, p, TC__AH_SLOW);                                      \
-  } while (0)
+#define TC__A64_BF(OP, o, a, b) TC__A64(BF, OP, o, a, b)
+#define TC__A64_H(OP, o, a, b) TC__A64(H, OP, o, a, b)
+#define TC__A1_BF(OP, o, a, b) TC__A1(BF, OP, o, a, b)
+#define TC__A1_H(OP, o, a, b) TC__A1(H, OP, o, a, b)
 TC__GEN_VEC_OPS(tc__v, TC__AVX2, 32, BFLOAT16, TC__A1_BF, TC__A64_BF)
 TC__GEN_VEC_OPS(tc__v, TC__AVX2, 32, FLOAT16, TC__A1_H, TC__A64_H)
 /* Without prefetches, picked on AMD family 19h and later as the AVX-512

@@ -1,9 +1,12 @@
 """build/tcf16_probe (bench/f16_bound_probe.c): the loops behind issue 16's
 point 5. The other bfloat16 steps (bf16-intrnd, bf16-widen, bf16-ymm,
-bf16-ochk, bf16-acc)
-must give the library step's bits (bf16-full): the probe marks a line
-"(WRONG BITS)" when they do not, and every line is "loop BYTES GB/s" with a
-positive rate. Where the CPU lacks AVX-512 the probe prints "SKIP: ..."."""
+bf16-ochk, bf16-acc) must give the library step's bits (bf16-full), and
+the AVX2 steps (a2-f16-step, a2-bf16-nonan) those of their reference
+loops: the probe marks a line "(WRONG BITS)" when they do not. The
+truncating a2-bf16-trunc must be marked "(truncated: other bits)": the
+bits check sees a difference. Every line is "loop BYTES GB/s" with a
+positive rate. Where the CPU lacks AVX2 or F16C the probe prints
+"SKIP: ..."; the AVX-512 loops run only where the CPU has AVX-512."""
 import os
 import subprocess
 from pathlib import Path
@@ -25,10 +28,16 @@ def test_f16_probe_lines_and_bits():
     assert "WRONG BITS" not in r.stdout, r.stdout
     names = set()
     for row in rows:
+        if row[0] == "a2-bf16-trunc":
+            assert row[3:] == ["(truncated:", "other", "bits)"], row
+            row = row[:3]
         assert len(row) == 3 and row[1] == "4096" and float(row[2]) > 0, row
         names.add(row[0])
-    assert {"zmm-bare", "ymm-bare", "f32"} <= names, names
+    assert {"a2-f16-bare", "a2-f16-step", "a2-bf16-step", "a2-bf16-nonan", "a2-bf16-trunc",
+            "a2-f32"} <= names, names
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if all(f" {f}" in flags for f in ("avx512f", "avx512bw", "avx512dq", "avx512vl")):
+        assert {"zmm-bare", "ymm-bare", "f32"} <= names, names
     if " avx512_bf16" in flags:
         assert {"bf16-full", "bf16-intrnd", "bf16-widen", "bf16-ymm", "bf16-ochk",
                 "bf16-acc"} <= names, names
