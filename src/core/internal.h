@@ -195,8 +195,7 @@ TC_INTERNAL int tc__reduce_set_f16_width(int bits);
  * CPU's choice (none on AMD family 19h and later: Zen 3, Zen 4, Zen 5),
  * the float16 ones at either width (tc__reduce_set_f16_width). Returns the
  * setting in use before the call (1 or 0), -1 where no such kernel is in
- * use.
- * For tests and benchmarks. */
+ * use. For tests and benchmarks. */
 TC_INTERNAL int tc__reduce_set_prefetch16(int on);
 /* 1 where the compiler builds tier 3, the AVX512-FP16 kernels (GCC 12 and
  * clang 14 have the intrinsics). */

@@ -414,19 +414,33 @@ TC__AVX2_INLINE void tc__bf_load(const uint16_t *p, __m256 *ev, __m256 *od) {
   *od = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xFFFF0000u)));
 }
 
-/* tc__f2bf of the even (ev) and odd (od) elements of 16, stored. In 16-bit
- * lanes: h, the upper halves of the float32 bits (truncated bfloat16), and
- * l, the lower halves; h + 1 where l + 0x7FFF + (h & 1) carries, i.e.
- * where avg(l, 0x7FFE + (h & 1)) = (l + 0x7FFF + (h & 1)) >> 1 has its top
- * bit. NaN (0x7FC0) only where an exponent is all ones, which is rare:
- * one test per 16, the blend only then. */
-TC__AVX2_INLINE void tc__bf_store(uint16_t *p, __m256 ev, __m256 od) {
-  const __m256i e = _mm256_castps_si256(ev), o = _mm256_castps_si256(od);
-  const __m256i h = _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xAA);
-  const __m256i l = _mm256_blend_epi16(e, _mm256_slli_epi32(o, 16), 0xAA);
+/* The upper halves of the float32 bits of the even (ev) and odd (od)
+ * elements of 16, in order: the truncated bfloat16. */
+TC__AVX2_INLINE __m256i tc__bf_high(__m256 ev, __m256 od) {
+  return _mm256_blend_epi16(_mm256_srli_epi32(_mm256_castps_si256(ev), 16),
+                            _mm256_castps_si256(od), 0xAA);
+}
+
+/* tc__f2bf of the even (ev) and odd (od) elements of 16 without the NaN
+ * rule (infinities and overflow to them come out right). In 16-bit lanes:
+ * h, the upper halves of the float32 bits (tc__bf_high), and l, the lower
+ * halves; h + 1 where l + 0x7FFF + (h & 1) carries, i.e. where avg(l,
+ * 0x7FFE + (h & 1)) = (l + 0x7FFF + (h & 1)) >> 1 has its top bit. */
+TC__AVX2_INLINE __m256i tc__bf_round(__m256 ev, __m256 od) {
+  const __m256i h = tc__bf_high(ev, od);
+  const __m256i l = _mm256_blend_epi16(_mm256_castps_si256(ev),
+                                       _mm256_slli_epi32(_mm256_castps_si256(od), 16), 0xAA);
   const __m256i t = _mm256_add_epi16(_mm256_and_si256(h, _mm256_set1_epi16(1)),
                                      _mm256_set1_epi16(0x7FFE));
-  __m256i r = _mm256_add_epi16(h, _mm256_srli_epi16(_mm256_avg_epu16(l, t), 15));
+  return _mm256_add_epi16(h, _mm256_srli_epi16(_mm256_avg_epu16(l, t), 15));
+}
+
+/* tc__f2bf of the even (ev) and odd (od) elements of 16, stored: rounded
+ * by tc__bf_round; NaN (0x7FC0) only where an exponent is all ones, which
+ * is rare: one test per 16, the blend only then. */
+TC__AVX2_INLINE void tc__bf_store(uint16_t *p, __m256 ev, __m256 od) {
+  const __m256i h = tc__bf_high(ev, od);
+  __m256i r = tc__bf_round(ev, od);
   const __m256i ex = _mm256_set1_epi16(0x7F80);
   const __m256i special = _mm256_cmpeq_epi16(_mm256_and_si256(h, ex), ex);
   if (__builtin_expect(!_mm256_testz_si256(special, special), 0)) { /* Inf or NaN */
@@ -538,17 +552,6 @@ enum { TC__PF_L1 = 2048, TC__PF_L2 = 8192 };
     V(OP, o, a, b);                                                            \
     V(OP, (o) + (W), (a) + (W), (b) + (W));                                    \
   } while (0)
-/* bfloat16 rounded (tc__f2bf) and packed without the NaN rule: the part
- * of tc__bf_store for lanes that are not NaN (infinities and overflow to
- * them come out right from the integer rounding). */
-TC__AVX2_INLINE __m256i tc__bf_round(__m256 ev, __m256 od) {
-  const __m256i e = _mm256_castps_si256(ev), o = _mm256_castps_si256(od);
-  const __m256i h = _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xAA);
-  const __m256i l = _mm256_blend_epi16(e, _mm256_slli_epi32(o, 16), 0xAA);
-  const __m256i t = _mm256_add_epi16(_mm256_and_si256(h, _mm256_set1_epi16(1)),
-                                     _mm256_set1_epi16(0x7FFE));
-  return _mm256_add_epi16(h, _mm256_srli_epi16(_mm256_avg_epu16(l, t), 15));
-}
 /* The AVX2 tier's step: 32 results, with one NaN test for 64 of them.
  * TC__A32_BF / TC__A32_H compute 32 results into registers named with
  * prefix X (bfloat16: the even and odd lanes X##e0, X##o0, X##e1, X##o1;
@@ -1015,54 +1018,32 @@ static const tc__kernel_t kernel_table[TC_DTYPE_COUNT][TC_AVG] = {
 };
 
 #ifdef TC__SIMD16
-/* The AVX2 16-bit kernels: [0] bfloat16, [1] float16, by op SUM..MAX;
- * [2] and [3] the same without prefetches. */
+/* One row of a SIMD kernel table: the kernels P##2 / P##3 of dtype D, by
+ * op SUM..MAX. */
+#define TC__KENTRY(P, D, OP) [TC_##OP] = {.k2 = P##2_##D##_##OP, .k3 = P##3_##D##_##OP}
+#define TC__KROW(P, D)                                                         \
+  {TC__KENTRY(P, D, SUM), TC__KENTRY(P, D, PRODUCT), TC__KENTRY(P, D, MIN),   \
+   TC__KENTRY(P, D, MAX)}
+/* The AVX2 16-bit kernels: [0] bfloat16, [1] float16; [2] and [3] the
+ * same without prefetches. */
 static const tc__kernel_t simd16_table[4][TC_MAX + 1] = {
-#define TC__VENTRY(P, D, OP) [TC_##OP] = {.k2 = P##2_##D##_##OP, .k3 = P##3_##D##_##OP}
-    {TC__VENTRY(tc__v, BFLOAT16, SUM), TC__VENTRY(tc__v, BFLOAT16, PRODUCT),
-     TC__VENTRY(tc__v, BFLOAT16, MIN), TC__VENTRY(tc__v, BFLOAT16, MAX)},
-    {TC__VENTRY(tc__v, FLOAT16, SUM), TC__VENTRY(tc__v, FLOAT16, PRODUCT),
-     TC__VENTRY(tc__v, FLOAT16, MIN), TC__VENTRY(tc__v, FLOAT16, MAX)},
-    {TC__VENTRY(tc__vn, BFLOAT16, SUM), TC__VENTRY(tc__vn, BFLOAT16, PRODUCT),
-     TC__VENTRY(tc__vn, BFLOAT16, MIN), TC__VENTRY(tc__vn, BFLOAT16, MAX)},
-    {TC__VENTRY(tc__vn, FLOAT16, SUM), TC__VENTRY(tc__vn, FLOAT16, PRODUCT),
-     TC__VENTRY(tc__vn, FLOAT16, MIN), TC__VENTRY(tc__vn, FLOAT16, MAX)},
-#undef TC__VENTRY
-};
+    TC__KROW(tc__v, BFLOAT16), TC__KROW(tc__v, FLOAT16),
+    TC__KROW(tc__vn, BFLOAT16), TC__KROW(tc__vn, FLOAT16)};
 /* The AVX-512 ones, the same way. */
-static const tc__kernel_t simd16z_table[2][TC_MAX + 1] = {
-#define TC__ZENTRY(D, OP) [TC_##OP] = {.k2 = tc__z2_##D##_##OP, .k3 = tc__z3_##D##_##OP}
-    {TC__ZENTRY(BFLOAT16, SUM), TC__ZENTRY(BFLOAT16, PRODUCT),
-     TC__ZENTRY(BFLOAT16, MIN), TC__ZENTRY(BFLOAT16, MAX)},
-    {TC__ZENTRY(FLOAT16, SUM), TC__ZENTRY(FLOAT16, PRODUCT),
-     TC__ZENTRY(FLOAT16, MIN), TC__ZENTRY(FLOAT16, MAX)},
-#undef TC__ZENTRY
-};
+static const tc__kernel_t simd16z_table[2][TC_MAX + 1] = {TC__KROW(tc__z, BFLOAT16),
+                                                          TC__KROW(tc__z, FLOAT16)};
 /* Without prefetches: [0] bfloat16, [1] float16 on 512-bit vectors, [2]
  * float16 on 256-bit vectors. */
 static const tc__kernel_t simd16zn_table[3][TC_MAX + 1] = {
-#define TC__NENTRY(P, D, OP) [TC_##OP] = {.k2 = P##2_##D##_##OP, .k3 = P##3_##D##_##OP}
-    {TC__NENTRY(tc__zn, BFLOAT16, SUM), TC__NENTRY(tc__zn, BFLOAT16, PRODUCT),
-     TC__NENTRY(tc__zn, BFLOAT16, MIN), TC__NENTRY(tc__zn, BFLOAT16, MAX)},
-    {TC__NENTRY(tc__wn, FLOAT16, SUM), TC__NENTRY(tc__wn, FLOAT16, PRODUCT),
-     TC__NENTRY(tc__wn, FLOAT16, MIN), TC__NENTRY(tc__wn, FLOAT16, MAX)},
-    {TC__NENTRY(tc__yn, FLOAT16, SUM), TC__NENTRY(tc__yn, FLOAT16, PRODUCT),
-     TC__NENTRY(tc__yn, FLOAT16, MIN), TC__NENTRY(tc__yn, FLOAT16, MAX)},
-};
-/* The AVX-512 float16 ones on 512-bit vectors, by op SUM..MAX. */
-static const tc__kernel_t simd16w_table[TC_MAX + 1] = {
-    TC__NENTRY(tc__w, FLOAT16, SUM), TC__NENTRY(tc__w, FLOAT16, PRODUCT),
-    TC__NENTRY(tc__w, FLOAT16, MIN), TC__NENTRY(tc__w, FLOAT16, MAX),
-};
-#undef TC__NENTRY
+    TC__KROW(tc__zn, BFLOAT16), TC__KROW(tc__wn, FLOAT16), TC__KROW(tc__yn, FLOAT16)};
+/* The AVX-512 float16 ones on 512-bit vectors. */
+static const tc__kernel_t simd16w_table[TC_MAX + 1] = TC__KROW(tc__w, FLOAT16);
 #ifdef TC__SIMD16_FP16
-/* The AVX512-FP16 float16 ones, by op SUM..MAX. */
-static const tc__kernel_t simd16p_table[TC_MAX + 1] = {
-#define TC__PENTRY(OP) [TC_##OP] = {.k2 = tc__p2_FLOAT16_##OP, .k3 = tc__p3_FLOAT16_##OP}
-    TC__PENTRY(SUM), TC__PENTRY(PRODUCT), TC__PENTRY(MIN), TC__PENTRY(MAX),
-#undef TC__PENTRY
-};
+/* The AVX512-FP16 float16 ones. */
+static const tc__kernel_t simd16p_table[TC_MAX + 1] = TC__KROW(tc__p, FLOAT16);
 #endif
+#undef TC__KROW
+#undef TC__KENTRY
 #endif
 
 /* The kernel of dtype x op (AVG and PREMUL_SUM as SUM), or NULL when the
